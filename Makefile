@@ -1,0 +1,60 @@
+# Slipstream: the two commands a new user needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
+export SLIPSTREAM_HOME ?= $(CURDIR)/.slipstream
+# pyspark 4 and the trainer are happiest with a quiet, predictable environment
+export PYSPARK_PYTHON := $(CURDIR)/$(VENV)/bin/python
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv demo test test-unit test-integration lint-imports ui ui-stop stack-up stack-down bench clean check-java
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required for Spark and was not found on PATH."; \
+	  echo "Install it, e.g. 'sudo apt-get install -y openjdk-17-jre-headless' (Debian/Ubuntu)"; \
+	  echo "or 'brew install openjdk@17' (macOS), then run this command again."; exit 1; }
+	@java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || { echo "Spark needs Java 17 or newer; found:"; java -version; exit 1; }
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: check-java $(STAMP)
+	$(VENV)/bin/slipstream demo
+
+test: check-java $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test-integration: check-java $(STAMP)
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+stack-up: $(STAMP)
+	$(VENV)/bin/slipstream stack up
+
+stack-down: $(STAMP)
+	$(VENV)/bin/slipstream stack down
+
+ui: check-java $(STAMP)
+	$(VENV)/bin/slipstream ui up
+
+ui-stop: $(STAMP)
+	$(VENV)/bin/slipstream ui down
+
+clean:
+	-$(VENV)/bin/slipstream stack down
+	rm -rf .slipstream

@@ -1,0 +1,33 @@
+"""Slipstream's domain errors. Each message names the thing that is wrong and what to do."""
+
+
+class SlipstreamError(Exception):
+    """Base of every error Slipstream raises on purpose."""
+
+
+class ConfigError(SlipstreamError, ValueError):
+    """A setting, parameter or config file value is invalid."""
+
+
+class StackError(SlipstreamError):
+    """The local stack could not start, stop or be reached."""
+
+
+class RawDataError(SlipstreamError):
+    """The raw zone is missing a day, a file is unreadable or a required column is missing."""
+
+
+class RejectRateExceeded(SlipstreamError):
+    """Too many raw records were rejected; the message names the worst files."""
+
+
+class QualityGateFailed(SlipstreamError):
+    """A critical data-quality expectation failed; the message lists each one with its value."""
+
+
+class HandoffError(SlipstreamError):
+    """The batch→stream handoff offsets could not be determined or verified."""
+
+
+class ResumeError(SlipstreamError):
+    """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
