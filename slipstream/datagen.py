@@ -440,3 +440,17 @@ def write_manifest(data: GeneratedData, path: Path) -> dict[str, object]:
     path.write_text(json.dumps(manifest, indent=2))
     pq.write_table(data.truth, path.with_name("truth.parquet"))
     return manifest
+
+
+def reference_samples(cfg: GeneratorConfig) -> dict[str, pa.Table]:
+    """The batch days' samples computed in Python, exactly what preprocessing the raw zone must
+    yield (labels, features, sequence). Tests and benchmarks use it to fill a `samples` table
+    without Spark, and to check Spark's output against an independent implementation."""
+    world = generate_world(cfg)
+    t_us = int(cfg.t_handoff.timestamp() * US_PER_S)
+    out: dict[str, pa.Table] = {}
+    for d in range(cfg.days):
+        d0 = t_us - (cfg.days - d) * US_PER_DAY
+        imp = simulate(cfg, world, d0, d0 + US_PER_DAY, cfg.impressions_per_day, salt=d)
+        out[str(cfg.start_day + timedelta(days=d))] = samples_table(world, imp, np.arange(len(imp.ts_us)))
+    return out
