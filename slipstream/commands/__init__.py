@@ -1,0 +1,1 @@
+"""One module per `slipstream` command group; each exposes `register(subparsers)`."""
