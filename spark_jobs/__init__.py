@@ -1,1 +1,1 @@
-"""Spark entry points (spark-submit) and the pure DataFrame transforms they are built from."""
+"""spark-submit entry points and pure DataFrame transforms."""
