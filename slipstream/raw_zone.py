@@ -13,7 +13,7 @@ the first `spill_hours(attribution_s)` hours of D+1. Names starting with `_` or 
 from __future__ import annotations
 
 import math
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, timezone
 
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -86,20 +86,29 @@ def _subdirs(fs: pafs.FileSystem, path: str, prefix: str) -> list[str]:
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith(prefix))
 
 
-def raw_day_ready(raw_dir: str, day: date, attribution_s: int) -> bool:
-    """True once day D's last impression hour (23) has landed and the clicks of D+1 up to the end
-    of the attribution spill-over have landed too (that hour, or any later hour or day, has a
-    file: hours land in order, and a quiet hour may have no clicks at all)."""
+def raw_day_ready(
+    raw_dir: str, day: date, attribution_s: int, *, now: datetime | None = None, grace_s: int = 3600
+) -> bool:
+    """Whether day D can be preprocessed (for the Airflow sensor).
+
+    Ready when D's impressions have landed (its last hour, 23, has a file) and the clicks D needs
+    have landed: D+1's last spill-over hour (or any later hour or day) has a file, because hours
+    land in order. A quiet hour may hold no file at all, so once `now` is past the end of the
+    spill-over plus `grace_s`, any impressions of D and no more clicks are enough.
+    """
     fs, root = _filesystem(raw_dir)
-    if not _has_data_file(fs, hour_dir(root, IMPRESSIONS, day, 23)):
-        return False
-    spill = spill_hours(attribution_s)
-    if spill == 0:
-        return True
     nxt = day + timedelta(days=1)
+    end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=timezone.utc)
+    old_enough = (now or datetime.now(timezone.utc)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)
+    if not _has_data_file(fs, hour_dir(root, IMPRESSIONS, day, 23)):
+        return old_enough and _has_data_file(fs, day_dir(root, IMPRESSIONS, day))
+    spill = spill_hours(attribution_s)
+    if spill == 0 or old_enough:
+        return True
+    clicks = f"{root.rstrip('/')}/{CLICKS}"
     last_needed = f"hour={min(spill, 24) - 1:02d}"
     for hour in _subdirs(fs, day_dir(root, CLICKS, nxt), "hour="):
         if hour >= last_needed and _has_data_file(fs, f"{day_dir(root, CLICKS, nxt)}/{hour}"):
             return True
-    later_days = [d for d in _subdirs(fs, f"{root.rstrip('/')}/{CLICKS}", "day=") if d > f"day={nxt.isoformat()}"]
-    return any(_has_data_file(fs, f"{root.rstrip('/')}/{CLICKS}/{d}") for d in later_days)
+    later_days = [d for d in _subdirs(fs, clicks, "day=") if d > f"day={nxt.isoformat()}"]
+    return any(_has_data_file(fs, f"{clicks}/{d}") for d in later_days)
