@@ -31,3 +31,13 @@ class HandoffError(SlipstreamError):
 
 class ResumeError(SlipstreamError):
     """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
+
+
+class CommitConflict(SlipstreamError):
+    """A day's commit kept losing to concurrent writers of the same table; the message says which
+    day and how often it retried."""
+
+
+class PreprocessError(SlipstreamError):
+    """The Spark preprocessing job failed for a reason that is not a data problem (Spark/Java
+    did not start, an engine error, a timeout); the message carries the tail of the job's log."""

@@ -90,3 +90,131 @@ def samples_table(catalog: Catalog, namespace: str) -> Table:
         PARTITION_SPEC,
         {"write.parquet.compression-codec": "zstd"},
     )
+
+
+# --- Day overwrite commits and the rejects table (Spark preprocessing) -----------------------
+
+# Imports of this section live here, not at the top, so that appends by other teams merge cleanly.
+import random  # noqa: E402
+import time  # noqa: E402
+from datetime import date, datetime, timedelta, timezone  # noqa: E402
+from typing import Mapping, Sequence  # noqa: E402
+
+from pyiceberg.exceptions import CommitFailedException  # noqa: E402
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
+from pyiceberg.io.pyarrow import parquet_files_to_data_files  # noqa: E402
+from pyiceberg.manifest import DataFile  # noqa: E402
+from pyiceberg.partitioning import PartitionField  # noqa: E402
+from pyiceberg.table import TableProperties  # noqa: E402
+from pyiceberg.transforms import DayTransform, IdentityTransform  # noqa: E402
+from pyiceberg.types import DateType, NestedField, StringType  # noqa: E402
+
+from slipstream.errors import CommitConflict, ConfigError  # noqa: E402
+from slipstream.schema import REJECTS_TABLE  # noqa: E402
+
+
+REJECTS_SCHEMA = Schema(
+    NestedField(1, "day", DateType(), required=False, doc="raw day the record was read for"),
+    NestedField(2, "run_id", StringType(), required=False),
+    NestedField(3, "record_kind", StringType(), required=False, doc="impression or click"),
+    NestedField(4, "source_file", StringType(), required=False),
+    NestedField(5, "reason", StringType(), required=False, doc="why the record was rejected"),
+    NestedField(6, "raw_line", StringType(), required=False, doc="the line as read, or the parsed fields as JSON"),
+)
+REJECTS_PARTITION_SPEC = PartitionSpec(
+    PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="day")
+)
+_EPOCH = date(1970, 1, 1)
+
+
+def rejects_table(catalog: Catalog, namespace: str) -> Table:
+    """`samples_rejects`: raw records the preprocessing job refused, partitioned by day."""
+    return ensure_table(catalog, f"{namespace}.{REJECTS_TABLE}", REJECTS_SCHEMA, REJECTS_PARTITION_SPEC)
+
+
+def day_predicate(table: Table, day: date) -> BooleanExpression:
+    """The rows of `day` in a table partitioned by `day(<timestamp>)` or by a date column."""
+    spec = table.spec()
+    schema = table.schema()
+    for pf in spec.fields:
+        source = schema.find_field(pf.source_id)
+        if isinstance(pf.transform, DayTransform):
+            start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+            end = start + timedelta(days=1)
+            return And(
+                GreaterThanOrEqual(source.name, start.isoformat()), LessThan(source.name, end.isoformat())
+            )
+        if isinstance(pf.transform, IdentityTransform) and isinstance(source.field_type, DateType):
+            return EqualTo(source.name, day.isoformat())
+    raise ConfigError(
+        f"table {table.name()} is not partitioned by day (spec {spec}): a day overwrite needs "
+        "a day(<timestamp>) or identity(<date>) partition field"
+    )
+
+
+def _data_files_of_day(table: Table, day: date, files: Sequence[str]) -> list[DataFile]:
+    """Footer statistics of the new files, each checked to hold exactly `day` (a file spanning
+    two days, or of another day, would otherwise land outside the partition being replaced)."""
+    data_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(files)))
+    want = (day - _EPOCH).days
+    for df in data_files:
+        got = df.partition[0] if len(df.partition) else None
+        if got != want:
+            shown = (_EPOCH + timedelta(days=got)).isoformat() if isinstance(got, int) else got
+            raise ConfigError(
+                f"{df.file_path} holds day {shown}, not {day}: every file of a day overwrite must "
+                "contain exactly that day's rows"
+            )
+    return data_files
+
+
+def commit_day_overwrite(
+    table: Table,
+    day: date,
+    files: Sequence[str],
+    *,
+    snapshot_properties: Mapping[str, str] | None = None,
+    max_attempts: int = 5,
+) -> int | None:
+    """Replace `day` in `table` by the Parquet `files` in ONE catalog commit (delete the day, add
+    the files) and return the new current snapshot id (None when the table is still empty).
+
+    Re-running with new files for the same day replaces the old ones, so a day's rerun is
+    idempotent. A commit that loses to a concurrent writer is retried on the refreshed table:
+    the last writer wins and the day never holds two runs' files. After `max_attempts`
+    conflicts it raises `CommitConflict`.
+    """
+    props = {k: str(v) for k, v in (snapshot_properties or {}).items()}
+    files = list(files)
+    for attempt in range(1, max_attempts + 1):
+        data_files = _data_files_of_day(table, day, files)
+        tx = table.transaction()
+        tx.delete(day_predicate(table, day), snapshot_properties=props)
+        if data_files:
+            if tx.table_metadata.name_mapping() is None:
+                # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
+                tx.set_properties(
+                    **{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
+                )
+            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                for data_file in data_files:
+                    append.append_data_file(data_file)
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as e:
+            if attempt == max_attempts:
+                raise CommitConflict(
+                    f"day {day} of {'.'.join(table.name())}: {attempt} commits lost to concurrent "
+                    f"writers ({e}); re-run the day once the other run finished"
+                ) from e
+            wait = min(0.2 * 2**attempt, 5.0) * (0.5 + random.random())
+            log.warning("commit of day %s conflicted (attempt %d/%d): retrying on the new table state in %.1fs",
+                        day, attempt, max_attempts, wait)
+            time.sleep(wait)
+            table.refresh()
+            continue
+        snap = table.current_snapshot()
+        log.info("committed day %s to %s: %d files, snapshot %s", day, ".".join(table.name()), len(files),
+                 snap.snapshot_id if snap else None)
+        return snap.snapshot_id if snap else None
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -1,0 +1,149 @@
+"""Settings of the Spark preprocessing job and how it is launched, parsed once from
+`SLIPSTREAM_SPARK_*` environment variables.
+
+The defaults run Spark in `local[*]` from the pyspark wheel, sized for a small machine. Setting
+`SLIPSTREAM_SPARK_SUBMIT` or a non-local `SLIPSTREAM_SPARK_MASTER` switches the launcher to
+`spark-submit` against a cluster; `SLIPSTREAM_SPARK_WRITE_MODE=native` switches the job to Spark's
+own Iceberg writer (the cluster must ship the Iceberg Spark runtime and configure the catalog).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+from slipstream.errors import ConfigError
+
+WRITE_MODES = ("pyarrow", "native")
+DEFAULT_MAX_REJECT_RATE = 0.01
+DEFAULT_TARGET_FILE_MB = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparkSettings:
+    master: str = "local[*]"
+    """SLIPSTREAM_SPARK_MASTER: Spark master URL. Anything but `local...` means a cluster, and the
+    job is started with spark-submit."""
+
+    submit: str = ""
+    """SLIPSTREAM_SPARK_SUBMIT: the spark-submit executable. Set, it forces spark-submit even for a
+    local master; empty with a cluster master, `spark-submit` is looked up on PATH."""
+
+    deploy_mode: str = "client"
+    """SLIPSTREAM_SPARK_DEPLOY_MODE: `client` keeps the driver (and the JSON summary) with the
+    launcher; `cluster` needs the summary written to shared storage (`--summary-out`)."""
+
+    app: str = ""
+    """SLIPSTREAM_SPARK_APP: path or URI of spark_jobs/preprocess.py for spark-submit (default: the
+    file in this checkout)."""
+
+    py_files: str = ""
+    """SLIPSTREAM_SPARK_PY_FILES: --py-files for spark-submit (a zip of slipstream + spark_jobs)
+    when the cluster image does not have them installed."""
+
+    driver_memory: str = "2g"
+    """SLIPSTREAM_SPARK_DRIVER_MEMORY: in local mode this is all the memory Spark gets."""
+
+    shuffle_partitions: int = 4
+    """SLIPSTREAM_SPARK_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions. Small by default because
+    a local run has two cores; adaptive execution coalesces further."""
+
+    conf: Mapping[str, str] = field(default_factory=dict)
+    """SLIPSTREAM_SPARK_CONF: extra Spark configuration as a JSON object, e.g.
+    '{"spark.executor.memory": "8g"}'. Wins over every default here."""
+
+    write_mode: str = "pyarrow"
+    """SLIPSTREAM_SPARK_WRITE_MODE: `pyarrow` (default, no extra jars): executors write Parquet
+    through pyiceberg's FileIO and the driver commits with pyiceberg. `native`:
+    `writeTo(table).overwritePartitions()` through the cluster's Iceberg Spark runtime."""
+
+    iceberg_catalog: str = ""
+    """SLIPSTREAM_SPARK_ICEBERG_CATALOG: the Spark catalog name (spark.sql.catalog.<name>) used by
+    native writes; default: the Slipstream catalog name."""
+
+    max_reject_rate: float = DEFAULT_MAX_REJECT_RATE
+    """SLIPSTREAM_SPARK_MAX_REJECT_RATE: above this share of rejected raw records the run fails."""
+
+    target_file_mb: int = DEFAULT_TARGET_FILE_MB
+    """SLIPSTREAM_SPARK_TARGET_FILE_MB: a data file is closed once it reaches this size."""
+
+    def __post_init__(self) -> None:
+        if self.write_mode not in WRITE_MODES:
+            raise ConfigError(
+                f"SLIPSTREAM_SPARK_WRITE_MODE must be one of {', '.join(WRITE_MODES)}, got {self.write_mode!r}"
+            )
+        if self.deploy_mode not in ("client", "cluster"):
+            raise ConfigError(f"SLIPSTREAM_SPARK_DEPLOY_MODE must be client or cluster, got {self.deploy_mode!r}")
+        if self.shuffle_partitions < 1:
+            raise ConfigError(f"SLIPSTREAM_SPARK_SHUFFLE_PARTITIONS must be >= 1, got {self.shuffle_partitions}")
+        check_job_limits(self.max_reject_rate, self.target_file_mb)
+
+    @property
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+    @property
+    def uses_submit(self) -> bool:
+        """spark-submit when asked for explicitly or when the master is a cluster."""
+        return bool(self.submit) or not self.is_local
+
+    def spark_conf(self) -> dict[str, str]:
+        """The Spark configuration the job runs with (static and SQL settings)."""
+        conf = {
+            "spark.driver.memory": self.driver_memory,
+            "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            "spark.ui.showConsoleProgress": "false",
+        }
+        if self.is_local:
+            # Loopback only, and no web UI: tests and the demo must not open ports on the LAN.
+            conf.update(
+                {
+                    "spark.driver.host": "127.0.0.1",
+                    "spark.driver.bindAddress": "127.0.0.1",
+                    "spark.ui.enabled": "false",
+                }
+            )
+        conf.update(self.conf)
+        return conf
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "SparkSettings":
+        env = os.environ if env is None else env
+        kwargs: dict[str, object] = {}
+        for f in fields(cls):
+            key = f"SLIPSTREAM_SPARK_{f.name.upper()}"
+            raw = env.get(key, "")
+            if raw == "":
+                continue
+            kwargs[f.name] = _parse(key, f.name, raw)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def check_job_limits(max_reject_rate: float, target_file_mb: int) -> None:
+    if not 0.0 <= max_reject_rate <= 1.0:
+        raise ConfigError(f"max reject rate must be in [0, 1], got {max_reject_rate}")
+    if target_file_mb < 1:
+        raise ConfigError(f"target file size must be >= 1 MB, got {target_file_mb}")
+
+
+def _parse(key: str, name: str, raw: str) -> object:
+    try:
+        if name in ("shuffle_partitions", "target_file_mb"):
+            return int(raw)
+        if name == "max_reject_rate":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number, got {raw!r}") from None
+    if name == "conf":
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{key} must be a JSON object of Spark settings: {e}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a JSON object of Spark settings, got {raw!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    return raw

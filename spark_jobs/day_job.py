@@ -1,0 +1,223 @@
+"""One day of preprocessing: read the raw day, validate, build samples, write, commit.
+
+The order is what keeps `samples` safe: everything that can fail on bad input (missing day,
+unreadable file, schema drift, too many rejects) is decided from one pass of statistics BEFORE
+any sample file is written, and the samples table changes only in the single commit at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from slipstream.errors import RawDataError, RejectRateExceeded
+from slipstream.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
+from slipstream.raw_zone import IMPRESSIONS, click_dirs, day_dir
+from slipstream.schema import ARROW_SCHEMA
+from spark_jobs.raw_input import CLICK_SCHEMA, IMPRESSION_SCHEMA, SOURCE, list_raw_files, read_raw
+from spark_jobs.transforms import (
+    KIND_CLICK,
+    REASON,
+    build_samples,
+    classify_clicks,
+    classify_impressions,
+    good,
+    rejects_of,
+    stats_of,
+)
+from spark_jobs.writer import write_parquet_files
+
+log = logging.getLogger(__name__)
+
+REJECTS_ARROW_SCHEMA = schema_to_pyarrow(REJECTS_SCHEMA, include_field_ids=False)
+DRIFT_MIN_JSON_RECORDS = 20
+"""A JSON file needs this many parsed records with a column always null before that column is
+called missing (schema drift) rather than a few records lacking it (rejects)."""
+WORST_FILES_SHOWN = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class DayOptions:
+    raw_dir: str
+    namespace: str
+    run_id: str
+    attribution_s: int
+    max_reject_rate: float
+    target_bytes: int
+    write_mode: str = "pyarrow"
+    spark_catalog: str = ""
+
+
+@dataclass(frozen=True)
+class DayResult:
+    day: str
+    snapshot_id: int | None
+    rows: int
+    rejects: int
+    raw_records: int
+    files: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class FileStats:
+    kind: str
+    records: int = 0
+    parsed: int = 0
+    rejects: int = 0
+
+
+def _collect_stats(stats: DataFrame, day: date) -> tuple[dict[str, FileStats], list[str]]:
+    """Per-file totals, and schema-drift findings ("<file>: column <c> missing")."""
+    per_file: dict[str, FileStats] = {}
+    nonnull: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    try:
+        rows = stats.collect()
+    except PySparkException as e:
+        raise RawDataError(
+            f"raw data of day {day} could not be read: {_short(e)}. Replace or remove the unreadable "
+            "file named above and re-run the day"
+        ) from e
+    for r in rows:
+        fs = per_file.setdefault(r[SOURCE], FileStats(r["record_kind"]))
+        fs.records += r["records"]
+        fs.parsed += r["parsed"] or 0
+        if r[REASON] is not None:
+            fs.rejects += r["records"]
+        for k, v in r.asDict().items():
+            if k.startswith("nonnull_") and v is not None:
+                nonnull[r[SOURCE]][k[len("nonnull_"):]] += v
+    drift: list[str] = []
+    for path, fs in per_file.items():
+        schema: StructType = IMPRESSION_SCHEMA if fs.kind != KIND_CLICK else CLICK_SCHEMA
+        needed = 1 if path.endswith(".parquet") else DRIFT_MIN_JSON_RECORDS
+        if fs.parsed < needed:
+            continue
+        missing = [c for c in schema.fieldNames() if nonnull[path].get(c, 0) == 0]
+        if missing:
+            drift.append(f"{path}: required column(s) {', '.join(missing)} missing")
+    return per_file, drift
+
+
+def _short(e: BaseException, limit: int = 600) -> str:
+    text = str(e).strip().splitlines()
+    first = " ".join(line.strip() for line in text[:4])
+    return first[:limit]
+
+
+def _worst_files(per_file: dict[str, FileStats]) -> str:
+    worst = sorted((fs.rejects / max(fs.records, 1), p, fs) for p, fs in per_file.items() if fs.rejects)
+    shown = [f"{p} ({fs.rejects}/{fs.records} rejected)" for _, p, fs in reversed(worst[-WORST_FILES_SHOWN:])]
+    return "; ".join(shown)
+
+
+def _commit_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date, rejects: DataFrame,
+                    n_rejects: int, props: dict[str, str]) -> None:
+    """Replace the day's rejects (an empty set too: a clean re-run clears the old ones)."""
+    table = rejects_table(catalog, opts.namespace)
+    files: list[str] = []
+    if n_rejects:
+        written = write_parquet_files(
+            rejects.coalesce(1), directory=f"{table.location()}/data/day={day}", run_tag=opts.run_id,
+            io_properties=dict(table.io.properties), schema=REJECTS_ARROW_SCHEMA, target_bytes=opts.target_bytes,
+        )
+        files = written.paths
+    commit_day_overwrite(table, day, files, snapshot_properties=props)
+
+
+def _write_native(samples: DataFrame, opts: DayOptions, props: dict[str, str]) -> None:
+    """Spark's own Iceberg writer (needs the Iceberg Spark runtime and a configured catalog)."""
+    writer = samples.writeTo(f"{opts.spark_catalog}.{opts.namespace}.samples")
+    for k, v in props.items():
+        writer = writer.option(f"snapshot-property.{k}", v)
+    writer.overwritePartitions()
+
+
+def _native_snapshot_id(catalog: Catalog, opts: DayOptions, day: date) -> int | None:
+    table = catalog.load_table(f"{opts.namespace}.samples")
+    for snap in reversed(table.snapshots()):
+        summary = snap.summary.additional_properties if snap.summary else {}
+        if summary.get("run_id") == opts.run_id and summary.get("day") == str(day):
+            return snap.snapshot_id
+    return None
+
+
+def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date) -> DayResult:
+    """Preprocess one raw day into `samples` (one commit) and `samples_rejects`."""
+    t0 = time.monotonic()
+    imp_dir = day_dir(opts.raw_dir, IMPRESSIONS, day)
+    imp_files = list_raw_files(spark, [imp_dir])
+    if not imp_files:
+        raise RawDataError(
+            f"no impression files for day {day} under {imp_dir}: land the raw day there (or run "
+            "`slipstream generate`), or point SLIPSTREAM_RAW_DIR at the raw zone"
+        )
+    click_files = list_raw_files(spark, click_dirs(opts.raw_dir, day, opts.attribution_s))
+    if not click_files:
+        log.warning("day %s: no click files found; every sample of the day will have label 0", day)
+    log.info("day %s: %d impression files, %d click files", day, len(imp_files), len(click_files))
+
+    try:
+        imps = classify_impressions(read_raw(spark, imp_files, IMPRESSION_SCHEMA), day).cache()
+        clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA)).cache()
+    except PySparkException as e:
+        raise RawDataError(f"raw data of day {day} could not be read: {_short(e)}") from e
+    try:
+        per_file, drift = _collect_stats(stats_of(imps, clicks), day)
+        if drift:
+            raise RawDataError(
+                f"schema drift in the raw data of day {day}: {'; '.join(drift[:WORST_FILES_SHOWN])}. "
+                "Fix the producer or the files; `samples` was left unchanged"
+            )
+        raw_records = sum(fs.records for fs in per_file.values())
+        n_rejects = sum(fs.rejects for fs in per_file.values())
+        rate = n_rejects / max(raw_records, 1)
+        props = {"day": str(day), "run_id": opts.run_id, "rejects": str(n_rejects)}
+        if n_rejects:
+            log.warning("day %s: %d of %d raw records rejected (%.3f%%); worst files: %s",
+                        day, n_rejects, raw_records, 100 * rate, _worst_files(per_file))
+        _commit_rejects(spark, catalog, opts, day, rejects_of(imps, clicks, day, opts.run_id), n_rejects, props)
+        if rate > opts.max_reject_rate:
+            raise RejectRateExceeded(
+                f"day {day}: {n_rejects} of {raw_records} raw records rejected ({100 * rate:.2f}%), above "
+                f"the limit {100 * opts.max_reject_rate:.2f}%. Worst files: {_worst_files(per_file)}. "
+                f"Inspect them in {opts.namespace}.samples_rejects (day = '{day}'); `samples` was left "
+                "unchanged. Raise SLIPSTREAM_SPARK_MAX_REJECT_RATE only if the data is known to be fine"
+            )
+        samples = build_samples(good(imps), good(clicks), opts.attribution_s)
+        table = samples_table(catalog, opts.namespace)
+        if opts.write_mode == "native":
+            rows = samples.count()
+            props["rows"] = str(rows)
+            _write_native(samples, opts, props)
+            snapshot_id = _native_snapshot_id(catalog, opts, day)
+            n_files = -1
+        else:
+            written = write_parquet_files(
+                samples, directory=f"{table.location()}/data/event_time_day={day}", run_tag=opts.run_id,
+                io_properties=dict(table.io.properties), schema=ARROW_SCHEMA, target_bytes=opts.target_bytes,
+            )
+            rows, n_files = written.rows, len(written.paths)
+            props["rows"] = str(rows)
+            snapshot_id = commit_day_overwrite(table, day, written.paths, snapshot_properties=props)
+    finally:
+        imps.unpersist()
+        clicks.unpersist()
+    seconds = time.monotonic() - t0
+    log.info("day %s: %d samples, %d rejects in %.1fs (%.0f rows/s), snapshot %s",
+             day, rows, n_rejects, seconds, rows / max(seconds, 1e-9), snapshot_id)
+    return DayResult(str(day), snapshot_id, rows, n_rejects, raw_records, n_files, round(seconds, 3))
+

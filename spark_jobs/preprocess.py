@@ -1,0 +1,129 @@
+"""Preprocess raw days into the Iceberg table `samples`: one Spark session, one commit per day.
+
+    python -m spark_jobs.preprocess --day 2026-11-01 [--day 2026-11-02 ...] --run-id R
+    spark-submit spark_jobs/preprocess.py --day 2026-11-01 --run-id R
+
+Settings come from the environment (`SLIPSTREAM_*` for the catalog and raw zone,
+`SLIPSTREAM_SPARK_*` for Spark); flags override the job limits. Spark's and our logs go to
+stderr; stdout carries exactly ONE JSON line at the end:
+`{"run_id": ..., "days": [{"day", "snapshot_id", "rows", "rejects", ...}], "error": null|"...",
+"error_type": null|"RawDataError"|...}`. The exit status is 0 only when every day committed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # spark-submit by path: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from datetime import date  # noqa: E402
+from typing import Any  # noqa: E402
+
+from slipstream.errors import SlipstreamError  # noqa: E402
+from slipstream.schema import ATTRIBUTION_WINDOW_S  # noqa: E402
+from slipstream.settings import Settings  # noqa: E402
+from slipstream.spark_settings import SparkSettings, check_job_limits  # noqa: E402
+
+log = logging.getLogger("spark_jobs.preprocess")
+
+
+def parse_args(argv: list[str] | None, spark: SparkSettings) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="spark_jobs.preprocess", description=__doc__.split("\n")[0])
+    p.add_argument("--day", dest="days", action="append", type=date.fromisoformat, required=True,
+                   help="UTC day to (re)build, YYYY-MM-DD; repeat for several days in one session")
+    p.add_argument("--run-id", required=True, help="recorded in the snapshot summary and the rejects")
+    p.add_argument("--raw-dir", default="", help="raw zone (default SLIPSTREAM_RAW_DIR)")
+    p.add_argument("--attribution-s", type=int, default=ATTRIBUTION_WINDOW_S)
+    p.add_argument("--max-reject-rate", type=float, default=spark.max_reject_rate)
+    p.add_argument("--target-file-mb", type=int, default=spark.target_file_mb)
+    p.add_argument("--write-mode", choices=("pyarrow", "native"), default=spark.write_mode)
+    p.add_argument("--summary-out", default="", help="also write the JSON summary to this file")
+    args = p.parse_args(argv)
+    check_job_limits(args.max_reject_rate, args.target_file_mb)
+    return args
+
+
+def start_spark(spark_settings: SparkSettings, app: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app).master(spark_settings.master)
+    conf = spark_settings.spark_conf()
+    if spark_settings.is_local:
+        # Python workers (mapInArrow) must run our interpreter: the system python3 lacks pyarrow.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSettings) -> dict[str, Any]:
+    """Run the job; returns the summary (also on failure, with `error` set)."""
+    summary: dict[str, Any] = {"run_id": args.run_id, "days": [], "error": None, "error_type": None}
+    t0 = time.monotonic()
+    spark = None
+    try:
+        from slipstream.iceberg import get_catalog
+        from spark_jobs.day_job import DayOptions, preprocess_day
+
+        opts = DayOptions(
+            raw_dir=args.raw_dir or settings.raw_dir, namespace=settings.namespace, run_id=args.run_id,
+            attribution_s=args.attribution_s, max_reject_rate=args.max_reject_rate,
+            target_bytes=args.target_file_mb * 1024 * 1024, write_mode=args.write_mode,
+            spark_catalog=spark_settings.iceberg_catalog or settings.catalog,
+        )
+        catalog = get_catalog(settings)
+        spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")
+        log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark_settings.master)
+        days = sorted(set(args.days))
+        for i, day in enumerate(days):
+            result = preprocess_day(spark, catalog, opts, day)
+            summary["days"].append(result.to_dict())
+            done = time.monotonic() - t0
+            log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))
+    except SlipstreamError as e:
+        log.error("%s", e)
+        summary.update(error=str(e), error_type=type(e).__name__)
+    except Exception as e:  # a bug or an engine failure: still report it in the one JSON line
+        log.exception("preprocessing failed")
+        summary.update(error=f"{type(e).__name__}: {_tail(str(e))}", error_type="RuntimeError")
+    finally:
+        if spark is not None:
+            spark.stop()
+    summary["seconds"] = round(time.monotonic() - t0, 3)
+    return summary
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    """The end of an engine error (a Python worker's traceback ends with the real cause)."""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])[:2000]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env()
+        spark_settings = SparkSettings.from_env()
+        args = parse_args(argv, spark_settings)
+    except SlipstreamError as e:  # bad settings or flags: same one-line contract as a failed run
+        print(json.dumps({"run_id": None, "days": [], "error": str(e), "error_type": type(e).__name__}), flush=True)
+        return 2
+    summary = run(args, settings, spark_settings)
+    line = json.dumps(summary, default=str)
+    if args.summary_out:
+        Path(args.summary_out).write_text(line + "\n")
+    print(line, flush=True)
+    return 0 if summary["error"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

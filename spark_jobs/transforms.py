@@ -1,0 +1,198 @@
+"""Pure DataFrame -> DataFrame steps of the preprocessing job: validation, dedupe, click
+attribution, features and the sequence feature. No I/O here, so each step is testable on rows
+made by hand.
+
+The feature arithmetic mirrors `slipstream.schema` exactly (`DenseFeature`, `hash_category`): the
+stream producer computes the same numbers in Python, and a test holds Spark's output equal to
+`slipstream.datagen.reference_samples` (no batch/stream skew).
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from slipstream.schema import (
+    ARROW_SCHEMA,
+    ATTRIBUTION_WINDOW_S,
+    CATEGORICAL_FEATURES,
+    DENSE_FEATURES,
+    HIST_LEN,
+)
+from spark_jobs.raw_input import CLICK_SCHEMA, CORRUPT, IMPRESSION_SCHEMA, SOURCE
+
+REASON = "_reject_reason"
+KIND_IMPRESSION = "impression"
+KIND_CLICK = "click"
+US_PER_S = 1_000_000
+
+
+def _day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    return start, start + timedelta(days=1)
+
+
+def _corrupt_reason(schema: T.StructType) -> Column:
+    """Why a line landed in `_corrupt_record`: the fields whose value has the wrong type (found by
+    re-reading the line with every field as a string), else a malformed line."""
+    as_text = F.from_json(F.col(CORRUPT), T.StructType([T.StructField(n, T.StringType()) for n in schema.fieldNames()]))
+    wrong = F.concat_ws(
+        ", ",
+        *[
+            F.when(as_text[n].isNotNull() & F.col(n).isNull(), F.concat(F.lit(f"{n}="), F.substring(as_text[n], 1, 40)))
+            for n in schema.fieldNames()
+        ],
+    )
+    return F.when(wrong != "", F.concat(F.lit("wrong type: "), wrong)).otherwise(
+        F.lit("malformed line: not a JSON object with the expected fields")
+    )
+
+
+def _first_reason(checks: list[tuple[Column, Column]]) -> Column:
+    expr: Column | None = None
+    for cond, reason in checks:
+        expr = F.when(cond, reason) if expr is None else expr.when(cond, reason)
+    assert expr is not None
+    return expr
+
+
+def classify_impressions(raw: DataFrame, day: date) -> DataFrame:
+    """`raw` (IMPRESSION_SCHEMA + `_corrupt_record` + `_source_file`) with `_reject_reason`: null
+    for a good record, else the first problem found (malformed line, wrong type, missing field,
+    NaN/infinite number, timestamp outside the day)."""
+    start, end = _day_bounds(day)
+    checks: list[tuple[Column, Column]] = [(F.col(CORRUPT).isNotNull(), _corrupt_reason(IMPRESSION_SCHEMA))]
+    checks += [(F.col(n).isNull(), F.lit(f"missing field {n}")) for n in IMPRESSION_SCHEMA.fieldNames()]
+    for f in IMPRESSION_SCHEMA.fields:
+        if isinstance(f.dataType, T.DoubleType):
+            c = F.col(f.name)
+            checks.append((F.isnan(c) | (F.abs(c) == float("inf")), F.lit(f"{f.name} is NaN or infinite")))
+    ts = F.col("ts")
+    checks.append(
+        (
+            (ts < F.lit(start)) | (ts >= F.lit(end)),
+            F.concat(F.lit("ts "), F.date_format(ts, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"), F.lit(f" outside day {day}")),
+        )
+    )
+    return raw.withColumn(REASON, _first_reason(checks))
+
+
+def classify_clicks(raw: DataFrame) -> DataFrame:
+    """`raw` clicks with `_reject_reason` (malformed line, wrong type, missing id or time)."""
+    checks: list[tuple[Column, Column]] = [(F.col(CORRUPT).isNotNull(), _corrupt_reason(CLICK_SCHEMA))]
+    checks += [(F.col(n).isNull(), F.lit(f"missing field {n}")) for n in CLICK_SCHEMA.fieldNames()]
+    return raw.withColumn(REASON, _first_reason(checks))
+
+
+def good(classified: DataFrame) -> DataFrame:
+    return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT)
+
+
+def rejects(classified: DataFrame, day: date, run_id: str, kind: str, schema: T.StructType) -> DataFrame:
+    """Rejected records in the `samples_rejects` layout; `raw_line` is the line as read when it
+    did not parse, else the parsed fields as JSON (NaN shows as NaN)."""
+    return classified.where(F.col(REASON).isNotNull()).select(
+        F.lit(day).alias("day"),
+        F.lit(run_id).alias("run_id"),
+        F.lit(kind).alias("record_kind"),
+        F.col(SOURCE).alias("source_file"),
+        F.col(REASON).alias("reason"),
+        F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*schema.fieldNames()))).alias("raw_line"),
+    )
+
+
+def file_stats(classified: DataFrame, kind: str, schema: T.StructType) -> DataFrame:
+    """Per source file and reject reason: record count, records that parsed, and non-null counts
+    per column among them (a column with none in a parsed file is schema drift)."""
+    parsed = F.col(CORRUPT).isNull()
+    return classified.groupBy(SOURCE, REASON).agg(
+        F.count(F.lit(1)).alias("records"),
+        F.sum(parsed.cast("long")).alias("parsed"),
+        *[F.sum((parsed & F.col(n).isNotNull()).cast("long")).alias(f"nonnull_{n}") for n in schema.fieldNames()],
+    ).withColumn("record_kind", F.lit(kind))
+
+
+def featurize(impressions: DataFrame) -> DataFrame:
+    """Good impressions -> sample columns except the label and the sequence feature.
+
+    Dense: `clip(log1p(max(raw, 0)), lo, hi) / hi` (or without the log), computed in double and
+    stored as float, exactly `DenseFeature.apply`. Categoricals: the first 15 hex digits of the
+    SHA-256 of the string as a long, exactly `hash_category`.
+    """
+    cols: list[Column] = [
+        F.col("impression_id").alias("sample_id"),
+        F.col("ts").alias("event_time"),
+        F.col("user_id").cast("long").alias("user_id"),
+        F.col("item_id").cast("long").alias("item_id"),
+    ]
+    for f in DENSE_FEATURES:
+        x = F.col(f.raw).cast("double")
+        if f.log:
+            x = F.log1p(F.greatest(x, F.lit(0.0)))
+        cols.append((F.least(F.greatest(x, F.lit(f.lo)), F.lit(f.hi)) / F.lit(f.hi)).cast("float").alias(f.name))
+    for raw_name, out in CATEGORICAL_FEATURES:
+        cols.append(F.conv(F.substring(F.sha2(F.col(raw_name), 256), 1, 15), 16, 10).cast("long").alias(out))
+    return impressions.select(*cols)
+
+
+def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
+    """One row per sample_id, with `label` = 1 when a click on it happened within `window_s`
+    seconds after the impression (clicks before it, or later, do not count).
+
+    Impressions and clicks are grouped together by id in ONE shuffle (a cogroup), which both
+    drops duplicate impressions and attaches their clicks. Among differing duplicates the
+    smallest row wins, so reruns pick the same one.
+    """
+    value_cols = [c for c in features.columns if c != "sample_id"]
+    imps = features.select("sample_id", F.struct(*value_cols).alias("imp"), F.lit(None).cast("timestamp").alias("click_ts"))
+    clk = clicks.select(
+        F.col("impression_id").alias("sample_id"),
+        F.lit(None).cast(imps.schema["imp"].dataType).alias("imp"),
+        F.col("ts").alias("click_ts"),
+    )
+    grouped = (
+        imps.unionByName(clk)
+        .groupBy("sample_id")
+        .agg(F.min("imp").alias("imp"), F.collect_list("click_ts").alias("clicks"))
+        .where(F.col("imp").isNotNull())
+    )
+    t0 = F.unix_micros(F.col("imp.event_time"))
+    in_window = F.exists(
+        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
+    )
+    return grouped.select("sample_id", "imp.*", in_window.cast("int").alias("label"))
+
+
+def add_history(samples: DataFrame, hist_len: int = HIST_LEN) -> DataFrame:
+    """`hist_items`: the user's last `hist_len` item ids before each impression, most recent last,
+    no padding. Input must hold one UTC day, which makes the window "the same day"."""
+    w = Window.partitionBy("user_id").orderBy("event_time", "sample_id").rowsBetween(-hist_len, -1)
+    return samples.withColumn("hist_items", F.collect_list("item_id").over(w))
+
+
+def select_samples(df: DataFrame) -> DataFrame:
+    """The sample columns in ARROW_SCHEMA order and types."""
+    return df.select(
+        *[F.col(n).cast("int").alias(n) if n == "label" else F.col(n) for n in ARROW_SCHEMA.names]
+    )
+
+
+def build_samples(impressions: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
+    """Good impressions of one day + good clicks -> samples (ARROW_SCHEMA columns)."""
+    return select_samples(add_history(dedupe_and_label(featurize(impressions), clicks, window_s)))
+
+
+def rejects_of(imps: DataFrame, clicks: DataFrame, day: date, run_id: str) -> DataFrame:
+    return rejects(imps, day, run_id, KIND_IMPRESSION, IMPRESSION_SCHEMA).unionByName(
+        rejects(clicks, day, run_id, KIND_CLICK, CLICK_SCHEMA)
+    )
+
+
+def stats_of(imps: DataFrame, clicks: DataFrame) -> DataFrame:
+    """file_stats of both inputs in one DataFrame (one action computes them)."""
+    a = file_stats(imps, KIND_IMPRESSION, IMPRESSION_SCHEMA)
+    b = file_stats(clicks, KIND_CLICK, CLICK_SCHEMA)
+    return a.unionByName(b, allowMissingColumns=True)
