@@ -31,3 +31,16 @@ class HandoffError(SlipstreamError):
 
 class ResumeError(SlipstreamError):
     """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
+
+
+class CacheError(SlipstreamError):
+    """The node-local cache cannot be used as asked (bad layout, a path outside the cache...)."""
+
+
+class CacheBusy(CacheError):
+    """Another warmup holds the cache's lock longer than the wait allowed; the message names its PID."""
+
+
+class CacheWarmError(CacheError):
+    """Some files of the window could not be copied; the message names them. Re-running resumes:
+    files already placed stay cached, nothing partial is ever visible."""
