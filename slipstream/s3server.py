@@ -244,6 +244,13 @@ class S3Server:
             return None
         return self._endpoint_from(state)
 
+    def last_endpoint(self) -> S3Endpoint | None:
+        """The endpoint recorded by the last start (running or not); None if never started here."""
+        state = self._state()
+        if not state.get("ports") or not self.config_path.exists():
+            return None
+        return self._endpoint_from(state)
+
     def _endpoint_from(self, state: dict[str, Any]) -> S3Endpoint:
         ports = state["ports"]
         access, secret = self._credentials_from_config()
