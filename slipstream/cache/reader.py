@@ -59,8 +59,8 @@ class CacheReader:
                 self._accesses[cache_key(path)] = time.time()
             return f, True
         if self.populate and self._populate(path):
-            try:
-                return pa.memory_map(str(local), "r"), True
+            try:  # the bytes came from remote: still a miss, but the next read hits
+                return pa.memory_map(str(local), "r"), False
             except FileNotFoundError:  # evicted in between: read remote
                 pass
         fs, inner = filesystem_for(path, self.io_properties)

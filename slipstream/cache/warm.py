@@ -21,7 +21,7 @@ from pathlib import Path
 from slipstream.cache.copy import Placed, clear_tmp, copy_atomic
 from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
 from slipstream.cache.index import CacheIndex, CacheLayout, Entry, cache_lock
-from slipstream.cache.remote import cache_key
+from slipstream.cache.remote import cache_key, filesystem_for
 from slipstream.cache.settings import CacheSettings
 from slipstream.errors import CacheWarmError
 from slipstream.settings import Settings
@@ -123,23 +123,25 @@ def warm_window(settings: Settings, table: str, window_days: int, end: datetime,
     report = warm_files(
         cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
         budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
-        concurrency=cache.concurrency, lock_timeout_s=cache.lock_timeout_s,
+        concurrency=cache.concurrency, lock_timeout_s=cache.lock_timeout_s, window=(start, stop),
     )
-    report.window_start, report.window_end = start.isoformat(), stop.isoformat()
     return report
 
 
 def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,
                table_name: str, snapshot_id: int | None = None, budget_bytes: int | None = None,
-               concurrency: int = 16, lock_timeout_s: float = 600.0) -> WarmReport:
+               concurrency: int = 16, lock_timeout_s: float = 600.0,
+               window: tuple[datetime, datetime] | None = None) -> WarmReport:
     """Make `items` (a window's files) present in the cache; the building block of `warm_window`,
     also usable with a plain file list (the benchmark's small-file window)."""
     layout = CacheLayout(cache_dir)
-    report = WarmReport(table_name, snapshot_id, None, None, str(layout.root), budget_bytes=budget_bytes)
+    report = WarmReport(table_name, snapshot_id, window[0].isoformat() if window else None,
+                        window[1].isoformat() if window else None, str(layout.root), budget_bytes=budget_bytes)
+    t0 = time.monotonic()
+    items = _with_sizes(items, io_properties)
+    by_key = {cache_key(i.remote): i for i in items}
     report.planned_files = len(items)
     report.planned_bytes = sum(i.size or 0 for i in items)
-    t0 = time.monotonic()
-    by_key = {cache_key(i.remote): i for i in items}
     with cache_lock(layout, lock_timeout_s), CacheIndex(layout) as index:
         report.stale_tmp_removed = clear_tmp(layout.tmp)
         entries = {e.key: e for e in index.entries()}
@@ -182,6 +184,20 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
             "re-run the warmup to copy the rest"
         )
     return report
+
+
+def _with_sizes(items: list[CacheItem], io_properties: dict[str, str]) -> list[CacheItem]:
+    """Ask the store for the sizes Iceberg does not record (table metadata, manifest list, delete
+    files: a few HEAD requests), so the budget and the size check cover every file."""
+    out = []
+    for item in items:
+        if item.size is None:
+            fs, inner = filesystem_for(item.remote, io_properties)
+            info = fs.get_file_info(inner)
+            if info.size is not None:
+                item = CacheItem(item.remote, int(info.size), item.kind)
+        out.append(item)
+    return out
 
 
 def _split_cached(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheItem], entries: dict[str, Entry],
