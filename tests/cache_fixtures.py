@@ -70,3 +70,23 @@ def append_days(settings: Settings, day_tables: dict[str, pa.Table], days: range
     snap = tbl.current_snapshot()
     assert snap is not None
     return snap.snapshot_id
+
+
+def upload_files(endpoint: S3Endpoint, prefix: str, count: int, size: int, threads: int = 16) -> list[str]:
+    """Write `count` files of `size` random bytes to s3://<bucket>/<prefix>/; returns their URIs."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slipstream.cache.remote import filesystem_for
+
+    uris = [f"s3://{endpoint.bucket}/{prefix}/part-{i:05d}.bin" for i in range(count)]
+    fs, _ = filesystem_for(uris[0], endpoint.io_properties())
+    payload = os.urandom(size + count)
+
+    def put(i: int) -> None:
+        with fs.open_output_stream(uris[i].removeprefix("s3://")) as out:
+            out.write(payload[i:i + size])  # distinct content per file
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, range(count)))
+    return uris
