@@ -21,6 +21,7 @@ from slipstream.cache.remote import etag_matches, filesystem_for
 from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
+WHOLE_READ_MAX = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     try:
         with fs.open_input_stream(inner) as src, open(tmp, "wb") as dst:
             if isinstance(fs, pafs.S3FileSystem):
-                raw = src.metadata().get(b"ETag") or src.metadata().get("ETag")
+                meta = src.metadata()
+                raw = meta.get(b"ETag") or meta.get("ETag")
                 etag = raw.decode() if isinstance(raw, bytes) else raw
-            while True:
-                chunk = src.read(CHUNK)
-                if not chunk:
-                    break
+            if expected_size is not None and expected_size <= WHOLE_READ_MAX:
+                chunks = [src.read()]  # small file: one read, no chunk buffers to allocate
+            else:
+                chunks = iter(lambda: src.read(CHUNK), b"")
+            for chunk in chunks:
                 dst.write(chunk)
                 if etag:
                     md5.update(chunk)
