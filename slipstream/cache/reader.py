@@ -31,6 +31,8 @@ from slipstream.cache.remote import cache_key, filesystem_for
 
 log = logging.getLogger(__name__)
 
+FOOTER_CACHE = 256
+
 
 class CacheReader:
     def __init__(self, cache_dir: str, io_properties: dict[str, str], *, populate: bool = False) -> None:
@@ -41,6 +43,7 @@ class CacheReader:
         self._stats = {"hits": 0, "misses": 0, "bytes_local": 0, "bytes_remote": 0, "populated": 0}
         self._accesses: dict[str, float] = {}
         self._populated: list[Entry] = []
+        self._footers: dict[str, pq.FileMetaData] = {}
 
     # -- lookups ---------------------------------------------------------------------------
     def local_path(self, path: str) -> str | None:
@@ -96,7 +99,14 @@ class CacheReader:
         """One (file, row group) work unit through the cache."""
         f, hit = self._open(path)
         with f:
-            pf = pq.ParquetFile(f)
+            with self._lock:
+                meta = self._footers.get(path)
+            pf = pq.ParquetFile(f, metadata=meta)  # reuse the footer: one parse per file, not per row group
+            if meta is None:
+                with self._lock:
+                    if len(self._footers) >= FOOTER_CACHE:
+                        self._footers.pop(next(iter(self._footers)))
+                    self._footers[path] = pf.metadata
             table = pf.read_row_group(row_group, columns=list(columns) if columns is not None else None)
             rg = pf.metadata.row_group(row_group)
             wanted = set(columns) if columns is not None else None
