@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "slipstream.commands.generate",
     "slipstream.commands.bench",
     "slipstream.commands.demo",
+    "slipstream.commands.cache",
 )
 
 

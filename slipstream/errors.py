@@ -41,3 +41,15 @@ class CommitConflict(SlipstreamError):
 class PreprocessError(SlipstreamError):
     """The Spark preprocessing job failed for a reason that is not a data problem (Spark/Java
     did not start, an engine error, a timeout); the message carries the tail of the job's log."""
+
+class CacheError(SlipstreamError):
+    """The node-local cache cannot be used as asked (bad layout, a path outside the cache...)."""
+
+
+class CacheBusy(CacheError):
+    """Another warmup holds the cache's lock longer than the wait allowed; the message names its PID."""
+
+
+class CacheWarmError(CacheError):
+    """Some files of the window could not be copied; the message names them. Re-running resumes:
+    files already placed stay cached, nothing partial is ever visible."""

@@ -30,7 +30,7 @@ def local_catalog_properties(settings: Settings) -> dict[str, str]:
         "uri": f"sqlite:///{settings.home / 'catalog.db'}",
         "warehouse": settings.warehouse,
     }
-    props.update(s3_properties_from_env())
+    props.update(s3_io_properties(settings))  # env keys, else the local S3 server's
     return props
 
 
@@ -218,3 +218,41 @@ def commit_day_overwrite(
                  snap.snapshot_id if snap else None)
         return snap.snapshot_id if snap else None
     raise AssertionError("unreachable")  # the loop returns or raises
+
+# --- S3 warehouse settings (cache team) -------------------------------------------------------
+# The warehouse is on S3 when SLIPSTREAM_WAREHOUSE starts with s3:// (e.g. s3://warehouse/wh on the
+# local SeaweedFS). Credentials come from SLIPSTREAM_S3_* variables (set them from an Airflow
+# Connection in production); for the local stack they default to the keys the S3 server under
+# SLIPSTREAM_HOME generated, so nothing secret is ever in code or in the repository.
+
+S3_MODES = ("auto", "on", "off")
+
+
+def warehouse_on_s3(settings: Settings) -> bool:
+    return settings.warehouse.startswith(("s3://", "s3a://"))
+
+
+def s3_mode() -> str:
+    """SLIPSTREAM_S3: whether `stack up` starts the local S3 server: `auto` (default: only when the
+    warehouse is on s3://, so a local-disk stack stays fast), `on` (always), `off` (never)."""
+    import os
+
+    from slipstream.errors import ConfigError
+
+    mode = os.environ.get("SLIPSTREAM_S3", "").strip().lower() or "auto"
+    if mode not in S3_MODES:
+        raise ConfigError(f"SLIPSTREAM_S3 must be one of {', '.join(S3_MODES)}, got {mode!r}")
+    return mode
+
+
+def local_s3_properties(settings: Settings) -> dict[str, str]:
+    """FileIO properties of the local stack's S3 server under SLIPSTREAM_HOME, if it was started."""
+    from slipstream.s3server import S3Server
+
+    endpoint = S3Server(settings.home).last_endpoint()
+    return endpoint.io_properties() if endpoint else {}
+
+
+def s3_io_properties(settings: Settings) -> dict[str, str]:
+    """pyiceberg/pyarrow S3 FileIO properties: the local server's, overridden by SLIPSTREAM_S3_*."""
+    return {**local_s3_properties(settings), **s3_properties_from_env()}

@@ -181,6 +181,29 @@ def prepare_catalog(settings: Settings) -> str:
     return ".".join(table.name())
 
 
+def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | None:
+    """The local S3 server (SeaweedFS) when SLIPSTREAM_S3 is `on`, or `auto` (the default) and the
+    warehouse is on s3://; keys from SLIPSTREAM_S3_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else generated
+    once and kept (0600) under <home>/s3. Port: SLIPSTREAM_S3_PORT, else a free one, reused."""
+    from slipstream.iceberg import s3_mode, warehouse_on_s3
+    from slipstream.s3server import S3Server
+
+    mode = s3_mode()
+    if mode == "off" or (mode == "auto" and not warehouse_on_s3(settings)):
+        return None
+    raw_port = os.environ.get("SLIPSTREAM_S3_PORT", "")
+    if raw_port and not raw_port.isdigit():
+        raise StackError(f"SLIPSTREAM_S3_PORT must be a TCP port, got {raw_port!r}")
+    server = S3Server(
+        settings.home, int(raw_port) if raw_port else None,
+        access_key=os.environ.get("SLIPSTREAM_S3_ACCESS_KEY_ID") or None,
+        secret_key=os.environ.get("SLIPSTREAM_S3_SECRET_ACCESS_KEY") or None,
+    )
+    endpoint = server.start()
+    pid = int(server.status()["pid"])
+    return ServiceState("s3", pid, endpoint.url, str(server.log_path))
+
+
 def up(settings: Settings, *, airflow: bool = True) -> StackState:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
@@ -190,6 +213,11 @@ def up(settings: Settings, *, airflow: bool = True) -> StackState:
         log.info("kafka already running (pid %d) at %s", kafka.pid, kafka.address)
     else:
         state.services["kafka"] = start_kafka(home, settings.kafka_port)
+        state.save(home)
+    s3 = start_s3_if_wanted(settings, state)
+    if s3 is not None:
+        state.services["s3"] = s3
+        state.env["SLIPSTREAM_S3_ENDPOINT"] = s3.address
         state.save(home)
     from slipstream.kafka import create_topic
 

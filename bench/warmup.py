@@ -1,0 +1,188 @@
+"""`slipstream bench warmup --json`: does warming the cache pay off, and how close does the warmup
+come to the store's best raw transfer rate? Everything runs against a real SeaweedFS S3 server on
+127.0.0.1 started for the run, and every ratio compares two measurements taken in this same run.
+
+- small window: `--files` files of `--file-kb` KB (default 10,000 x 20 KB, the Weibo case): time to
+  read all of them through `CacheReader` remote (cold cache) vs from the warm cache -> `small_speedup`
+- large window: `--large-files` files of `--large-mb` MB -> `large_speedup`
+- raw parallel GET (bytes into memory, nothing written) at several thread counts after one untimed
+  pass, and again after the warmup; the warmup runs at the best count; `copy_vs_raw` = warmup
+  files/s / the best raw files/s seen (before or after) on the small window (`copy_vs_raw_large`
+  on the large one, same file size so the same ratio in bytes/s)
+- the remote baseline of a speedup is the faster of the cold `CacheReader` read and the best raw GET
+- incremental: an Iceberg `samples` table on the S3 warehouse, a 2-day window warmed, one new day
+  appended, the re-run's copied bytes vs the new day's data bytes -> `incremental_only_new_files`
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="slipstream bench warmup")
+    p.add_argument("--files", type=int, default=10_000, help="small files in the small window")
+    p.add_argument("--file-kb", type=int, default=20)
+    p.add_argument("--large-files", type=int, default=6)
+    p.add_argument("--large-mb", type=int, default=16)
+    p.add_argument("--threads", default="8,32,64", help="thread counts tried for the raw parallel GET")
+    p.add_argument("--workdir", help="where the S3 data and the cache go (default: a temp folder, removed)")
+    p.add_argument("--json", action="store_true", help="accepted for `slipstream bench warmup --json` (output is JSON anyway)")
+    return p.parse_args(argv)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _read_all(reader: Any, uris: list[str], threads: int) -> int:
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(lambda u: len(reader.read_file(u)), uris))
+
+
+def _raw_get(fs: Any, uris: list[str], threads: int) -> int:
+    def get(u: str) -> int:
+        with fs.open_input_stream(u.removeprefix("s3://")) as f:
+            return len(f.read())
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(get, uris))
+
+
+def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cache_dir: Path,
+                 thread_counts: list[int]) -> dict[str, Any]:
+    from slipstream.cache.reader import CacheReader
+    from slipstream.cache.remote import filesystem_for
+    from slipstream.cache.warm import CacheItem, warm_files
+
+    fs, _ = filesystem_for(uris[0], io)
+    _raw_get(fs, uris, max(thread_counts))  # untimed pass: the server's first reads are slower for everyone
+    raw = {}
+    for n in thread_counts:
+        s, nbytes = _timed(lambda: _raw_get(fs, uris, n))
+        raw[n] = {"seconds": round(s, 3), "files_per_s": round(len(uris) / s, 1), "mb_per_s": round(nbytes / s / 1e6, 1)}
+    best = max(raw, key=lambda n: raw[n]["files_per_s"])
+    remote_s, _ = _timed(lambda: _read_all(CacheReader(str(cache_dir), io), uris, best))
+    warm_s, report = _timed(lambda: warm_files(cache_dir, [CacheItem(u, size) for u in uris], io,
+                                               table_name=f"bench.{name}", concurrency=best))
+    raw_after_s, _ = _timed(lambda: _raw_get(fs, uris, best))  # the store's rate may drift during the run
+    raw_best_fps = max(raw[best]["files_per_s"], len(uris) / raw_after_s)
+    reader = CacheReader(str(cache_dir), io)
+    cached_s, _ = _timed(lambda: _read_all(reader, uris, best))
+    assert reader.stats()["hits"] == len(uris), reader.stats()
+    warm_fps = report.copied / warm_s
+    # the remote baseline is the faster of the cold reader and the best raw GET (conservative)
+    remote_best = min(remote_s, raw[best]["seconds"])
+    return {
+        "files": len(uris), "file_bytes": size, "threads": best, "raw_get_by_threads": raw,
+        "remote_read_s": round(remote_s, 3), "cached_read_s": round(cached_s, 3),
+        "speedup": round(remote_best / cached_s, 2),
+        "warm_s": round(warm_s, 3), "warm_files_per_s": round(warm_fps, 1),
+        "warm_mb_per_s": round(report.bytes / warm_s / 1e6, 1),
+        "raw_get_after_warm_files_per_s": round(len(uris) / raw_after_s, 1),
+        "copy_vs_raw_files": round(warm_fps / raw_best_fps, 3),
+        "copy_vs_raw_bytes": round(warm_fps / raw_best_fps, 3),  # same file size: the same ratio
+    }
+
+
+def _incremental_case(workdir: Path, endpoint: Any) -> dict[str, Any]:
+    import os
+    from datetime import date, datetime, timedelta, timezone
+
+    from slipstream.cache.warm import warm_window
+    from slipstream.datagen import GeneratorConfig, reference_samples
+    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.settings import Settings
+
+    days = list(reference_samples(GeneratorConfig(start_day=date(2026, 3, 1), days=4, impressions_per_day=2000)).values())
+    saved = {k: os.environ.get(k) for k in endpoint.env()}
+    os.environ.update(endpoint.env())  # how credentials reach the catalog: SLIPSTREAM_S3_* variables
+    try:
+        settings = Settings(home=workdir / "home", warehouse=endpoint.warehouse("bench-wh"),
+                            cache_dir=str(workdir / "icache"))
+        tbl = samples_table(get_catalog(settings), settings.namespace)
+        for d in days[:3]:
+            tbl.append(d)
+        end3 = datetime(2026, 3, 4, tzinfo=timezone.utc)
+        before = {t.file.file_path for t in tbl.scan().plan_files()}
+        first = warm_window(settings, "samples", 2, end3, tbl.current_snapshot().snapshot_id, None, None)
+        tbl.append(days[3])
+        new = {t.file.file_path: t.file.file_size_in_bytes for t in tbl.scan().plan_files()
+               if t.file.file_path not in before}
+        second = warm_window(settings, "samples", 2, end3 + timedelta(days=1),
+                             tbl.current_snapshot().snapshot_id, None, None)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    copied_data = sorted(p for p in second.copied_paths if p.endswith(".parquet"))
+    return {
+        "first_run_copied": first.copied, "first_run_bytes": first.bytes,
+        "rerun_copied": second.copied, "rerun_bytes": second.bytes,
+        "rerun_copied_data_files": len(copied_data), "new_day_data_files": len(new),
+        "new_day_data_bytes": sum(new.values()),
+        "rerun_metadata_bytes": second.bytes - sum(new.get(p, 0) for p in copied_data),
+        "only_new_files": copied_data == sorted(new),
+        "rerun_evicted": second.evicted, "rerun_already_cached": second.already_cached,
+    }
+
+
+def _upload(endpoint: Any, prefix: str, count: int, size: int, threads: int) -> list[str]:
+    """`count` distinct files of `size` bytes under s3://<bucket>/<prefix>/."""
+    import os
+
+    from slipstream.cache.remote import filesystem_for
+
+    uris = [f"s3://{endpoint.bucket}/{prefix}/part-{i:05d}.bin" for i in range(count)]
+    fs, _ = filesystem_for(uris[0], endpoint.io_properties())
+    payload = os.urandom(size + count)
+
+    def put(i: int) -> None:
+        with fs.open_output_stream(uris[i].removeprefix("s3://")) as out:
+            out.write(payload[i:i + size])
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, range(count)))
+    return uris
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    args = _parse(argv)
+    from slipstream.s3server import S3Server
+
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="slipstream-bench-warmup-"))
+    server = S3Server(workdir / "s3home")
+    try:
+        ep = server.start()
+        io = ep.io_properties()
+        t, small = _timed(lambda: _upload(ep, "small", args.files, args.file_kb * 1024, 32))
+        log.info("uploaded %d small files in %.1fs", args.files, t)
+        large = _upload(ep, "large", args.large_files, args.large_mb << 20, 4)
+        s = _window_case("small", small, args.file_kb * 1024, io, workdir / "cache", thread_counts)
+        big = _window_case("large", large, args.large_mb << 20, io, workdir / "cache", thread_counts)
+        inc = _incremental_case(workdir, ep)
+    finally:
+        server.stop()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "small_speedup": s["speedup"], "large_speedup": big["speedup"],
+        "copy_vs_raw": s["copy_vs_raw_files"], "copy_vs_raw_large": big["copy_vs_raw_bytes"],
+        "incremental_rerun_bytes": inc["rerun_bytes"], "incremental_only_new_files": inc["only_new_files"],
+        "small": s, "large": big, "incremental": inc,
+    }

@@ -1,0 +1,153 @@
+"""Cache-aware reads for the trainer and the quality step.
+
+```python
+reader = CacheReader(settings.cache_dir, s3_io_properties(settings))
+table = reader.read_row_group("s3://warehouse/wh/.../data/00000.parquet", 3, ["label", "f_0"])
+with reader.open_input_file(path) as f: ...      # a pyarrow NativeFile: local copy or remote
+reader.stats()  # {"hits", "misses", "bytes_local", "bytes_remote", "hit_ratio"}
+```
+
+A hit is a file under `<cache_dir>/files/` (complete by construction, see `copy.py`); a miss reads
+the remote file and, with `populate=True`, copies it into the cache first (atomically) so the next
+read hits. Byte counters: `open_input_file` counts the file's size; `read_row_group` counts the
+compressed bytes of the column chunks it reads. Thread-safe; one reader per process is enough.
+Access times are kept in memory and written to the index by `flush()` (also on `close()`), which
+is what the warmup's least-recently-used eviction orders by.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from slipstream.cache.copy import copy_atomic
+from slipstream.cache.index import CacheIndex, CacheLayout, Entry
+from slipstream.cache.remote import cache_key, filesystem_for
+
+log = logging.getLogger(__name__)
+
+FOOTER_CACHE = 256
+
+
+class CacheReader:
+    def __init__(self, cache_dir: str, io_properties: dict[str, str], *, populate: bool = False) -> None:
+        self.layout = CacheLayout(cache_dir)
+        self.io_properties = dict(io_properties)
+        self.populate = populate
+        self._lock = threading.Lock()
+        self._stats = {"hits": 0, "misses": 0, "bytes_local": 0, "bytes_remote": 0, "populated": 0}
+        self._accesses: dict[str, float] = {}
+        self._populated: list[Entry] = []
+        self._footers: dict[str, pq.FileMetaData] = {}
+
+    # -- lookups ---------------------------------------------------------------------------
+    def local_path(self, path: str) -> str | None:
+        """The cached copy of `path`, or None when it is not cached."""
+        local = self.layout.local_path(path)
+        return str(local) if local.is_file() else None
+
+    def _open(self, path: str) -> tuple[pa.NativeFile, bool]:
+        local = self.layout.local_path(path)
+        try:
+            f = pa.memory_map(str(local), "r")
+        except FileNotFoundError:
+            pass
+        else:
+            with self._lock:
+                self._accesses[cache_key(path)] = time.time()
+            return f, True
+        if self.populate and self._populate(path):
+            try:  # the bytes came from remote: still a miss, but the next read hits
+                return pa.memory_map(str(local), "r"), False
+            except FileNotFoundError:  # evicted in between: read remote
+                pass
+        fs, inner = filesystem_for(path, self.io_properties)
+        return fs.open_input_file(inner), False
+
+    def _populate(self, path: str) -> bool:
+        self.layout.ensure()
+        try:
+            placed = copy_atomic(path, self.layout.local_path(path), self.layout.tmp, self.io_properties,
+                                 tmp_prefix="r-")
+        except Exception as e:  # noqa: BLE001 - a failed populate is a plain miss
+            log.warning("could not populate the cache with %s: %s", path, e)
+            return False
+        now = time.time()
+        with self._lock:
+            self._stats["populated"] += 1
+            self._populated.append(Entry(cache_key(path), path, placed.size, placed.etag, None, None, now, now))
+        return True
+
+    def _count(self, hit: bool, nbytes: int) -> None:
+        with self._lock:
+            self._stats["hits" if hit else "misses"] += 1
+            self._stats["bytes_local" if hit else "bytes_remote"] += nbytes
+
+    # -- the API ---------------------------------------------------------------------------
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        """A random-access pyarrow file: the local copy on a hit (memory-mapped), remote on a miss."""
+        f, hit = self._open(path)
+        self._count(hit, f.size())
+        return f
+
+    def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """One (file, row group) work unit through the cache."""
+        f, hit = self._open(path)
+        with f:
+            with self._lock:
+                meta = self._footers.get(path)
+            pf = pq.ParquetFile(f, metadata=meta)  # reuse the footer: one parse per file, not per row group
+            if meta is None:
+                with self._lock:
+                    if len(self._footers) >= FOOTER_CACHE:
+                        self._footers.pop(next(iter(self._footers)))
+                    self._footers[path] = pf.metadata
+            table = pf.read_row_group(row_group, columns=list(columns) if columns is not None else None)
+            rg = pf.metadata.row_group(row_group)
+            wanted = set(columns) if columns is not None else None
+            nbytes = sum(
+                rg.column(i).total_compressed_size for i in range(rg.num_columns)
+                if wanted is None or rg.column(i).path_in_schema.split(".")[0] in wanted
+            )
+        self._count(hit, nbytes)
+        return table
+
+    def read_file(self, path: str) -> bytes:
+        """The whole file's bytes (small files, benchmarks)."""
+        f, hit = self._open(path)
+        with f:
+            data = f.read()
+        self._count(hit, len(data))
+        return data
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            out: dict[str, float] = dict(self._stats)
+        reads = out["hits"] + out["misses"]
+        out["hit_ratio"] = round(out["hits"] / reads, 4) if reads else 0.0
+        return out
+
+    def flush(self) -> None:
+        """Write access times (for LRU eviction) and populated files to the index."""
+        with self._lock:
+            accesses, self._accesses = self._accesses, {}
+            populated, self._populated = self._populated, []
+        if not accesses and not populated:
+            return
+        with CacheIndex(self.layout) as index:
+            index.put_many(populated, replace=False)  # a warmup's row (table, snapshot) wins
+            index.touch(accesses)
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "CacheReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,142 @@
+"""Cache settings, parsed once from `SLIPSTREAM_CACHE_*` variables into a typed object.
+
+The warmup, the cache-aware reader and the Kubernetes pod builder (Airflow team) all read the
+cache through this one object:
+
+| variable | field | meaning |
+|---|---|---|
+| `SLIPSTREAM_CACHE_DIR` | `dir` | cache root on this node (default `<SLIPSTREAM_HOME>/cache`) |
+| `SLIPSTREAM_CACHE_BUDGET_BYTES` | `budget_bytes` | size cap, e.g. `50GiB`, `200000000`; empty/0 = no cap |
+| `SLIPSTREAM_CACHE_CONCURRENCY` | `concurrency` | parallel copies during a warmup (default 16) |
+| `SLIPSTREAM_CACHE_LOCK_TIMEOUT_S` | `lock_timeout_s` | how long a warmup waits for another one on the same cache |
+| `SLIPSTREAM_CACHE_NODE_SELECTOR` | `node_selector` | `key=value[,key=value]` labels of the cache nodes (default `slipstream.io/cache=true`) |
+| `SLIPSTREAM_CACHE_VOLUME` | `volume` | `hostPath:/mnt/slipstream-cache` (default) or `pvc:CLAIM_NAME` |
+| `SLIPSTREAM_CACHE_MOUNT_PATH` | `mount_path` | where pods mount the cache volume (default `/mnt/slipstream-cache`); inside a pod the cache dir is this path |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from slipstream.errors import ConfigError
+from slipstream.settings import Settings
+
+DEFAULT_NODE_SELECTOR = "slipstream.io/cache=true"
+DEFAULT_VOLUME = "hostPath:/mnt/slipstream-cache"
+DEFAULT_MOUNT_PATH = "/mnt/slipstream-cache"
+VOLUME_KINDS = ("hostPath", "pvc")
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_bytes(text: str, name: str = "SLIPSTREAM_CACHE_BUDGET_BYTES") -> int | None:
+    """`"50GiB"`, `"200MB"`, `"1234"` -> bytes; `""`/`"0"`/`"none"` -> None (no cap)."""
+    raw = text.strip()
+    if raw.lower() in ("", "0", "none", "unlimited"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", raw)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ConfigError(f"{name} must be a byte count like 50GiB, 200MB or 1234, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    """`"slipstream.io/cache=true,zone=a"` -> {"slipstream.io/cache": "true", "zone": "a"}."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"SLIPSTREAM_CACHE_NODE_SELECTOR must be key=value pairs separated by commas, got {text!r}"
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class CacheVolume:
+    """The Kubernetes volume that holds the cache on a cache node."""
+
+    kind: str
+    """`hostPath` (a node-local folder) or `pvc` (a PersistentVolumeClaim, e.g. local-path)."""
+    source: str
+    """The host path for `hostPath`, the claim name for `pvc`."""
+
+    @classmethod
+    def parse(cls, text: str) -> "CacheVolume":
+        kind, sep, source = text.partition(":")
+        if not sep or kind not in VOLUME_KINDS or not source:
+            raise ConfigError(
+                f"SLIPSTREAM_CACHE_VOLUME must be hostPath:/abs/path or pvc:CLAIM_NAME, got {text!r}"
+            )
+        if kind == "hostPath" and not source.startswith("/"):
+            raise ConfigError(f"SLIPSTREAM_CACHE_VOLUME hostPath must be absolute, got {source!r}")
+        return cls(kind, source)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.source}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSettings:
+    dir: str
+    """Cache root on this node: `files/` (copies), `tmp/` (in-flight copies), `index.sqlite`."""
+    budget_bytes: int | None = None
+    """Upper bound of the cache's size; None = no cap (evicts only files that left the window)."""
+    concurrency: int = 16
+    """Parallel copies during a warmup (bounded: the store and the node's NIC set the best value)."""
+    lock_timeout_s: float = 600.0
+    """A warmup waits this long for another warmup of the same cache before failing."""
+    node_selector: dict[str, str] = field(default_factory=lambda: parse_node_selector(DEFAULT_NODE_SELECTOR))
+    """Labels of the nodes that hold a cache; the warmup pod and the training pod both select them."""
+    volume: CacheVolume = field(default_factory=lambda: CacheVolume.parse(DEFAULT_VOLUME))
+    """The volume holding the cache on those nodes."""
+    mount_path: str = DEFAULT_MOUNT_PATH
+    """Mount point of `volume` in pods; pods run with SLIPSTREAM_CACHE_DIR set to it."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY must be >= 1, got {self.concurrency}")
+        if self.budget_bytes is not None and self.budget_bytes < 1:
+            raise ConfigError(f"SLIPSTREAM_CACHE_BUDGET_BYTES must be positive, got {self.budget_bytes}")
+        if self.lock_timeout_s < 0:
+            raise ConfigError(f"SLIPSTREAM_CACHE_LOCK_TIMEOUT_S must be >= 0, got {self.lock_timeout_s}")
+        if not self.mount_path.startswith("/"):
+            raise ConfigError(f"SLIPSTREAM_CACHE_MOUNT_PATH must be absolute, got {self.mount_path!r}")
+
+    @classmethod
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "CacheSettings":
+        env = os.environ if env is None else env
+
+        def get(name: str, default: str) -> str:
+            return env.get(f"SLIPSTREAM_CACHE_{name}") or default
+
+        try:
+            concurrency = int(get("CONCURRENCY", "16"))
+            lock_timeout = float(get("LOCK_TIMEOUT_S", "600"))
+        except ValueError as e:
+            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY / _LOCK_TIMEOUT_S must be numbers: {e}") from None
+        return cls(
+            dir=settings.cache_dir,
+            budget_bytes=parse_bytes(get("BUDGET_BYTES", "")),
+            concurrency=concurrency,
+            lock_timeout_s=lock_timeout,
+            node_selector=parse_node_selector(get("NODE_SELECTOR", DEFAULT_NODE_SELECTOR)),
+            volume=CacheVolume.parse(get("VOLUME", DEFAULT_VOLUME)),
+            mount_path=get("MOUNT_PATH", DEFAULT_MOUNT_PATH),
+        )
+
+    def as_env(self) -> dict[str, str]:
+        """The settings as variables for a pod or subprocess (the dir becomes the mount path there)."""
+        return {
+            "SLIPSTREAM_CACHE_BUDGET_BYTES": str(self.budget_bytes or ""),
+            "SLIPSTREAM_CACHE_CONCURRENCY": str(self.concurrency),
+            "SLIPSTREAM_CACHE_LOCK_TIMEOUT_S": str(self.lock_timeout_s),
+            "SLIPSTREAM_CACHE_NODE_SELECTOR": ",".join(f"{k}={v}" for k, v in self.node_selector.items()),
+            "SLIPSTREAM_CACHE_VOLUME": str(self.volume),
+            "SLIPSTREAM_CACHE_MOUNT_PATH": self.mount_path,
+        }

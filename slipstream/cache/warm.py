@@ -1,0 +1,318 @@
+"""Warm the node-local cache with exactly what the next training run reads: the files of the
+training window at a pinned Iceberg snapshot (data and delete files, manifests, manifest list,
+table metadata).
+
+`warm_window` plans, then `warm_files` does the work under the cache lock: clear dead temporary
+files, evict what left the window, make room under the budget (least recently used first), copy
+the missing files in parallel (each through `copy_atomic`: temp name, verify, rename) with
+retries, and record every placed file in the index as it lands, so an interrupted warmup resumes
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from slipstream.cache.copy import Placed, clear_tmp, copy_atomic
+from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
+from slipstream.cache.index import CacheIndex, CacheLayout, Entry, cache_lock
+from slipstream.cache.remote import cache_key, filesystem_for
+from slipstream.cache.settings import CacheSettings
+from slipstream.errors import CacheWarmError
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DATA_KINDS = ("data", "delete")
+RETRIES = 4
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class CacheItem:
+    """One file to hold in the cache."""
+
+    remote: str
+    size: int | None
+    """Size from the table metadata (None for metadata files, whose size Iceberg does not record)."""
+    kind: str = "data"
+    """data | delete | manifest | manifest_list | metadata."""
+
+
+@dataclass
+class WarmReport:
+    table: str
+    snapshot_id: int | None
+    window_start: str | None
+    window_end: str | None
+    cache_dir: str
+    planned_files: int = 0
+    planned_bytes: int = 0
+    copied: int = 0
+    already_cached: int = 0
+    already_cached_bytes: int = 0
+    evicted: int = 0
+    evicted_bytes: int = 0
+    evicted_out_of_window: int = 0
+    evicted_lru: int = 0
+    skipped_over_budget: int = 0
+    stale_tmp_removed: int = 0
+    bytes: int = 0
+    """Bytes copied by this run."""
+    seconds: float = 0.0
+    throughput_bytes_per_s: float = 0.0
+    files_per_s: float = 0.0
+    expected_hit_ratio: float = 0.0
+    """Share of the window's data/delete bytes that a reader will find in the cache."""
+    cache_bytes: int = 0
+    budget_bytes: int | None = None
+    copied_paths: list[str] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out.pop("copied_paths")
+        return out
+
+
+def qualified_table(settings: Settings, table: str) -> str:
+    return table if "." in table else f"{settings.namespace}.{table}"
+
+
+def plan_cache_items(table: "object", snapshot_id: int, start: datetime, end: datetime) -> list[CacheItem]:
+    """Everything a reader of the window at `snapshot_id` opens: table metadata, manifest list,
+    manifests, data files and their delete files (deduplicated, metadata first)."""
+    from pyiceberg.table import Table
+
+    from slipstream.planning import plan_window_files
+
+    assert isinstance(table, Table)
+    snapshot = table.snapshot_by_id(snapshot_id)
+    assert snapshot is not None, "pin_snapshot checked it"
+    items: dict[str, CacheItem] = {}
+    items[table.metadata_location] = CacheItem(table.metadata_location, None, "metadata")
+    items[snapshot.manifest_list] = CacheItem(snapshot.manifest_list, None, "manifest_list")
+    for m in snapshot.manifests(table.io):
+        items[m.manifest_path] = CacheItem(m.manifest_path, m.manifest_length, "manifest")
+    plan = plan_window_files(table, snapshot_id, start, end)
+    for f in plan.files:
+        items[f.path] = CacheItem(f.path, f.size_bytes, "data")
+        for d in f.delete_files:
+            items.setdefault(d, CacheItem(d, None, "delete"))
+    return list(items.values())
+
+
+def warm_window(settings: Settings, table: str, window_days: int, end: datetime, snapshot_id: int | None,
+                cache_dir: str | None, budget_bytes: int | None) -> WarmReport:
+    """Warm the cache with the window [end - window_days, end) of `table` at `snapshot_id`
+    (None: the current snapshot, pinned now). Returns what was copied, kept and evicted."""
+    from slipstream.iceberg import get_catalog, s3_io_properties
+    from slipstream.planning import pin_snapshot, window_bounds
+
+    cache = CacheSettings.from_env(settings)
+    name = qualified_table(settings, table)
+    start, stop = window_bounds(end, window_days)
+    tbl = get_catalog(settings).load_table(name)
+    snap = pin_snapshot(tbl, snapshot_id)
+    items = plan_cache_items(tbl, snap, start, stop)
+    io_props = {**s3_io_properties(settings), **{k: str(v) for k, v in tbl.io.properties.items()}}
+    report = warm_files(
+        cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
+        budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
+        concurrency=cache.concurrency, lock_timeout_s=cache.lock_timeout_s, window=(start, stop),
+    )
+    return report
+
+
+def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,
+               table_name: str, snapshot_id: int | None = None, budget_bytes: int | None = None,
+               concurrency: int = 16, lock_timeout_s: float = 600.0,
+               window: tuple[datetime, datetime] | None = None) -> WarmReport:
+    """Make `items` (a window's files) present in the cache; the building block of `warm_window`,
+    also usable with a plain file list (the benchmark's small-file window)."""
+    layout = CacheLayout(cache_dir)
+    report = WarmReport(table_name, snapshot_id, window[0].isoformat() if window else None,
+                        window[1].isoformat() if window else None, str(layout.root), budget_bytes=budget_bytes)
+    t0 = time.monotonic()
+    items = _with_sizes(items, io_properties)
+    by_key = {cache_key(i.remote): i for i in items}
+    report.planned_files = len(items)
+    report.planned_bytes = sum(i.size or 0 for i in items)
+    with cache_lock(layout, lock_timeout_s), CacheIndex(layout) as index:
+        report.stale_tmp_removed = clear_tmp(layout.tmp)
+        entries = {e.key: e for e in index.entries()}
+        gone = remove_entries(layout, index, out_of_window(entries.values(), table_name, by_key.keys()))
+        report.evicted_out_of_window = gone.files
+        evicted = Evicted(gone.files, gone.bytes)
+        entries = {e.key: e for e in index.entries()}
+
+        cached, missing = _split_cached(layout, index, by_key, entries, table_name, snapshot_id)
+        report.already_cached = len(cached)
+        report.already_cached_bytes = sum(entries[k].size if k in entries else 0 for k in cached)
+        index.mark_planned(cached, table_name, snapshot_id if snapshot_id is not None else -1)
+
+        if budget_bytes is not None:
+            missing, lru = _fit_budget(layout, index, by_key, missing, budget_bytes)
+            report.evicted_lru = lru.files
+            evicted.add(lru)
+            report.skipped_over_budget = len(by_key) - len(cached) - len(missing)
+        report.evicted, report.evicted_bytes = evicted.files, evicted.bytes
+
+        placed, failed = _copy_all(layout, index, [by_key[k] for k in missing], io_properties,
+                                   table_name, snapshot_id, concurrency)
+        report.copied = len(placed)
+        report.bytes = sum(p.size for p in placed)
+        report.copied_paths = [p.remote for p in placed]
+        report.cache_bytes = index.total_bytes()
+        present = {e.key for e in index.entries()}
+    report.seconds = round(time.monotonic() - t0, 3)
+    report.throughput_bytes_per_s = round(report.bytes / report.seconds, 1) if report.seconds else 0.0
+    report.files_per_s = round(report.copied / report.seconds, 1) if report.seconds else 0.0
+    data = [(k, i) for k, i in by_key.items() if i.kind in DATA_KINDS]
+    total = sum(i.size or 1 for _, i in data)
+    report.expected_hit_ratio = round(sum(i.size or 1 for k, i in data if k in present) / total, 4) if total else 1.0
+    log.info("warm %s: %s", table_name, report.to_dict())
+    if failed:
+        names = ", ".join(f"{r} ({e})" for r, e in failed[:5])
+        raise CacheWarmError(
+            f"{len(failed)} of {len(missing)} files of {table_name} could not be copied into {layout.root}: "
+            f"{names}{' ...' if len(failed) > 5 else ''}. {report.copied} were placed and stay cached; "
+            "re-run the warmup to copy the rest"
+        )
+    return report
+
+
+def _with_sizes(items: list[CacheItem], io_properties: dict[str, str]) -> list[CacheItem]:
+    """Ask the store for the sizes Iceberg does not record (table metadata, manifest list, delete
+    files: a few HEAD requests), so the budget and the size check cover every file."""
+    out = []
+    for item in items:
+        if item.size is None:
+            fs, inner = filesystem_for(item.remote, io_properties)
+            info = fs.get_file_info(inner)
+            if info.size is not None:
+                item = CacheItem(item.remote, int(info.size), item.kind)
+        out.append(item)
+    return out
+
+
+def _split_cached(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheItem], entries: dict[str, Entry],
+                  table_name: str, snapshot_id: int | None) -> tuple[list[str], list[str]]:
+    """Which planned files are already whole in the cache. A file under files/ is whole by
+    construction; one the index lacks (a reader populated it, or the index write was cut) is
+    adopted when its size matches the table metadata."""
+    cached, missing, adopted = [], [], []
+    now = time.time()
+    for key, item in by_key.items():
+        path = layout.files / key
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            missing.append(key)
+            continue
+        if item.size is not None and size != item.size:
+            missing.append(key)  # a different file under the same name: replace it
+        elif key in entries:
+            cached.append(key)
+        else:
+            adopted.append(Entry(key, item.remote, size, None, table_name, snapshot_id, now, now))
+            cached.append(key)
+    index.put_many(adopted)
+    return cached, missing
+
+
+def _fit_budget(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheItem], missing: list[str],
+                budget: int) -> tuple[list[str], Evicted]:
+    """Evict least-recently-used files outside the window to make room; if the window alone is
+    larger than the budget, copy what fits (metadata first, then data in plan order)."""
+    entries = index.entries()
+    total = sum(e.size for e in entries)
+    need = sum(by_key[k].size or 0 for k in missing)
+    victims = lru_victims(entries, by_key.keys(), total + need - budget) if total + need > budget else []
+    evicted = remove_entries(layout, index, victims)
+    room = budget - (total - evicted.bytes)
+    keep = []
+    for k in missing:
+        size = by_key[k].size or 0
+        if size <= room:
+            keep.append(k)
+            room -= size
+    if len(keep) < len(missing):
+        log.warning("window needs %d more bytes than the cache budget allows: %d files stay remote",
+                    need - sum(by_key[k].size or 0 for k in keep), len(missing) - len(keep))
+    return keep, evicted
+
+
+def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_properties: dict[str, str],
+              table_name: str, snapshot_id: int | None, concurrency: int
+              ) -> tuple[list[Placed], list[tuple[str, str]]]:
+    """Copy with at most `concurrency` transfers in flight; index rows are written by this thread
+    as files land (batched), so a crash loses at most the last batch, which the next run adopts."""
+    placed: list[Placed] = []
+    failed: list[tuple[str, str]] = []
+    if not todo:
+        return placed, failed
+    total_bytes = sum(i.size or 0 for i in todo)
+    pending_rows: list[Entry] = []
+    t0 = last_log = time.monotonic()
+    done_bytes = 0
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="warm") as pool:
+        queue = iter(todo)
+        running: dict[Future[Placed], CacheItem] = {}
+
+        def submit_next() -> None:
+            item = next(queue, None)
+            if item is not None:
+                running[pool.submit(_copy_with_retries, layout, item, io_properties)] = item
+
+        for _ in range(concurrency * 2):
+            submit_next()
+        while running:
+            done, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+            for fut in done:
+                item = running.pop(fut)
+                try:
+                    p = fut.result()
+                except Exception as e:  # noqa: BLE001 - reported per file, the run goes on
+                    failed.append((item.remote, str(e).splitlines()[0][:200]))
+                else:
+                    placed.append(p)
+                    done_bytes += p.size
+                    now = time.time()
+                    pending_rows.append(Entry(cache_key(p.remote), p.remote, p.size, p.etag, table_name,
+                                              snapshot_id, now, now))
+                submit_next()
+            if len(pending_rows) >= 256 or (pending_rows and not running):
+                index.put_many(pending_rows)
+                pending_rows = []
+            now_m = time.monotonic()
+            if now_m - last_log >= PROGRESS_EVERY_S or not running:
+                last_log = now_m
+                elapsed = max(now_m - t0, 1e-6)
+                rate = done_bytes / elapsed
+                eta = max(0.0, (total_bytes - done_bytes) / rate) if rate > 0 else float("nan")
+                log.info("warm %s: %d/%d files, %.1f/%.1f MB, %.1f MB/s, %.0f files/s, ETA %.0fs%s",
+                         table_name, len(placed), len(todo), done_bytes / 1e6, total_bytes / 1e6, rate / 1e6,
+                         len(placed) / elapsed, eta, f", {len(failed)} failed" if failed else "")
+    if pending_rows:
+        index.put_many(pending_rows)
+    return placed, failed
+
+
+def _copy_with_retries(layout: CacheLayout, item: CacheItem, io_properties: dict[str, str]) -> Placed:
+    """Transient store errors (a restart, a dropped connection) are retried with backoff."""
+    delay = 0.5
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return copy_atomic(item.remote, layout.local_path(item.remote), layout.tmp, io_properties, item.size)
+        except OSError as e:
+            if attempt == RETRIES:
+                raise
+            log.debug("copy of %s failed (attempt %d/%d): %s; retrying in %.1fs", item.remote, attempt, RETRIES, e, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")

@@ -1,0 +1,181 @@
+"""The cache against a real SeaweedFS S3 server on 127.0.0.1: warmup of an Iceberg window stored
+on S3, incremental re-runs, a server restart and a killed warmup mid-copy (nothing partial is
+ever visible; the re-run resumes), and the stack starting the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slipstream.cache.index import CacheIndex, CacheLayout
+from slipstream.cache.reader import CacheReader
+from slipstream.cache.remote import filesystem_for
+from slipstream.cache.warm import CacheItem, warm_files, warm_window
+from slipstream.errors import CacheWarmError
+from slipstream.s3server import S3Endpoint, S3Server
+from tests.cache_fixtures import (  # noqa: F401 - fixtures
+    append_days, day_tables, s3_endpoint, s3_server, s3_settings, upload_files, window_end,
+)
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _assert_consistent(layout: CacheLayout, expected: dict[str, int]) -> None:
+    """Every visible cached file is whole (its remote size) and the index lists exactly them."""
+    on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
+    for key, size in on_disk.items():
+        assert size == expected[key], f"partial file visible: {key} has {size} of {expected[key]} bytes"
+    with CacheIndex(layout) as index:
+        assert {e.key: e.size for e in index.entries()} == on_disk
+
+
+def test_warm_window_from_s3_incremental_and_read_through_cache(
+    tmp_path: Path, s3_endpoint: S3Endpoint, day_tables, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    settings = s3_settings(tmp_path / "home", s3_endpoint, monkeypatch)
+    assert settings.warehouse.startswith("s3://")
+    snap3 = append_days(settings, day_tables, range(3))
+    r = warm_window(settings, "samples", 2, window_end(3), snap3, None, None)
+    assert r.copied == r.planned_files and r.expected_hit_ratio == 1.0
+    data = [p for p in r.copied_paths if p.endswith(".parquet")]
+    assert len(data) == 2 and all(p.startswith("s3://") for p in data)
+    fs, _ = filesystem_for(data[0], s3_endpoint.io_properties())
+    layout = CacheLayout(settings.cache_dir)
+    for p in data:  # byte-identical copies
+        with fs.open_input_stream(p.removeprefix("s3://")) as f:
+            assert layout.local_path(p).read_bytes() == f.read()
+
+    snap4 = append_days(settings, day_tables, range(3, 4))
+    r2 = warm_window(settings, "samples", 2, window_end(4), snap4, None, None)
+    new_data = [p for p in r2.copied_paths if p.endswith(".parquet")]
+    assert len(new_data) == 1 and new_data[0] not in data  # only the new day's data file
+    assert r2.evicted_out_of_window >= 1
+
+    from slipstream.iceberg import get_catalog
+
+    tasks = list(get_catalog(settings).load_table(settings.table).scan(snapshot_id=snap4).plan_files())
+    with CacheReader(settings.cache_dir, s3_endpoint.io_properties()) as reader:
+        rows = sum(reader.read_row_group(t.file.file_path, 0, ["label"]).num_rows for t in tasks)
+        st = reader.stats()
+    assert rows == sum(t.num_rows for t in day_tables.values())
+    assert (st["hits"], st["misses"]) == (2, 2)  # days 2..3 cached, days 0..1 read remote
+    assert st["bytes_remote"] > 0 and st["bytes_local"] > 0
+
+
+def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
+    tmp_path: Path, s3_server: S3Server, s3_endpoint: S3Endpoint,  # noqa: F811
+) -> None:
+    uris = upload_files(s3_endpoint, "restart", 160, 256 * 1024)
+    items = [CacheItem(u, 256 * 1024) for u in uris]
+    layout = CacheLayout(tmp_path / "cache")
+    expected = {layout.local_path(u).relative_to(layout.files).as_posix(): 256 * 1024 for u in uris}
+    outcome: dict[str, object] = {}
+    seen_partial: list[str] = []
+    stop = threading.Event()
+
+    def warm() -> None:
+        try:
+            outcome["report"] = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=4)
+        except CacheWarmError as e:
+            outcome["error"] = e
+        finally:
+            stop.set()
+
+    def watch() -> None:  # a reader polling the cache during the copy and the restart
+        while not stop.is_set():
+            for p in list(layout.files.rglob("*.bin")) if layout.files.exists() else []:
+                try:
+                    if p.stat().st_size != 256 * 1024:
+                        seen_partial.append(str(p))
+                except FileNotFoundError:
+                    pass
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=warm), threading.Thread(target=watch)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and len(list(layout.files.rglob("*.bin"))) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not stop.is_set(), "the warmup finished before the restart: make the window larger"
+    s3_server.stop()  # mid-copy
+    time.sleep(0.5)
+    s3_server.start()
+    for t in threads:
+        t.join(120)
+    assert not seen_partial
+    _assert_consistent(layout, expected)
+    # the re-run copies exactly what is missing and leaves no temporary file
+    before = len(list(layout.files.rglob("*.bin")))
+    r = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=8)
+    assert r.copied == len(uris) - before and r.already_cached == before
+    _assert_consistent(layout, expected)
+    assert len(list(layout.files.rglob("*.bin"))) == len(uris)
+    assert not list(layout.tmp.iterdir())
+
+
+def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+    uris = upload_files(s3_endpoint, "killed", 120, 512 * 1024)
+    layout = CacheLayout(tmp_path / "cache")
+    expected = {layout.local_path(u).relative_to(layout.files).as_posix(): 512 * 1024 for u in uris}
+    listing = tmp_path / "uris.txt"
+    listing.write_text("\n".join(uris))
+    code = (
+        "import json,sys\n"
+        "from slipstream.cache.warm import CacheItem, warm_files\n"
+        f"uris = open({str(listing)!r}).read().split()\n"
+        f"warm_files({str(layout.root)!r}, [CacheItem(u, {512 * 1024}) for u in uris], json.loads(sys.argv[1]),"
+        " table_name='t', concurrency=2)\n"
+    )
+    import json
+
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(s3_endpoint.io_properties())],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(layout.files.rglob("*.bin"))) < 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)  # no cleanup of any kind runs
+    finally:
+        proc.wait(10)
+    placed = len(list(layout.files.rglob("*.bin")))
+    assert 0 < placed < len(uris), "the warmup should have been killed mid-way"
+    on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
+    assert all(on_disk[k] == expected[k] for k in on_disk), "a killed copy left a partial file visible"
+    r = warm_files(layout.root, [CacheItem(u, 512 * 1024) for u in uris], s3_endpoint.io_properties(),
+                   table_name="t", concurrency=8)
+    assert r.copied + r.already_cached == len(uris) and r.already_cached == placed
+    _assert_consistent(layout, expected)
+    assert not list(layout.tmp.iterdir())
+
+
+def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slipstream.iceberg import local_s3_properties
+    from slipstream.settings import Settings
+    from slipstream.stack import StackState, start_s3_if_wanted, stop_process
+
+    settings = Settings(home=tmp_path / "home")
+    monkeypatch.delenv("SLIPSTREAM_S3", raising=False)
+    assert start_s3_if_wanted(settings, StackState()) is None  # auto + local warehouse: not started
+    monkeypatch.setenv("SLIPSTREAM_S3", "on")
+    for var in ("SLIPSTREAM_S3_ACCESS_KEY_ID", "SLIPSTREAM_S3_SECRET_ACCESS_KEY", "SLIPSTREAM_S3_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    svc = start_s3_if_wanted(settings, StackState())
+    assert svc is not None
+    try:
+        props = local_s3_properties(settings)
+        assert props["s3.endpoint"] == svc.address and props["s3.secret-access-key"]
+        assert oct((settings.home / "s3" / "s3.json").stat().st_mode & 0o777) == "0o600"
+        fs, _ = filesystem_for("s3://warehouse/x", props)
+        assert fs.get_file_info("warehouse").type.name == "Directory"
+    finally:
+        stop_process(svc.pid)
+    assert not S3Server(settings.home).running()
