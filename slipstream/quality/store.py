@@ -7,8 +7,10 @@ interval): results by (run_id, scope), profiles by day.
 from __future__ import annotations
 
 import logging
+import warnings
 from datetime import date, datetime, timezone
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -88,7 +90,8 @@ def write_results(
         schema=RESULTS_ARROW,
     )
     table = results_table(catalog, namespace)
-    table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
+    with _quiet_first_write():
+        table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
     return len(rs)
 
 
@@ -103,7 +106,16 @@ def write_profile(
         },
         schema=PROFILES_ARROW,
     )
-    profiles_table(catalog, namespace).overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+    with _quiet_first_write():
+        profiles_table(catalog, namespace).overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+
+
+@contextmanager
+def _quiet_first_write() -> Iterator[None]:
+    """pyiceberg warns when an overwrite's delete matches nothing: the normal first write of a key."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+        yield
 
 
 def read_profiles(catalog: Catalog, namespace: str, start: date, end: date) -> dict[date, FeatureProfile]:
