@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "slipstream.commands.bench",
     "slipstream.commands.demo",
     "slipstream.commands.cache",
+    "slipstream.commands.insight",
 )
 
 

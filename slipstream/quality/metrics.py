@@ -1,0 +1,128 @@
+"""Columnar aggregates the quality suite checks, computed once with pyarrow/numpy.
+
+Great Expectations then validates a one-row frame of these numbers (see `suites`), so its cost
+does not grow with the data: the row-level work is vectorised here, and most of it is shared
+with the day's `FeatureProfile`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slipstream.quality.hashing import hash_strings
+from slipstream.quality.profiles import FeatureProfile
+from slipstream.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_FEATURES, LABEL_COLUMN, SEQUENCE_COLUMN
+
+
+@dataclass
+class Aggregates:
+    """Metric name -> number, plus human-readable details (example ids, type mismatches)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def schema_problems(schema: pa.Schema) -> list[str]:
+    """Each way `schema` differs from the sample schema: missing columns and wrong types."""
+    problems = []
+    for f in ARROW_SCHEMA:
+        if f.name not in schema.names:
+            problems.append(f"{f.name}: missing")
+            continue
+        got = schema.field(f.name).type
+        if not got.equals(f.type) and not (pa.types.is_large_list(got) and pa.types.is_list(f.type)):
+            problems.append(f"{f.name}: {got} (expected {f.type})")
+    return problems
+
+
+def duplicate_ids(ids: pa.ChunkedArray | pa.Array, examples: int = 5) -> tuple[int, list[str]]:
+    """(number of surplus copies, a few duplicated ids). Hash, sort, compare neighbours; the
+    rare candidates are confirmed on the strings themselves, so a hash collision never counts."""
+    valid = pc.drop_null(ids)
+    h = hash_strings(valid)
+    if len(h) < 2:
+        return 0, []
+    s = np.sort(h)
+    cand = np.unique(s[1:][s[1:] == s[:-1]])
+    if len(cand) == 0:
+        return 0, []
+    mask = np.isin(h, cand)
+    sub = pc.filter(valid, pa.array(mask))
+    vc = pc.value_counts(sub)
+    counts = vc.field("counts").to_numpy()
+    dup = counts > 1
+    surplus = int((counts[dup] - 1).sum())
+    names = [str(v) for v in np.asarray(vc.field("values").to_pylist(), dtype=object)[dup][:examples]]
+    return surplus, names
+
+
+def compute_aggregates(
+    table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime
+) -> Aggregates:
+    """Every metric the suite checks, for rows that should all lie in [start, end)."""
+    agg = Aggregates()
+    v = agg.values
+    v["row_count"] = float(table.num_rows)
+    problems = schema_problems(table.schema)
+    v["schema_mismatches"] = float(len(problems))
+    if problems:
+        agg.details["schema_mismatches"] = "; ".join(problems)
+    names = set(table.schema.names)
+    for name in ARROW_SCHEMA.names:
+        if name in names:
+            col = profile.columns[name]
+            v[f"nulls.{name}"] = float(col.nulls)
+    for f in DENSE_FEATURES:
+        if f.name not in names:
+            continue
+        col = profile.columns[f.name]
+        v[f"nonfinite.{f.name}"] = float(col.nonfinite)
+        v[f"min.{f.name}"] = col.min if col.min is not None else math.nan
+        v[f"max.{f.name}"] = col.max if col.max is not None else math.nan
+    for name in ("user_id", "item_id"):
+        if name in names and table.num_rows:
+            v[f"min.{name}"] = float(pc.min(table.column(name)).as_py() or 0)
+    if LABEL_COLUMN in names:
+        lab = table.column(LABEL_COLUMN)
+        bad = pc.sum(pc.invert(pc.is_in(pc.drop_null(lab), pa.array([0, 1], lab.type)))).as_py() or 0
+        v["label_not_binary"] = float(bad)
+        v["ctr"] = profile.ctr if table.num_rows else math.nan
+    if "sample_id" in names:
+        surplus, examples = duplicate_ids(table.column("sample_id"))
+        v["duplicate_sample_ids"] = float(surplus)
+        if examples:
+            agg.details["duplicate_sample_ids"] = "e.g. " + ", ".join(examples)
+    if "event_time" in names:
+        ts = table.column("event_time")
+        lo = pa.scalar(start, ts.type)
+        hi = pa.scalar(end, ts.type)
+        outside = pc.sum(pc.or_(pc.less(ts, lo), pc.greater_equal(ts, hi))).as_py() or 0
+        v["events_outside_interval"] = float(outside)
+        if outside:
+            t = profile.columns["event_time"]
+            agg.details["events_outside_interval"] = (
+                f"event_time spans [{_us_iso(t.min)}, {_us_iso(t.max)}], expected "
+                f"[{start.isoformat()}, {end.isoformat()})"
+            )
+    for name in CATEGORICAL_COLUMNS:
+        if name in names:
+            v[f"distinct.{name}"] = profile.columns[name].distinct()
+    if SEQUENCE_COLUMN in names:
+        seq = profile.columns[SEQUENCE_COLUMN]
+        v["max_history_length"] = float(seq.max) if seq.max is not None else 0.0
+        rows = max(seq.rows - seq.nulls, 1)
+        v["empty_history_fraction"] = seq.lengths.get(0, 0) / rows
+    return agg
+
+
+def _us_iso(us: Any) -> str:
+    if us is None:
+        return "none"
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat()

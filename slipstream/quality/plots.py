@@ -1,0 +1,138 @@
+"""The report's figures, drawn with matplotlib (Agg) from profiles only, returned as PNG bytes."""
+
+from __future__ import annotations
+
+import io
+from datetime import date, datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from slipstream.quality.drift import FeatureShift
+from slipstream.quality.profiles import ColumnProfile, FeatureProfile, US_PER_HOUR
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _density(col: ColumnProfile, edges: np.ndarray) -> np.ndarray:
+    assert col.hist is not None
+    values, counts = col.hist.buckets()
+    if counts.sum() == 0:
+        return np.zeros(len(edges) - 1)
+    h, _ = np.histogram(np.clip(values, edges[0], edges[-1]), bins=edges, weights=counts)
+    return h / counts.sum()
+
+
+def distributions(window: FeatureProfile, stream: FeatureProfile | None) -> bytes:
+    """Dense features as histograms and categoricals as top-k shares, window vs stream."""
+    plt = _plt()
+    names = [n for n in DENSE_COLUMNS if n in window.columns] + [n for n in CATEGORICAL_COLUMNS if n in window.columns]
+    cols = 4
+    rows = max(1, int(np.ceil(len(names) / cols)))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    edges = np.linspace(0.0, 1.0, 41)
+    for ax, name in zip(axes.flat, names):
+        w = window.columns[name]
+        s = stream.columns.get(name) if stream else None
+        if w.kind == "numeric":
+            centers = (edges[:-1] + edges[1:]) / 2
+            ax.step(centers, _density(w, edges), where="mid", label="Iceberg window")
+            if s is not None and s.kind == "numeric":
+                ax.step(centers, _density(s, edges), where="mid", label="Kafka stream")
+        else:
+            assert w.topk is not None
+            top = [k for k, _ in w.topk.top(10)]
+            x = np.arange(len(top))
+            tot = max(sum(w.topk.counts.values()) + w.topk.other, 1)
+            ax.bar(x - 0.2, [w.topk.counts[k] / tot for k in top], 0.4, label="Iceberg window")
+            if s is not None and s.topk is not None:
+                stot = max(sum(s.topk.counts.values()) + s.topk.other, 1)
+                ax.bar(x + 0.2, [s.topk.counts.get(k, 0) / stot for k in top], 0.4, label="Kafka stream")
+            ax.set_xticks(x, [str(k)[-4:] for k in top], fontsize=6, rotation=60)
+        ax.set_title(name, fontsize=9)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Feature distributions")
+    return _png(fig)
+
+
+def drift_over_days(series: dict[date, list[FeatureShift]]) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    days = sorted(series)
+    feats = sorted({s.feature for v in series.values() for s in v})
+    for f in feats:
+        ys = [next((s.score for s in series[d] if s.feature == f), np.nan) for d in days]
+        ax.plot([str(d) for d in days], ys, marker="o", label=f)
+    thresholds = sorted({s.threshold for v in series.values() for s in v})
+    for t in thresholds:
+        ax.axhline(t, color="red", ls="--", lw=0.8)
+    ax.set_ylabel("PSI / JS vs trailing days")
+    ax.set_title("Drift over days (dashed: thresholds)")
+    ax.legend(fontsize=6, ncol=3)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    return _png(fig)
+
+
+def ctr_over_time(window: FeatureProfile, stream: FeatureProfile | None, t_handoff: datetime | None) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for prof, label in ((window, "Iceberg window"), (stream, "Kafka stream")):
+        if prof is None or not prof.ctr_by_hour:
+            continue
+        hours = sorted(prof.ctr_by_hour)
+        x = [datetime.fromtimestamp(h * US_PER_HOUR / 1e6, tz=timezone.utc) for h in hours]
+        y = [k / n if n else np.nan for n, k in (prof.ctr_by_hour[h] for h in hours)]
+        ax.plot(x, y, marker=".", lw=1, label=label)
+    if t_handoff is not None:
+        ax.axvline(t_handoff, color="gray", ls=":", label="handoff T")
+    ax.set_ylabel("CTR per hour")
+    ax.set_title("CTR over time")
+    ax.legend(fontsize=7)
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def skew_bars(shifts: list[FeatureShift]) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    names = [s.feature for s in shifts]
+    colors = ["tab:red" if s.drifted else "tab:blue" for s in shifts]
+    ax.bar(names, [s.score for s in shifts], color=colors)
+    for s, x in zip(shifts, range(len(shifts))):
+        ax.hlines(s.threshold, x - 0.4, x + 0.4, colors="red", linestyles="--", lw=0.8)
+    ax.set_ylabel("PSI / JS")
+    ax.set_title("Batch-vs-stream skew per feature (red: over threshold)")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    return _png(fig)
+
+
+def training_curve(points: list[dict[str, Any]]) -> bytes | None:
+    keys = [k for k in ("loss", "logloss", "auc") if any(k in p for p in points)]
+    if not points or not keys:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3))
+    for k in keys:
+        pts = [(p.get("step", i), p[k]) for i, p in enumerate(points) if k in p]
+        ax.plot([a for a, _ in pts], [b for _, b in pts], label=k)
+    ax.set_xlabel("step")
+    ax.set_title("Training curve (metrics.jsonl)")
+    ax.legend(fontsize=7)
+    return _png(fig)

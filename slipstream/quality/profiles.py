@@ -1,0 +1,337 @@
+"""Mergeable per-column profiles of sample data: what TFDV calls statistics, built to add up.
+
+A `FeatureProfile` of a day merges with the profiles of other days into the profile of the
+window, and the trainer's profile of what it read from Kafka (`profile_table`) compares with it
+column by column. Counts, null counts, min/max, mean and variance (Chan's parallel update),
+sequence-length histograms and CTR per hour merge exactly; the quantile sketch (`LogHistogram`)
+and distinct-count sketch (`HyperLogLog`) merge to exactly the sketch of the union; top-k
+categories are exact while a column has at most `TopK.capacity` distinct values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slipstream.quality.hashing import hash_column
+from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
+
+PROFILE_VERSION = 1
+US_PER_HOUR = 3_600_000_000
+
+KINDS = ("numeric", "categorical", "id", "sequence", "time", "key")
+
+
+def column_kind(name: str, dtype: pa.DataType) -> str:
+    """How a column is profiled: by its role in the sample schema, else by its Arrow type."""
+    if name in DENSE_COLUMNS or name == LABEL_COLUMN:
+        return "numeric"
+    if name in CATEGORICAL_COLUMNS:
+        return "categorical"
+    if name in ID_COLUMNS:
+        return "id"
+    if name == SEQUENCE_COLUMN or pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return "sequence"
+    if pa.types.is_timestamp(dtype):
+        return "time"
+    if pa.types.is_floating(dtype):
+        return "numeric"
+    if pa.types.is_integer(dtype) or pa.types.is_dictionary(dtype):
+        return "categorical"
+    return "key"
+
+
+@dataclass
+class ColumnProfile:
+    """Counts every column kind has; `values` are the rows where the column is not null."""
+
+    kind: str
+    rows: int = 0
+    nulls: int = 0
+    nonfinite: int = 0
+    """NaN or ±inf (numeric columns only): present but unusable."""
+    count: int = 0
+    """Finite, non-null values seen by the moments and sketches."""
+    min: float | None = None
+    max: float | None = None
+    mean: float = 0.0
+    m2: float = 0.0
+    """Sum of squared deviations from the mean (variance = m2 / count)."""
+    hist: LogHistogram | None = None
+    hll: HyperLogLog | None = None
+    topk: TopK | None = None
+    lengths: dict[int, int] = field(default_factory=dict)
+    """Sequence columns: list length -> rows."""
+
+    @classmethod
+    def empty(cls, kind: str) -> "ColumnProfile":
+        if kind not in KINDS:
+            raise ValueError(f"unknown column kind {kind!r}; expected one of {KINDS}")
+        return cls(
+            kind=kind,
+            hist=LogHistogram() if kind in ("numeric", "sequence") else None,
+            hll=HyperLogLog() if kind in ("categorical", "id") else None,
+            topk=TopK() if kind == "categorical" else None,
+        )
+
+    @property
+    def null_fraction(self) -> float:
+        return (self.nulls + self.nonfinite) / self.rows if self.rows else 0.0
+
+    @property
+    def variance(self) -> float:
+        return self.m2 / self.count if self.count else float("nan")
+
+    def distinct(self) -> float:
+        """Distinct non-null values: exact from top-k while it is exact, else the HLL estimate."""
+        if self.topk is not None and self.topk.exact:
+            return float(len(self.topk.counts))
+        return self.hll.estimate() if self.hll is not None else float("nan")
+
+    def _add_moments(self, x: np.ndarray) -> None:
+        if len(x) == 0:
+            return
+        n_b = len(x)
+        mean_b = float(x.mean())
+        m2_b = float(np.square(x - mean_b).sum())
+        lo, hi = float(x.min()), float(x.max())
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+        self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
+
+    def update(self, arr: pa.Array | pa.ChunkedArray) -> None:
+        n = len(arr)
+        nulls = arr.null_count
+        self.rows += n
+        self.nulls += nulls
+        valid = pc.drop_null(arr) if nulls else arr
+        if self.kind == "numeric":
+            x = valid.to_numpy().astype(np.float64, copy=False)
+            finite = np.isfinite(x)
+            if not finite.all():
+                self.nonfinite += int((~finite).sum())
+                x = x[finite]
+            self._add_moments(x)
+            assert self.hist is not None
+            self.hist.add(x)
+        elif self.kind in ("categorical", "id"):
+            self.count += len(valid)
+            assert self.hll is not None
+            self.hll.add_hashes(hash_column(valid))
+            if self.topk is not None:
+                vc = pc.value_counts(valid)
+                self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
+        elif self.kind == "sequence":
+            lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
+            self._add_moments(lens.astype(np.float64))
+            assert self.hist is not None
+            self.hist.add(lens)
+            # np.unique rather than bincount: one runaway list must not allocate a huge array.
+            for k, c in zip(*np.unique(lens, return_counts=True)):
+                self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
+        elif self.kind == "time":
+            self.count += len(valid)
+            if len(valid):
+                us = pc.cast(valid, pa.int64())
+                mm = pc.min_max(us).as_py()
+                self.min = mm["min"] if self.min is None else min(self.min, mm["min"])
+                self.max = mm["max"] if self.max is None else max(self.max, mm["max"])
+        else:
+            self.count += len(valid)
+
+    def merge(self, other: "ColumnProfile") -> "ColumnProfile":
+        if other.kind != self.kind:
+            raise ValueError(f"cannot merge a {self.kind} column profile with a {other.kind} one")
+        mean, m2, count = _combine_moments(self.count, self.mean, self.m2, other.count, other.mean, other.m2)
+        if self.kind in ("categorical", "id", "time", "key"):
+            mean, m2 = 0.0, 0.0
+        lengths = dict(self.lengths)
+        for k, c in other.lengths.items():
+            lengths[k] = lengths.get(k, 0) + c
+        return ColumnProfile(
+            kind=self.kind,
+            rows=self.rows + other.rows,
+            nulls=self.nulls + other.nulls,
+            nonfinite=self.nonfinite + other.nonfinite,
+            count=self.count + other.count,
+            min=_opt(min, self.min, other.min),
+            max=_opt(max, self.max, other.max),
+            mean=mean,
+            m2=m2,
+            hist=self.hist.merge(other.hist) if self.hist and other.hist else self.hist or other.hist,
+            hll=self.hll.merge(other.hll) if self.hll and other.hll else self.hll or other.hll,
+            topk=self.topk.merge(other.topk) if self.topk and other.topk else self.topk or other.topk,
+            lengths=lengths,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "kind": self.kind, "rows": self.rows, "nulls": self.nulls, "nonfinite": self.nonfinite,
+            "count": self.count, "min": self.min, "max": self.max, "mean": self.mean, "m2": self.m2,
+        }
+        if self.hist is not None:
+            d["hist"] = self.hist.to_dict()
+        if self.hll is not None:
+            d["hll"] = self.hll.to_dict()
+        if self.topk is not None:
+            d["topk"] = self.topk.to_dict()
+        if self.lengths:
+            d["lengths"] = sorted([k, c] for k, c in self.lengths.items())
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ColumnProfile":
+        return cls(
+            kind=d["kind"], rows=d["rows"], nulls=d["nulls"], nonfinite=d.get("nonfinite", 0),
+            count=d["count"], min=d["min"], max=d["max"], mean=d["mean"], m2=d["m2"],
+            hist=LogHistogram.from_dict(d["hist"]) if "hist" in d else None,
+            hll=HyperLogLog.from_dict(d["hll"]) if "hll" in d else None,
+            topk=TopK.from_dict(d["topk"]) if "topk" in d else None,
+            lengths={int(k): int(c) for k, c in d.get("lengths", [])},
+        )
+
+
+def _opt(fn: Any, a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    return a if b is None else fn(a, b)
+
+
+def _combine_moments(n_a: int, mean_a: float, m2_a: float, n_b: int, mean_b: float, m2_b: float) -> tuple[float, float, int]:
+    """Chan et al.'s pairwise update of (mean, M2): exact up to floating-point rounding."""
+    n = n_a + n_b
+    if n == 0:
+        return 0.0, 0.0, 0
+    delta = mean_b - mean_a
+    mean = mean_a + delta * n_b / n
+    m2 = m2_a + m2_b + delta * delta * n_a * n_b / n
+    return mean, m2, n
+
+
+@dataclass
+class FeatureProfile:
+    """The profile of a set of sample rows: one `ColumnProfile` per column, plus CTR per hour."""
+
+    rows: int = 0
+    columns: dict[str, ColumnProfile] = field(default_factory=dict)
+    ctr_by_hour: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Hour (µs since epoch // 3600e6) -> (rows, clicks), when event_time and label are present."""
+
+    def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
+        """Add a batch of rows (in place) and return self."""
+        self.rows += batch.num_rows
+        for name in batch.schema.names:
+            col = batch.column(name)
+            prof = self.columns.get(name)
+            if prof is None:
+                prof = self.columns[name] = ColumnProfile.empty(column_kind(name, col.type))
+            prof.update(col)
+        if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
+            self._add_ctr(batch.column("event_time"), batch.column(LABEL_COLUMN))
+        return self
+
+    def _add_ctr(self, ts: Any, label: Any) -> None:
+        ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
+        hours = pc.cast(pc.filter(ts, ok), pa.int64()).to_numpy() // US_PER_HOUR
+        clicks = pc.filter(label, ok).to_numpy().astype(np.float64)
+        if len(hours) == 0:
+            return
+        lo = int(hours.min())
+        n = np.bincount(hours - lo)
+        k = np.bincount(hours - lo, weights=clicks)
+        for i in np.flatnonzero(n):
+            h = lo + int(i)
+            rows, pos = self.ctr_by_hour.get(h, (0, 0))
+            self.ctr_by_hour[h] = (rows + int(n[i]), pos + int(round(k[i])))
+
+    def merge(self, other: "FeatureProfile") -> "FeatureProfile":
+        cols = {name: ColumnProfile.from_dict(p.to_dict()) for name, p in self.columns.items()}
+        for name, p in other.columns.items():
+            cols[name] = cols[name].merge(p) if name in cols else ColumnProfile.from_dict(p.to_dict())
+        ctr = dict(self.ctr_by_hour)
+        for h, (n, k) in other.ctr_by_hour.items():
+            a, b = ctr.get(h, (0, 0))
+            ctr[h] = (a + n, b + k)
+        return FeatureProfile(self.rows + other.rows, cols, ctr)
+
+    @property
+    def ctr(self) -> float:
+        lab = self.columns.get(LABEL_COLUMN)
+        return lab.mean if lab is not None and lab.count else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "rows": self.rows,
+            "columns": {name: p.to_dict() for name, p in sorted(self.columns.items())},
+            "ctr_by_hour": sorted([h, n, k] for h, (n, k) in self.ctr_by_hour.items()),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FeatureProfile":
+        if d.get("version") != PROFILE_VERSION:
+            raise ValueError(
+                f"profile version {d.get('version')!r} is not {PROFILE_VERSION}: re-profile the data "
+                "(`slipstream quality profile --day D`)"
+            )
+        return cls(
+            rows=int(d["rows"]),
+            columns={name: ColumnProfile.from_dict(p) for name, p in d["columns"].items()},
+            ctr_by_hour={int(h): (int(n), int(k)) for h, n, k in d.get("ctr_by_hour", [])},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FeatureProfile":
+        return cls.from_dict(json.loads(text))
+
+    def write(self, path: Path | str) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def read(cls, path: Path | str) -> "FeatureProfile":
+        return cls.from_json(Path(path).read_text())
+
+
+def profile_table(table: pa.Table | pa.RecordBatch) -> FeatureProfile:
+    """Profile a table of samples (any subset of the sample columns)."""
+    return FeatureProfile().update(table)
+
+
+def profile_batches(batches: Iterable[pa.RecordBatch | pa.Table]) -> FeatureProfile:
+    prof = FeatureProfile()
+    for b in batches:
+        prof.update(b)
+    return prof
+
+
+def merge_profiles(profiles: Iterable[FeatureProfile]) -> FeatureProfile:
+    out = FeatureProfile()
+    for p in profiles:
+        out = out.merge(p)
+    return out
+
+
+def describe(profile: ColumnProfile) -> dict[str, float]:
+    """A few headline numbers of a column for tables and logs."""
+    out = {"rows": float(profile.rows), "null_fraction": profile.null_fraction}
+    if profile.kind in ("numeric", "sequence") and profile.count:
+        out.update(mean=profile.mean, std=math.sqrt(profile.variance), min=float(profile.min or 0), max=float(profile.max or 0))
+    if profile.kind in ("categorical", "id"):
+        out["distinct"] = profile.distinct()
+    return out

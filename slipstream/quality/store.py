@@ -1,0 +1,138 @@
+"""The Iceberg tables the quality team owns: `quality_results` and `sample_profiles`.
+
+Both are small and keyed so that re-running a check replaces its rows (idempotent per data
+interval): results by (run_id, scope), profiles by day.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from datetime import date, datetime, timezone
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import BooleanType, DateType, LongType, NestedField, StringType, TimestamptzType
+
+from slipstream.iceberg import ensure_table
+from slipstream.quality.profiles import FeatureProfile
+from slipstream.quality.suites import CheckResult
+
+log = logging.getLogger(__name__)
+
+RESULTS_TABLE = "quality_results"
+PROFILES_TABLE = "sample_profiles"
+
+RESULTS_SCHEMA = Schema(
+    NestedField(1, "run_id", StringType(), required=False),
+    NestedField(2, "scope", StringType(), required=False, doc="day:YYYY-MM-DD or window:START/END"),
+    NestedField(3, "day", DateType(), required=False, doc="the checked day (null for a window)"),
+    NestedField(4, "snapshot_id", LongType(), required=False),
+    NestedField(5, "expectation", StringType(), required=False),
+    NestedField(6, "severity", StringType(), required=False),
+    NestedField(7, "success", BooleanType(), required=False),
+    NestedField(8, "observed", StringType(), required=False),
+    NestedField(9, "expected", StringType(), required=False),
+    NestedField(10, "checked_at", TimestamptzType(), required=False),
+)
+RESULTS_ARROW = pa.schema(
+    [
+        ("run_id", pa.string()), ("scope", pa.string()), ("day", pa.date32()), ("snapshot_id", pa.int64()),
+        ("expectation", pa.string()), ("severity", pa.string()), ("success", pa.bool_()),
+        ("observed", pa.string()), ("expected", pa.string()), ("checked_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+PROFILES_SCHEMA = Schema(
+    NestedField(1, "day", DateType(), required=False),
+    NestedField(2, "snapshot_id", LongType(), required=False),
+    NestedField(3, "run_id", StringType(), required=False),
+    NestedField(4, "rows", LongType(), required=False),
+    NestedField(5, "profile", StringType(), required=False, doc="FeatureProfile.to_json()"),
+    NestedField(6, "created_at", TimestamptzType(), required=False),
+)
+PROFILES_ARROW = pa.schema(
+    [
+        ("day", pa.date32()), ("snapshot_id", pa.int64()), ("run_id", pa.string()), ("rows", pa.int64()),
+        ("profile", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def results_table(catalog: Catalog, namespace: str) -> Table:
+    return ensure_table(catalog, f"{namespace}.{RESULTS_TABLE}", RESULTS_SCHEMA)
+
+
+def profiles_table(catalog: Catalog, namespace: str) -> Table:
+    return ensure_table(catalog, f"{namespace}.{PROFILES_TABLE}", PROFILES_SCHEMA)
+
+
+def write_results(
+    catalog: Catalog, namespace: str, *, run_id: str, scope: str, day: date | None, snapshot_id: int,
+    results: Iterable[CheckResult],
+) -> int:
+    """Replace the rows of (run_id, scope) with these results. Returns the number written."""
+    rs = list(results)
+    now = datetime.now(timezone.utc)
+    tbl = pa.table(
+        {
+            "run_id": [run_id] * len(rs), "scope": [scope] * len(rs), "day": [day] * len(rs),
+            "snapshot_id": [snapshot_id] * len(rs), "expectation": [r.name for r in rs],
+            "severity": [r.severity for r in rs], "success": [r.success for r in rs],
+            "observed": [r.observed for r in rs], "expected": [r.expected for r in rs],
+            "checked_at": [now] * len(rs),
+        },
+        schema=RESULTS_ARROW,
+    )
+    table = results_table(catalog, namespace)
+    with _quiet_first_write():
+        table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
+    return len(rs)
+
+
+def write_profile(
+    catalog: Catalog, namespace: str, *, day: date, snapshot_id: int, run_id: str, profile: FeatureProfile
+) -> None:
+    """Replace the stored profile of `day`."""
+    tbl = pa.table(
+        {
+            "day": [day], "snapshot_id": [snapshot_id], "run_id": [run_id], "rows": [profile.rows],
+            "profile": [profile.to_json()], "created_at": [datetime.now(timezone.utc)],
+        },
+        schema=PROFILES_ARROW,
+    )
+    with _quiet_first_write():
+        profiles_table(catalog, namespace).overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+
+
+@contextmanager
+def _quiet_first_write() -> Iterator[None]:
+    """pyiceberg warns when an overwrite's delete matches nothing: the normal first write of a key."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+        yield
+
+
+def read_profiles(catalog: Catalog, namespace: str, start: date, end: date) -> dict[date, FeatureProfile]:
+    """Stored profiles of the days in [start, end), by day."""
+    table = profiles_table(catalog, namespace)
+    rows = table.scan(
+        row_filter=And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat())),
+        selected_fields=("day", "profile"),
+    ).to_arrow()
+    out: dict[date, FeatureProfile] = {}
+    for d, text in zip(rows.column("day").to_pylist(), rows.column("profile").to_pylist()):
+        out[d] = FeatureProfile.from_json(text)
+    return dict(sorted(out.items()))
+
+
+def read_results(catalog: Catalog, namespace: str, run_id: str | None = None) -> pa.Table:
+    table = results_table(catalog, namespace)
+    if run_id is None:
+        return table.scan().to_arrow()
+    return table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow()

@@ -1,0 +1,163 @@
+"""The quality suite, defined in code, and its validation with Great Expectations 1.x.
+
+Each `Check` bounds one aggregate from `metrics` (a null count, a range end, the CTR, a drift
+score...). The suite holds one `ExpectColumnMinToBeBetween` per check over a one-row pandas frame
+of aggregates: GX validates in milliseconds however large the day is (GX evaluating row-level
+expectations itself is what makes it take minutes on tens of millions of rows), and its
+`observed_value` is the aggregate itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.quality.config import GateConfig
+from slipstream.quality.metrics import Aggregates
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_FEATURES, HIST_LEN, SAMPLE_COLUMNS
+
+log = logging.getLogger(__name__)
+
+SUITE_NAME = "slipstream.samples"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    """The expectation's name as people see it, e.g. `not_null.label`, `range.max.price_log`."""
+    metric: str
+    min_value: float | None
+    max_value: float | None
+    severity: str
+    description: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    severity: str
+    success: bool
+    observed: str
+    """The observed value (and details, e.g. example duplicate ids), as text."""
+    expected: str
+    description: str
+
+    def line(self) -> str:
+        return f"{self.name} [{self.severity}]: observed {self.observed}, expected {self.expected}"
+
+
+def build_checks(config: GateConfig, metrics: dict[str, float]) -> list[Check]:
+    """The suite: every check whose metric could be computed (others are reported as missing)."""
+    sev = config.severity_of
+    checks: list[Check] = [
+        Check("schema", "schema_mismatches", 0, 0, sev("schema"), "columns and types match the sample schema"),
+        Check("rows.nonempty", "row_count", 1, None, sev("rows.nonempty"), "the interval holds rows"),
+    ]
+    for name in SAMPLE_COLUMNS:
+        checks.append(Check(f"not_null.{name}", f"nulls.{name}", 0, 0, sev(f"not_null.{name}"), f"{name} is never null"))
+    for f in DENSE_FEATURES:
+        lo = f.lo / f.hi
+        checks.append(Check(f"finite.{f.name}", f"nonfinite.{f.name}", 0, 0, sev(f"finite.{f.name}"), f"{f.name} has no NaN/inf"))
+        checks.append(Check(f"range.min.{f.name}", f"min.{f.name}", lo, None, sev(f"range.min.{f.name}"), f"{f.name} >= {lo:g}"))
+        checks.append(Check(f"range.max.{f.name}", f"max.{f.name}", None, 1.0, sev(f"range.max.{f.name}"), f"{f.name} <= 1"))
+    for name in ("user_id", "item_id"):
+        checks.append(Check(f"range.min.{name}", f"min.{name}", 0, None, sev(f"range.min.{name}"), f"{name} >= 0"))
+    checks += [
+        Check("label.binary", "label_not_binary", 0, 0, sev("label.binary"), "label is 0 or 1"),
+        Check("unique.sample_id", "duplicate_sample_ids", 0, 0, sev("unique.sample_id"), "sample_id is unique"),
+        Check("event_time.in_interval", "events_outside_interval", 0, 0, sev("event_time.in_interval"),
+              "every event_time lies inside the checked day/window"),
+        Check("row_count.vs_trailing_mean", "row_count_ratio", 1 - config.row_count_tolerance,
+              1 + config.row_count_tolerance, sev("row_count.vs_trailing_mean"),
+              f"rows within ±{config.row_count_tolerance:.0%} of the trailing {config.history_days}-day mean"),
+        Check("ctr", "ctr", config.ctr_min, config.ctr_max, sev("ctr"), "click-through rate within bounds"),
+        Check("sequence.max_length", "max_history_length", 0, HIST_LEN, sev("sequence.max_length"),
+              f"hist_items holds at most {HIST_LEN} ids"),
+        Check("sequence.empty_fraction", "empty_history_fraction", 0, config.max_empty_history_fraction,
+              sev("sequence.empty_fraction"), "most rows have some history"),
+    ]
+    for name in CATEGORICAL_COLUMNS:
+        checks.append(Check(f"distinct.{name}", f"distinct.{name}", config.min_distinct,
+                            config.max_distinct.get(name), sev(f"distinct.{name}"), f"{name} cardinality is sane"))
+    for metric in sorted(m for m in metrics if m.startswith("drift.")):
+        feature = metric.split(".", 1)[1]
+        limit = config.js_threshold if feature in CATEGORICAL_COLUMNS or feature == "hist_items" else config.psi_threshold
+        kind = "Jensen–Shannon" if limit == config.js_threshold else "PSI"
+        checks.append(Check(metric, metric, None, limit, sev(metric), f"{kind} of {feature} vs the trailing window"))
+    return checks
+
+
+def _expected(c: Check) -> str:
+    if c.min_value is not None and c.max_value is not None:
+        return f"== {c.min_value:g}" if c.min_value == c.max_value else f"in [{c.min_value:g}, {c.max_value:g}]"
+    if c.min_value is not None:
+        return f">= {c.min_value:g}"
+    return f"<= {c.max_value:g}"
+
+
+def _fmt(value: Any) -> str:
+    x = float(value)
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.6g}"
+
+
+def validate(checks: list[Check], agg: Aggregates) -> list[CheckResult]:
+    """Run the suite with Great Expectations over the one-row frame of aggregates."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    import pandas as pd
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    results: list[CheckResult] = []
+    runnable = []
+    for c in checks:
+        value = agg.values.get(c.metric)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            why = "column missing" if agg.values.get("schema_mismatches") else "not computed (no rows)"
+            if c.metric == "row_count_ratio":
+                results.append(CheckResult(c.name, c.severity, True, "no trailing history", _expected(c), c.description))
+            else:
+                results.append(CheckResult(c.name, c.severity, False, why, _expected(c), c.description))
+            continue
+        runnable.append(c)
+    if not runnable:
+        return results
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    frame = pd.DataFrame({c.metric: [float(agg.values[c.metric])] for c in runnable})
+    batch = (
+        context.data_sources.add_pandas("aggregates")
+        .add_dataframe_asset("samples_aggregates")
+        .add_batch_definition_whole_dataframe("whole")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    suite = gx.ExpectationSuite(name=SUITE_NAME)
+    for c in runnable:
+        suite.add_expectation(
+            gx.expectations.ExpectColumnMinToBeBetween(
+                column=c.metric, min_value=c.min_value, max_value=c.max_value,
+                meta={"check": c.name, "severity": c.severity},
+            )
+        )
+    outcome = batch.validate(suite)
+    by_check = {r.expectation_config.meta["check"]: r for r in outcome.results}
+    for c in runnable:
+        r = by_check[c.name]
+        info = r.exception_info if isinstance(r.exception_info, dict) else {}
+        if info.get("raised_exception"):
+            observed = f"error: {info.get('exception_message')}"
+            success = False
+        else:
+            observed = _fmt(r.result.get("observed_value"))
+            success = bool(r.success)
+        if c.metric in agg.details:
+            observed += f" ({agg.details[c.metric]})"
+        results.append(CheckResult(c.name, c.severity, success, observed, _expected(c), c.description))
+    order = {c.name: i for i, c in enumerate(checks)}
+    results.sort(key=lambda r: order[r.name])
+    return results
