@@ -365,6 +365,7 @@ def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
     d.namespace = d.namespace or settings.namespace
     d.bootstrap = d.bootstrap or settings.kafka_bootstrap
     r.runs_dir = r.runs_dir or settings.runs_dir
+    d.generator_manifest = d.generator_manifest or str(settings.home / "generator" / "manifest.json")
     return cfg
 
 

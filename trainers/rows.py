@@ -8,6 +8,7 @@ Arrow string array (no Python string objects per row); they are only read by the
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -17,6 +18,9 @@ import pyarrow.compute as pc
 import torch
 
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+
+# Columns come zero-copy from Arrow (read-only buffers); tensors made from them are only read.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 SOURCE_ICEBERG = 0
 SOURCE_KAFKA = 1
@@ -199,3 +203,16 @@ class Features:
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
+
+
+def rows_to_state(rows: Rows) -> dict[str, object]:
+    """Rows as plain numpy arrays (and id strings) for a checkpoint: buffers are small."""
+    state: dict[str, object] = {f.name: getattr(rows, f.name) for f in fields(rows) if f.name != "sample_id"}
+    state["sample_id"] = rows.sample_id.to_pylist()
+    return state
+
+
+def rows_from_state(state: dict[str, object]) -> Rows:
+    kw = dict(state)
+    kw["sample_id"] = pa.array(kw["sample_id"], pa.string())
+    return Rows(**kw)  # type: ignore[arg-type]
