@@ -112,3 +112,61 @@ class Broker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self.proc = None
+
+
+def training_ids(fx: SamplesFixture, window_days: int | None = None) -> set[str]:
+    """Ids the batch phase must train: the window's samples that are not held out."""
+    from slipstream.schema import is_holdout
+
+    days = sorted(fx.days)[-(window_days or len(fx.days)):]
+    ids = pa.concat_tables([fx.days[d] for d in days]).column("sample_id")
+    return set(pa.array(ids).filter(pa.array(~is_holdout(ids))).to_pylist())
+
+
+def stream_ids(stream: pa.Table, t_handoff: datetime) -> set[str]:
+    """Ids the stream phase must train: event_time >= T and not held out."""
+    import pyarrow.compute as pc
+
+    from slipstream.schema import is_holdout
+
+    after = stream.filter(pc.greater_equal(stream.column("event_time"), pa.scalar(t_handoff, pa.timestamp("us", tz="UTC"))))
+    ids = after.column("sample_id")
+    return set(pa.array(ids).filter(pa.array(~is_holdout(ids))).to_pylist())
+
+
+def train_config(fx: SamplesFixture, *, run_id: str, bootstrap: str, topic: str, dlq_topic: str,
+                 window_days: int = 2, **sections: dict[str, object]) -> dict[str, object]:
+    """A small, fast trainer config for the fixture's table and topic (sections override keys)."""
+    cfg: dict[str, dict[str, object]] = {
+        "data": {"snapshot_id": fx.snapshot_id, "t_handoff": fx.t_handoff.isoformat(), "window_days": window_days,
+                 "bootstrap": bootstrap, "topic": topic, "dlq_topic": dlq_topic, "batch_size": 128,
+                 "shuffle_buffer": 1500, "stream_shuffle_buffer": 64, "replay_share": 0.25,
+                 "max_lateness_s": fx.gen.max_lateness_s, "stop": {"mode": "caught_up", "timeout_s": 60}},
+        "model": {"user_buckets": 2003, "item_buckets": 1009, "category_buckets": 101, "embed_dim": 8,
+                  "bottom_mlp": [16], "top_mlp": [16]},
+        "run": {"run_id": run_id, "checkpoint_every_steps": 10, "log_every_steps": 5, "tensorboard": True},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def torchrun_command(config_path: Path, nproc: int, overrides: tuple[str, ...] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "trainers.train", "--config", str(config_path)]
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd
+
+
+def trainer_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"SLIPSTREAM_HOME": str(home), "PYTHONPATH": f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}",
+                "OMP_NUM_THREADS": "1"})
+    return env
+
+
+def run_torchrun(home: Path, config_path: Path, nproc: int = 2, overrides: tuple[str, ...] = (),
+                 timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(torchrun_command(config_path, nproc, overrides), env=trainer_env(home), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout_s)

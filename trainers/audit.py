@@ -56,8 +56,10 @@ class AuditWriter:
 
     def write_part(self, step: int) -> None:
         """Write what was trained since the last checkpoint (call right before committing `step`)."""
+        if not self._pending:  # nothing trained since the last checkpoint (same step re-committed)
+            return
         self.parts.mkdir(parents=True, exist_ok=True)
-        table = pa.concat_tables(self._pending) if self._pending else AUDIT_SCHEMA.empty_table()
+        table = pa.concat_tables(self._pending)
         path = self.parts / f"rank-{self.rank}-step-{step:09d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(table, tmp)

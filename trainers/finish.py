@@ -129,10 +129,7 @@ def export_model(tr: "Trainer", summary: dict[str, Any] | None = None) -> Path:
 
 def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
-    positions_all = tr.d.gather(tr.positions)
-    final: dict[int, int] = {}
-    for p in positions_all:
-        final.update(p)
+    final = tr.global_positions()
     profiles = tr.d.gather(tr.profile)
     waits = tr.d.sum([tr.wait_s, tr.train_s])
     counters = tr.d.sum([float(tr.c[k]) for k in sorted(tr.c)])

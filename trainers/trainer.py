@@ -72,6 +72,7 @@ class Trainer:
         self.epoch = 0
         self.positions: dict[int, int] = {}
         self.handoff_offsets: dict[int, int] | None = None
+        self.my_partitions: list[int] = []
         self.handoff_methods: dict[int, str] = {}
         self.stream_elapsed_s = 0.0
         self.train_s = 0.0
@@ -244,6 +245,7 @@ class Trainer:
     def stream_phase(self) -> None:
         dc, stop = self.cfg.data, self.cfg.data.stop
         parts = assigned_partitions(sorted(self.positions), self.d.rank, self.d.world)
+        self.my_partitions = parts
         src = KafkaSource(bootstrap=dc.bootstrap, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=self.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
@@ -308,6 +310,16 @@ class Trainer:
         finally:
             src.close()
 
+    def global_positions(self) -> dict[int, int]:
+        """Every partition's next offset: each rank reports the partitions it reads."""
+        if self.phase == "batch" or self.handoff_offsets is None:
+            return {}
+        merged = dict(self.positions)
+        for own in self.d.gather({p: self.positions[p] for p in self.my_partitions}):
+            merged.update(own)
+        self.positions.update(merged)
+        return merged
+
     def _absorb(self, src: KafkaSource) -> None:
         s = src.counters
         self.c["dropped_before_t"] += s.dropped_before_t
@@ -331,10 +343,7 @@ class Trainer:
             self.kafka.flush_dead_letters()
         totals = self.d.sum([float(self.c[k]) for k in COUNTERS])
         profiles = self.d.gather(self.profile)
-        positions_all = self.d.gather(self.positions if self.phase != "batch" else {})
-        positions: dict[int, int] = {}
-        for p in positions_all:
-            positions.update(p)
+        positions = self.global_positions()
         cursor: dict[str, Any] = self.iceberg.state() if self.iceberg is not None else {}
         if self.phase != "batch" or not cursor or cursor["epoch"] < self.epoch:
             cursor = {**cursor, "epoch": self.epoch, "chunk": 0, "offset": 0}  # an epoch boundary
