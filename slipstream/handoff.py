@@ -1,0 +1,224 @@
+"""The batch→stream handoff: where in each Kafka partition the stream phase starts.
+
+The batch phase trains on event_time < T from Iceberg; the stream phase must see every record
+with event_time >= T and may see earlier ones (it drops them). Records reach Kafka at most
+`max_lateness` after their event time, and each partition is in produce order, so every record
+after one with event_time >= T has event_time >= T - max_lateness. Hence any offset `o` where the
+record before `o` has timestamp < target and the record at `o` has timestamp >= target, with
+target = T - max_lateness, is a safe start: no record with event_time >= T can precede it.
+
+`offsets_for_times(target)` answers exactly that on a correct broker; the answer is verified
+against the two records around it, and when a broker answers wrongly (some answer 0 or the end),
+a binary search over record timestamps with assign/seek finds such an offset instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Callable
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
+
+from slipstream.errors import HandoffError
+from slipstream.kafka import consumer_config
+
+log = logging.getLogger(__name__)
+
+OffsetsForTimes = Callable[[list[TopicPartition], float], list[TopicPartition]]
+"""(partitions with the target timestamp as offset, timeout) -> partitions with the answered
+offsets; the shape of `Consumer.offsets_for_times`. Tests pass a wrong one to exercise the search."""
+
+_BACK_STEP = 64
+
+
+@dataclass(frozen=True)
+class PartitionHandoff:
+    partition: int
+    offset: int
+    method: str
+    """`offsets_for_times` (broker answer verified), `search` (the broker answered wrongly) or
+    `empty` (no record in the partition)."""
+    broker_answer: int | None = None
+
+
+@dataclass(frozen=True)
+class HandoffPlan:
+    topic: str
+    target_ms: int
+    partitions: dict[int, PartitionHandoff] = field(default_factory=dict)
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        return {p: h.offset for p, h in sorted(self.partitions.items())}
+
+
+def target_ms(t_handoff: datetime, max_lateness: timedelta | float) -> int:
+    """T - max_lateness in epoch milliseconds, rounded down (record timestamps are ms)."""
+    if t_handoff.tzinfo is None:
+        raise HandoffError(f"t_handoff must be timezone-aware, got {t_handoff.isoformat()}")
+    lateness = max_lateness if isinstance(max_lateness, timedelta) else timedelta(seconds=float(max_lateness))
+    if lateness < timedelta(0):
+        raise HandoffError(f"max_lateness must be >= 0, got {lateness}")
+    micros = (t_handoff - lateness - datetime(1970, 1, 1, tzinfo=t_handoff.tzinfo)) // timedelta(microseconds=1)
+    return micros // 1000
+
+
+class _Reader:
+    """Reads single records of one topic by offset through a consumer (assign + consume)."""
+
+    def __init__(self, consumer: Consumer, topic: str, timeout_s: float) -> None:
+        self.c, self.topic, self.timeout_s = consumer, topic, timeout_s
+
+    def watermarks(self, partition: int) -> tuple[int, int]:
+        return self.c.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=self.timeout_s, cached=False)
+
+    def records(self, partition: int, start: int, stop: int, limit: int) -> list[tuple[int, int]]:
+        """(offset, timestamp ms) of up to `limit` records with start <= offset < stop."""
+        if start >= stop:
+            return []
+        self.c.assign([TopicPartition(self.topic, partition, start)])
+        out: list[tuple[int, int]] = []
+        deadline = time.monotonic() + self.timeout_s
+        while len(out) < limit and time.monotonic() < deadline:
+            for msg in self.c.consume(num_messages=limit, timeout=0.2):
+                if msg.error() is not None:
+                    if msg.error().fatal():
+                        raise HandoffError(f"reading {self.topic}[{partition}] at {start}: {msg.error()}")
+                    continue
+                if msg.partition() != partition or msg.offset() < start:
+                    continue
+                if msg.offset() >= stop:
+                    return out
+                kind, ts = msg.timestamp()
+                if kind == TIMESTAMP_NOT_AVAILABLE:
+                    raise HandoffError(
+                        f"record {self.topic}[{partition}]@{msg.offset()} has no timestamp: the handoff needs "
+                        "producers to set record timestamps (event time)"
+                    )
+                out.append((msg.offset(), ts))
+                if len(out) >= limit:
+                    return out
+            if out and out[-1][0] >= stop - 1:
+                return out
+        if not out:
+            raise HandoffError(
+                f"no record of {self.topic}[{partition}] in [{start}, {stop}) arrived within {self.timeout_s:.0f}s "
+                "although the watermarks say there are some (open transaction? broker down?)"
+            )
+        return out
+
+    def first_at_or_after(self, partition: int, offset: int, high: int) -> tuple[int, int] | None:
+        if offset >= high:
+            return None
+        return self.records(partition, offset, high, 1)[0]
+
+    def last_before(self, partition: int, offset: int, low: int) -> tuple[int, int] | None:
+        stop, step = offset, _BACK_STEP
+        while stop > low:
+            start = max(low, stop - step)
+            recs = self.records(partition, start, stop, stop - start)
+            if recs:
+                return recs[-1]
+            stop, step = start, step * 2  # a gap (compaction, transaction markers): look further back
+        return None
+
+
+def _is_safe_start(r: _Reader, partition: int, offset: int, low: int, high: int, target: int) -> bool:
+    if not low <= offset <= high:
+        return False
+    before = r.last_before(partition, offset, low)
+    at = r.first_at_or_after(partition, offset, high)
+    return (before is None or before[1] < target) and (at is None or at[1] >= target)
+
+
+def search_start(r: _Reader, partition: int, low: int, high: int, target: int) -> int:
+    """Binary search for a start offset: the record before it is < target, the one at it >= target.
+
+    Invariant: the last record before `a` is < target (or none), the first record at or after `b`
+    is >= target (or none). Each probe reads one record."""
+    a, b = low, high
+    while a < b:
+        mid = (a + b) // 2
+        rec = r.first_at_or_after(partition, mid, b)
+        if rec is None or rec[1] >= target:
+            b = mid
+        else:
+            a = rec[0] + 1
+    return a
+
+
+def find_handoff(
+    consumer_or_bootstrap: Consumer | str,
+    topic: str,
+    t_handoff: datetime,
+    max_lateness: timedelta | float,
+    *,
+    timeout_s: float = 10.0,
+    offsets_for_times: OffsetsForTimes | None = None,
+) -> HandoffPlan:
+    """Start offset of every partition of `topic` for the handoff at `t_handoff`.
+
+    A Consumer passed in is used for reading (its assignment is replaced); a bootstrap string
+    gets a private consumer that is closed afterwards."""
+    own = isinstance(consumer_or_bootstrap, str)
+    consumer = Consumer(consumer_config(consumer_or_bootstrap, group="slipstream-handoff")) if own else consumer_or_bootstrap
+    try:
+        return _find(consumer, topic, target_ms(t_handoff, max_lateness), timeout_s, offsets_for_times)
+    except KafkaException as e:
+        raise HandoffError(f"handoff offsets for topic {topic!r} could not be read: {e}") from e
+    finally:
+        if own:
+            consumer.close()
+
+
+def _find(consumer: Consumer, topic: str, target: int, timeout_s: float, oft: OffsetsForTimes | None) -> HandoffPlan:
+    meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise HandoffError(f"topic {topic!r} does not exist on the broker: create it or fix data.topic")
+    parts = sorted(meta.partitions)
+    ask = oft or (lambda tps, timeout: consumer.offsets_for_times(tps, timeout=timeout))
+    answers = {tp.partition: tp for tp in ask([TopicPartition(topic, p, target) for p in parts], timeout_s)}
+    r = _Reader(consumer, topic, timeout_s)
+    plan: dict[int, PartitionHandoff] = {}
+    for p in parts:
+        low, high = r.watermarks(p)
+        if low >= high:
+            plan[p] = PartitionHandoff(p, high, "empty")
+            continue
+        tp = answers.get(p)
+        answer = None if tp is None or tp.error is not None else (high if tp.offset < 0 else tp.offset)
+        if answer is not None and _is_safe_start(r, p, answer, low, high, target):
+            plan[p] = PartitionHandoff(p, answer, "offsets_for_times", answer)
+            continue
+        found = search_start(r, p, low, high, target)
+        if not _is_safe_start(r, p, found, low, high, target):
+            raise HandoffError(
+                f"{topic}[{p}]: no offset separates timestamps < {target} from >= {target} (found {found}); "
+                "record timestamps are not in produce order beyond max_lateness: raise data.max_lateness_s"
+            )
+        log.warning(
+            "%s[%d]: the broker answered offsets_for_times(%d) with %s, which is not a verified start; "
+            "binary search over record timestamps found %d", topic, p, target, answer, found,
+        )
+        plan[p] = PartitionHandoff(p, found, "search", answer)
+    log.info("handoff of %s at %d ms: %s", topic, target, {p: (h.offset, h.method) for p, h in plan.items()})
+    return HandoffPlan(topic, target, plan)
+
+
+def handoff_offsets(
+    consumer_or_bootstrap: Consumer | str,
+    topic: str,
+    t_handoff: datetime,
+    max_lateness: timedelta | float,
+    *,
+    timeout_s: float = 10.0,
+    offsets_for_times: OffsetsForTimes | None = None,
+) -> dict[int, int]:
+    """{partition: start offset} for the stream phase: offsets_for_times(T - max_lateness),
+    verified, with a binary search over record timestamps when the broker answers wrongly."""
+    return find_handoff(
+        consumer_or_bootstrap, topic, t_handoff, max_lateness, timeout_s=timeout_s, offsets_for_times=offsets_for_times
+    ).offsets

@@ -1,0 +1,133 @@
+"""A real 2-process torchrun over an Iceberg window and a Kafka tail on the session broker.
+
+One run, several outcomes checked: every batch-window and every stream sample trained exactly
+once across the handoff (audit vs the reference data and the produced stream), records before T
+dropped, bad records in the dead-letter topic with their reason and origin, the run layout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from slipstream.kafka import consumer_config, create_topic, end_offsets, produce_samples
+from tests.trainer_fixtures import (
+    SamplesFixture,
+    generated,
+    make_samples,
+    run_torchrun,
+    stream_ids,
+    train_config,
+    training_ids,
+)
+from trainers.audit import read_audit
+
+pytestmark = pytest.mark.integration
+
+BAD_VALUES = [b"{not json", b'{"sample_id": "x-1"}', b"", b"[1, 2, 3]"]
+
+
+@dataclass
+class Run:
+    fx: SamplesFixture
+    run_dir: Path
+    summary: dict[str, object]
+    expected_stream: set[str]
+    dlq_topic: str
+    topic: str
+    bootstrap: str
+    bad_origin: list[tuple[int, int]]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Run:
+    home = tmp_path_factory.mktemp("trainer-run")
+    fx = make_samples(home, days=2, per_day=2500, row_group_rows=400, stream_minutes=180.0)
+    data = generated(home, fx)
+    topic, dlq = f"samples-e2e-{home.name}", f"samples-e2e-{home.name}.dlq"
+    create_topic(kafka_bootstrap, topic, 4)
+    produce_samples(kafka_bootstrap, topic, data.stream)
+    # bad records after T, on partition 1, after the good ones
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    ts = int(fx.t_handoff.timestamp() * 1000) + 60_000
+    for v in BAD_VALUES:
+        producer.produce(topic, value=v, partition=1, timestamp=ts)
+    producer.flush(30)
+    high = end_offsets(kafka_bootstrap, topic)[1]
+    bad_origin = [(1, o) for o in range(high - len(BAD_VALUES), high)]
+    cfg_path = home / "train.json"
+    cfg_path.write_text(json.dumps(train_config(fx, run_id="e2e", bootstrap=kafka_bootstrap, topic=topic, dlq_topic=dlq)))
+    proc = run_torchrun(home, cfg_path, nproc=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = home / "runs" / "e2e"
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    return Run(fx, run_dir, summary, stream_ids(data.stream, fx.t_handoff), dlq, topic, kafka_bootstrap, bad_origin)
+
+
+def test_every_sample_is_trained_exactly_once_across_the_handoff(run: Run) -> None:
+    audit = read_audit(run.run_dir)
+    ids = audit.column("sample_id").to_pylist()
+    dupes = [i for i, n in Counter(ids).items() if n > 1]
+    assert not dupes, f"trained twice: {dupes[:5]}"
+    iceberg = set(audit.filter(pc.equal(audit.column("source"), "iceberg")).column("sample_id").to_pylist())
+    kafka = set(audit.filter(pc.equal(audit.column("source"), "kafka")).column("sample_id").to_pylist())
+    assert iceberg == training_ids(run.fx)
+    assert kafka == run.expected_stream
+    assert run.summary["samples_iceberg"] == len(iceberg)
+    assert run.summary["samples_kafka"] == len(kafka)
+    # the stream also carried the last minutes before T: those were dropped, not trained
+    assert run.summary["dropped_before_t"] > 0
+    # both ranks trained, and the merged per-rank audit files hold the same rows as the parts
+    merged = sum(pq.read_metadata(run.run_dir / "audit" / f"rank-{r}.parquet").num_rows for r in (0, 1))
+    assert merged == audit.num_rows
+
+
+def test_bad_records_land_in_the_dead_letter_topic_with_reason_and_origin(run: Run) -> None:
+    assert run.summary["dead_letters"] == len(BAD_VALUES)
+    c = Consumer(consumer_config(run.bootstrap, group="dlq-check"))
+    try:
+        c.assign([TopicPartition(run.dlq_topic, 0, 0)])
+        got = []
+        for _ in range(50):
+            got += [m for m in c.consume(10, timeout=0.2) if m.error() is None]
+            if len(got) >= len(BAD_VALUES):
+                break
+    finally:
+        c.close()
+    assert len(got) == len(BAD_VALUES)
+    origins = []
+    for m in got:
+        h = {k: v.decode() for k, v in m.headers()}
+        assert h["origin_topic"] == run.topic and h["reason"]
+        origins.append((int(h["origin_partition"]), int(h["origin_offset"])))
+    assert sorted(origins) == run.bad_origin
+    assert {(m.value() or b"") for m in got} == set(BAD_VALUES)
+
+
+def test_run_layout_and_summary(run: Run) -> None:
+    d = run.run_dir
+    for name in ("config.json", "metrics.jsonl", "stream_profile.json", "export/model.pt", "export/model.json",
+                 "checkpoint/latest"):
+        assert (d / name).exists(), name
+    assert list((d / "tb").glob("events.out.tfevents.*"))
+    s = run.summary
+    for key in ("run_id", "snapshot_id", "t_handoff", "window_start", "samples_iceberg", "samples_kafka",
+                "dropped_before_t", "dead_letters", "handoff_offsets", "final_offsets", "auc", "logloss",
+                "auc_after_t", "auc_after_t_batch_only", "best_auc", "samples_per_s", "data_wait_share",
+                "newest_event_time", "kafka_lag_at_stop", "checkpoint"):
+        assert key in s, key
+    assert s["snapshot_id"] == run.fx.snapshot_id
+    assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
+    assert s["final_offsets"] == {str(p): o for p, o in end_offsets(run.bootstrap, run.topic).items()}
+    assert all(m == "offsets_for_times" for m in s["handoff_methods"].values())
+    assert 0.5 < s["auc"] < 1.0 and s["eval_rows_after_t"] > 0
+    assert Path(s["checkpoint"]).name == (d / "checkpoint" / "latest").read_text().strip()
+    profile = json.loads((d / "stream_profile.json").read_text())
+    assert profile["rows"] == s["samples_kafka"]

@@ -1,0 +1,135 @@
+"""The batch-phase reader: global shuffle, window and holdout filtering, exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from slipstream.errors import ResumeError
+from slipstream.planning import plan_window_files
+from slipstream.schema import is_holdout
+from tests.trainer_fixtures import SamplesFixture, make_samples
+from trainers.data.holdout import holdout_mask
+from trainers.data.iceberg_source import IcebergSource
+from trainers.data.units import epoch_units, file_opener, plan_units
+from trainers.rows import Rows
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> SamplesFixture:
+    return make_samples(tmp_path_factory.mktemp("ice"), days=2, per_day=3000, row_group_rows=700)
+
+
+def _source(fx: SamplesFixture, rank: int = 0, world: int = 1, seed: int = 3, window_days: int = 2,
+            shuffle_rows: int = 1500, batch_size: int = 256) -> IcebergSource:
+    t = fx.t_handoff
+    start = t.replace(day=t.day - window_days)
+    plan = plan_window_files(fx.table, fx.snapshot_id, start, t)
+    open_file, _ = file_opener(fx.table.io, None)
+    units = plan_units(plan, open_file)
+    us = (int(start.timestamp() * 1e6), int(t.timestamp() * 1e6))
+    return IcebergSource(units, open_file, rank=rank, world=world, seed=seed, batch_size=batch_size,
+                         shuffle_rows=shuffle_rows, window_us=us)
+
+
+def _epoch_ids(src: IcebergSource, epoch: int) -> list[str]:
+    src.start_epoch(epoch)
+    ids: list[str] = []
+    while (b := src.next_batch()) is not None:
+        ids.extend(b.sample_id.to_pylist())
+    src.close()
+    return ids
+
+
+def _expected_training_ids(fx: SamplesFixture) -> set[str]:
+    ids = fx.all_samples().column("sample_id")
+    return set(pa.array(ids).filter(pa.array(~is_holdout(ids))).to_pylist())
+
+
+def test_an_epoch_is_a_permutation_of_the_window_without_holdout(samples: SamplesFixture) -> None:
+    src = _source(samples)
+    ids = _epoch_ids(src, 0)
+    assert len(ids) == len(set(ids))
+    assert set(ids) == _expected_training_ids(samples)
+    assert src.stats.rows_holdout > 0
+
+
+def test_the_shuffle_differs_by_epoch_and_repeats_with_the_seed(samples: SamplesFixture) -> None:
+    e0 = _epoch_ids(_source(samples), 0)
+    e1 = _epoch_ids(_source(samples), 1)
+    again = _epoch_ids(_source(samples), 0)
+    assert e0 == again
+    assert set(e0) == set(e1) and e0 != e1
+    # the rows are mixed inside chunks too, not only the units: neighbours change
+    assert sum(a == b for a, b in zip(e0, e1)) < len(e0) // 20
+
+
+def test_ranks_split_the_window_disjointly(samples: SamplesFixture) -> None:
+    r0 = _epoch_ids(_source(samples, rank=0, world=2), 0)
+    r1 = _epoch_ids(_source(samples, rank=1, world=2), 0)
+    assert not set(r0) & set(r1)
+    assert set(r0) | set(r1) == _expected_training_ids(samples)
+    assert abs(len(r0) - len(r1)) < 0.35 * len(r0)
+
+
+def test_window_excludes_rows_before_start(samples: SamplesFixture) -> None:
+    ids = _epoch_ids(_source(samples, window_days=1), 0)
+    last_day = samples.days["2026-11-02"].column("sample_id")
+    expected = set(pa.array(last_day).filter(pa.array(~is_holdout(last_day))).to_pylist())
+    assert set(ids) == expected
+
+
+@pytest.mark.parametrize("stop_after", [1, 5, 9])
+def test_resume_from_state_reproduces_the_order(samples: SamplesFixture, stop_after: int) -> None:
+    full = _epoch_ids(_source(samples), 0)
+    src = _source(samples)
+    src.start_epoch(0)
+    head: list[str] = []
+    for _ in range(stop_after):
+        b = src.next_batch()
+        assert b is not None
+        head.extend(b.sample_id.to_pylist())
+    state = src.state()
+    src.close()
+    resumed = _source(samples)
+    resumed.check_resumable(state)
+    resumed.start_epoch(state["epoch"], state["chunk"], state["offset"])
+    tail: list[str] = []
+    while (b := resumed.next_batch()) is not None:
+        tail.extend(b.sample_id.to_pylist())
+    assert head + tail == full
+
+
+def test_resume_on_another_world_size_is_refused(samples: SamplesFixture) -> None:
+    state = _source(samples, rank=0, world=2).state()
+    with pytest.raises(ResumeError, match="same --nproc-per-node"):
+        _source(samples, rank=0, world=1).check_resumable(state)
+
+
+def test_epoch_units_is_a_permutation_dealt_to_ranks() -> None:
+    dealt = np.concatenate([epoch_units(101, 4, seed=9, rank=r, world=3) for r in range(3)])
+    assert sorted(dealt.tolist()) == list(range(101))
+    assert not np.array_equal(epoch_units(101, 4, 9, 0, 1), epoch_units(101, 5, 9, 0, 1))
+
+
+def test_holdout_mask_matches_schema_rule() -> None:
+    ids = pa.array([f"imp-{i % 13:04d}-{i}" for i in range(5000)] + ["", "x" * 40])
+    assert np.array_equal(holdout_mask(ids), is_holdout(ids))
+    assert np.array_equal(holdout_mask(ids.slice(100, 300)), is_holdout(ids.slice(100, 300)))
+
+
+def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
+    table = samples.days["2026-11-01"].slice(0, 500)
+    rows = Rows.from_arrow(table, source=0)
+    idx = np.array([5, 3, 499, 0, 3])
+    taken = rows.take(idx)
+    want = table.column("hist_items").take(pa.array(idx)).to_pylist()
+    got = [taken.hist_values[taken.hist_offsets[i]:taken.hist_offsets[i + 1]].tolist() for i in range(len(idx))]
+    assert got == want
+    both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
+    assert np.array_equal(both.hist_values, rows.hist_values)
+    assert np.array_equal(both.hist_offsets, rows.hist_offsets)
+    assert both.sample_id.to_pylist() == table.column("sample_id").to_pylist()

@@ -1,0 +1,376 @@
+"""The trainer's configuration: nested typed dataclasses, parsed once at the entry point.
+
+A config file (YAML or JSON) holds the sections `data`, `model`, `optim`, `run`; `--set
+section.key=value` overrides any field (values are parsed as YAML scalars/lists). Every field is
+validated in `__post_init__` so a bad value fails at start with its dotted name, never mid-run.
+Deployment defaults (catalog name, Kafka bootstrap, runs folder) come from `slipstream.settings`
+when the file leaves them empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from slipstream.errors import ConfigError
+from slipstream.schema import DLQ_TOPIC, SAMPLES_TABLE, TOPIC
+from slipstream.settings import Settings
+
+STOP_MODES = ("caught_up", "duration", "samples", "continuous")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(kw_only=True)
+class StopConfig:
+    """When the stream phase ends."""
+
+    mode: str = "caught_up"
+    """`caught_up`: stop once the total lag is <= max_lag; `duration`: after duration_s of stream
+    training; `samples`: after `samples` fresh stream samples; `continuous`: never (export every
+    export_every_min minutes)."""
+    max_lag: int = 0
+    """caught_up: records still unread across all partitions at which the tail counts as caught up."""
+    duration_s: float = 60.0
+    """duration: seconds of stream phase (wall clock, measured from the start of the stream phase)."""
+    samples: int = 0
+    """samples: fresh stream samples to train (all ranks together) before stopping."""
+    export_every_min: float = 10.0
+    """continuous: export the model (and checkpoint) every this many minutes."""
+    timeout_s: float = 0.0
+    """Hard cap on the stream phase in any finite mode (0 = none): stops with a warning, e.g. when
+    the broker stays unreachable."""
+
+    def __post_init__(self) -> None:
+        _require(self.mode in STOP_MODES, f"data.stop.mode must be one of {', '.join(STOP_MODES)}, got {self.mode!r}")
+        _require(self.max_lag >= 0, f"data.stop.max_lag must be >= 0, got {self.max_lag}")
+        _require(self.duration_s > 0, f"data.stop.duration_s must be > 0, got {self.duration_s}")
+        _require(self.samples >= 0, f"data.stop.samples must be >= 0, got {self.samples}")
+        _require(
+            self.mode != "samples" or self.samples > 0, "data.stop.mode is 'samples': set data.stop.samples > 0"
+        )
+        _require(self.export_every_min > 0, f"data.stop.export_every_min must be > 0, got {self.export_every_min}")
+        _require(self.timeout_s >= 0, f"data.stop.timeout_s must be >= 0, got {self.timeout_s}")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """What to train on: the batch window at a pinned snapshot, then the Kafka tail."""
+
+    snapshot_id: int
+    """Iceberg snapshot to read the batch window from. Required: a run never reads "the latest"."""
+    t_handoff: str
+    """T, the handoff time (ISO-8601 with a timezone, e.g. 2026-11-04T00:00:00+00:00): the batch
+    window ends before T and the stream starts at T."""
+    catalog: str = ""
+    """pyiceberg catalog name (empty: SLIPSTREAM_CATALOG)."""
+    namespace: str = ""
+    """Iceberg namespace (empty: SLIPSTREAM_NAMESPACE)."""
+    table: str = SAMPLES_TABLE
+    """Iceberg table of samples inside the namespace."""
+    window_days: int = 1
+    """W: the batch window is [T - W days, T)."""
+    max_lateness_s: float = 120.0
+    """How late (in seconds after its event time) a record can reach Kafka; the stream is read
+    from the offsets of T - max_lateness and records before T are dropped."""
+    bootstrap: str = ""
+    """Kafka bootstrap.servers (empty: SLIPSTREAM_KAFKA_BOOTSTRAP)."""
+    topic: str = TOPIC
+    """Kafka topic of the sample stream."""
+    dlq_topic: str = DLQ_TOPIC
+    """Dead-letter topic for records that cannot be trained on (reason and origin in headers)."""
+    stream: bool = True
+    """Tail Kafka after the batch phase (false: batch phase only)."""
+    stop: StopConfig = field(default_factory=StopConfig)
+    """When the stream phase ends."""
+    replay_share: float = 0.0
+    """Share of each stream batch replayed from recent batch-window samples (0 <= share < 1)."""
+    replay_window_hours: float = 24.0
+    """Replay draws from samples with event_time in [T - this, T)."""
+    replay_reservoir: int = 50_000
+    """Replay samples held in memory per rank."""
+    shuffle_buffer: int = 65_536
+    """Batch phase: rows shuffled together in one rank (work units are grouped until they reach it)."""
+    stream_shuffle_buffer: int = 4_096
+    """Stream phase: rows buffered and mixed before training (bigger mixes more, adds latency)."""
+    batch_size: int = 1_024
+    """Samples per rank per step."""
+    epochs: int = 1
+    """Passes over the batch window."""
+    seed: int = 0
+    """Seeds the global unit permutation, the shuffle buffers, replay and model init."""
+    cache_dir: str = ""
+    """Read warehouse files through slipstream.cache.reader.CacheReader from this folder (empty:
+    read them directly)."""
+    prefetch_chunks: int = 2
+    """Shuffle chunks read ahead by the background reader thread."""
+    exchange: bool = False
+    """Stream phase: exchange fresh rows across ranks so every rank's batch mixes all partitions."""
+    consume_batch: int = 10_000
+    """Kafka records fetched per consume call."""
+    consume_timeout_s: float = 0.2
+    """How long one consume call waits for records."""
+    lag_interval_s: float = 1.0
+    """How often the watermarks (lag) are refreshed."""
+    eval_max_rows: int = 200_000
+    """Cap on held-out rows scored per evaluation set (before T, after T)."""
+    generator_manifest: str = ""
+    """Path of the generator's manifest.json: its best achievable AUC goes into the summary."""
+
+    def __post_init__(self) -> None:
+        _require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
+        _require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
+        _require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
+        _require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
+        _require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
+        _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
+        _require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
+        _require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
+        _require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
+        _require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
+        _require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
+        _require(bool(self.topic), "data.topic must not be empty")
+        self.handoff_time  # parse now so a bad value fails at start
+
+    @property
+    def handoff_time(self) -> datetime:
+        try:
+            t = datetime.fromisoformat(str(self.t_handoff).replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"data.t_handoff must be ISO-8601, got {self.t_handoff!r}") from None
+        if t.tzinfo is None:
+            raise ConfigError(f"data.t_handoff must carry a timezone (e.g. +00:00), got {self.t_handoff!r}")
+        return t.astimezone(timezone.utc)
+
+    @property
+    def window_start(self) -> datetime:
+        return self.handoff_time - timedelta(days=self.window_days)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The CTR model (DLRM-style: bottom MLP, embeddings, dot interactions, top MLP)."""
+
+    embed_dim: int = 16
+    """Width of every embedding and of the bottom MLP's output."""
+    user_buckets: int = 100_003
+    """Hash buckets of the user-id embedding (id mod buckets)."""
+    item_buckets: int = 50_021
+    """Hash buckets of the item-id embedding, shared by the history EmbeddingBag."""
+    category_buckets: int = 1_031
+    """Hash buckets of each hashed categorical feature."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [64])
+    """Hidden widths of the MLP over the dense features (its output is embed_dim wide)."""
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    """Hidden widths of the MLP over interactions and embeddings (its output is one logit)."""
+    dropout: float = 0.0
+    """Dropout in the top MLP."""
+
+    def __post_init__(self) -> None:
+        _require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
+        for name in ("user_buckets", "item_buckets", "category_buckets"):
+            _require(getattr(self, name) >= 1, f"model.{name} must be >= 1, got {getattr(self, name)}")
+        _require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
+        _require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """The optimizer."""
+
+    name: str = "adam"
+    """`adam`, `adamw`, `adagrad` or `sgd`."""
+    lr: float = 0.003
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """L2 penalty (decoupled for adamw)."""
+    grad_clip: float = 0.0
+    """Clip the gradient norm to this (0 = no clipping)."""
+
+    def __post_init__(self) -> None:
+        _require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
+        _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Where the run writes, how often it checkpoints and logs, which device it uses."""
+
+    run_id: str
+    """Name of the run folder under runs_dir. Required; the same id resumes the same run."""
+    runs_dir: str = ""
+    """Parent of run folders (empty: SLIPSTREAM_RUNS_DIR)."""
+    device: str = "auto"
+    """`auto` (cuda when available), `cpu` or `cuda`."""
+    amp: bool = True
+    """Mixed precision on cuda (autocast; a GradScaler when amp_dtype is float16). Ignored on CPU."""
+    amp_dtype: str = "bfloat16"
+    """`bfloat16` or `float16`."""
+    checkpoint_every_steps: int = 500
+    """Commit a checkpoint every this many steps (and at the handoff and at the end)."""
+    checkpoint_every_s: float = 300.0
+    """...or when this many seconds passed since the last one (0 = only by steps)."""
+    keep_checkpoints: int = 2
+    """Committed checkpoints kept on disk (older ones are deleted after a new commit)."""
+    log_every_steps: int = 50
+    """Write a metrics.jsonl line (and TensorBoard scalars) every this many steps."""
+    resume: bool = True
+    """Resume from run_dir/checkpoint/latest when it exists (false: refuse to reuse a run folder)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under run_dir/tb."""
+    num_threads: int = 0
+    """torch intra-op threads per rank (0: torch's default)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_id) and "/" not in self.run_id, f"run.run_id must be a non-empty name without '/', got {self.run_id!r}")
+        _require(self.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {self.device!r}")
+        _require(self.amp_dtype in ("bfloat16", "float16"), f"run.amp_dtype must be bfloat16 or float16, got {self.amp_dtype!r}")
+        _require(self.checkpoint_every_steps >= 1, f"run.checkpoint_every_steps must be >= 1, got {self.checkpoint_every_steps}")
+        _require(self.checkpoint_every_s >= 0, f"run.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
+        _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        _require(self.log_every_steps >= 1, f"run.log_every_steps must be >= 1, got {self.log_every_steps}")
+        _require(self.num_threads >= 0, f"run.num_threads must be >= 0, got {self.num_threads}")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.run_id
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The whole trainer configuration (the file's top-level sections)."""
+
+    data: DataConfig
+    """What to train on."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+    run: RunConfig
+    """Run folder, checkpoints, logging, device."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)}; valid: {', '.join(sorted(known))}")
+    missing = [
+        where + n for n, f in known.items()
+        if n not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing required key(s) {', '.join(missing)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        kwargs[name] = _coerce(hints[name], value, where + name)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value or {}, where + ".")
+    origin = typing.get_origin(tp)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(item, v, where) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                return int(value)
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where} must be a number, got {value!r}") from None
+        return float(value)
+    if tp is str:
+        if isinstance(value, datetime):  # YAML parses unquoted timestamps
+            return value.isoformat()
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `section.key=value` override to the raw nested dict (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects section.key=value, got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if len(parts) < 2:
+        raise ConfigError(f"--set key must name a section and a field (e.g. data.batch_size), got {key!r}")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a section")
+    node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+
+
+def load_raw(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    try:
+        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} must hold a mapping with sections data/model/optim/run")
+    return raw
+
+
+def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
+    """Build the typed config, filling deployment defaults from settings."""
+    cfg: TrainConfig = _build(TrainConfig, raw, "")
+    d, r = cfg.data, cfg.run
+    d.catalog = d.catalog or settings.catalog
+    d.namespace = d.namespace or settings.namespace
+    d.bootstrap = d.bootstrap or settings.kafka_bootstrap
+    r.runs_dir = r.runs_dir or settings.runs_dir
+    d.generator_manifest = d.generator_manifest or str(settings.home / "generator" / "manifest.json")
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), settings: Settings | None = None) -> TrainConfig:
+    raw = load_raw(path)
+    for o in overrides:
+        apply_override(raw, o)
+    return resolve(raw, settings or Settings.from_env())

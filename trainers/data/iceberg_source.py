@@ -1,0 +1,237 @@
+"""The batch phase's reader: global shuffle of work units, a bounded in-rank shuffle, prefetch.
+
+Order of samples on rank r in epoch e, fully determined by (seed, e, r, world size, unit list):
+1. units are permuted with `default_rng([seed, e])` and dealt round-robin to ranks;
+2. a rank's units are grouped, in that order, into chunks of about `shuffle_rows` rows;
+3. a chunk's rows (minus rows outside [T - W, T) and held-out rows) are permuted with
+   `default_rng([seed, e, r, chunk])` and cut into batches; a batch may span two chunks.
+
+The cursor (epoch, chunk, offset) is therefore the whole shuffle state: a resume re-reads one
+chunk, re-derives its permutation and skips `offset` rows, reproducing the same order without
+saving buffer contents. A background thread reads and permutes chunks ahead of training.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from slipstream.errors import ResumeError
+from trainers.data.holdout import holdout_mask
+from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
+from trainers.rows import READ_COLUMNS, SOURCE_ICEBERG, Rows
+
+log = logging.getLogger(__name__)
+
+SHUFFLE_ALGORITHM = "units:default_rng([seed,epoch]).permutation/round-robin; rows:default_rng([seed,epoch,rank,chunk])"
+
+
+@dataclass
+class ChunkStats:
+    rows_read: int = 0
+    rows_outside_window: int = 0
+    rows_holdout: int = 0
+
+
+def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
+    """Read the given units (row groups) in the given order into one table."""
+    by_file: dict[str, list[int]] = defaultdict(list)
+    order: list[str] = []
+    for u in units:
+        if u.path not in by_file:
+            order.append(u.path)
+        by_file[u.path].append(u.row_group)
+    tables = []
+    for path in order:
+        with open_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            names = [c for c in READ_COLUMNS if c in pf.schema_arrow.names]
+            missing = set(READ_COLUMNS) - set(names)
+            if missing:
+                raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
+            tables.append(pf.read_row_groups(by_file[path], columns=names, use_threads=True))
+    if not tables:
+        from slipstream.schema import ARROW_SCHEMA
+
+        return ARROW_SCHEMA.empty_table()
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
+def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[pa.Table, pa.Table]:
+    """(training rows, held-out rows) of the table inside [start, end)."""
+    stats.rows_read += table.num_rows
+    ts = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
+    inside = (ts >= start_us) & (ts < end_us)
+    hold = holdout_mask(table.column("sample_id"))
+    stats.rows_outside_window += int((~inside).sum())
+    stats.rows_holdout += int((inside & hold).sum())
+    return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
+
+
+class _End:
+    pass
+
+
+class IcebergSource:
+    """Batches of one rank for the batch phase. Not thread-safe: one consumer (the train loop)."""
+
+    def __init__(
+        self,
+        units: list[WorkUnit],
+        open_file: Opener,
+        *,
+        rank: int,
+        world: int,
+        seed: int,
+        batch_size: int,
+        shuffle_rows: int,
+        window_us: tuple[int, int],
+        prefetch_chunks: int = 2,
+    ) -> None:
+        self.units = units
+        self.open_file = open_file
+        self.rank, self.world, self.seed = rank, world, seed
+        self.batch_size = batch_size
+        self.shuffle_rows = shuffle_rows
+        self.window_us = window_us
+        self.prefetch_chunks = prefetch_chunks
+        self.digest = units_digest(units)
+        self.stats = ChunkStats()
+        self.wait_s = 0.0
+        self.epoch = 0
+        self._chunk = 0
+        self._pos = 0
+        self._rows: Rows | None = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._done = True
+        self._skip = 0
+        self._n_chunks = 0
+
+    # --- plan of an epoch -------------------------------------------------------------------
+    def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        order = epoch_units(len(self.units), epoch, self.seed, self.rank, self.world)
+        rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
+        return order, chunk_bounds(rows, self.shuffle_rows)
+
+    def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int) -> Rows:
+        idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
+        table = read_units([self.units[i] for i in idx], self.open_file)
+        train, _ = select_rows(table, *self.window_us, self.stats)
+        rows = Rows.from_arrow(train, source=SOURCE_ICEBERG, epoch=epoch)
+        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(rows))
+        return rows.take(perm)
+
+    # --- iteration --------------------------------------------------------------------------
+    def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
+        self.close()
+        self.epoch, self._chunk, self._pos = epoch, chunk, 0
+        self._rows = None
+        self._skip = offset
+        order, bounds = self.epoch_plan(epoch)
+        self._n_chunks = len(bounds) - 1
+        self._queue = queue.Queue(maxsize=self.prefetch_chunks)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(
+            target=self._read_ahead, args=(epoch, order, bounds, chunk, self._queue, self._stop),
+            name=f"iceberg-prefetch-r{self.rank}", daemon=True,
+        )
+        self._thread.start()
+
+    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            for c in range(first, len(bounds) - 1):
+                rows = self.read_chunk(epoch, order, bounds, c)
+                while not stop.is_set():
+                    try:
+                        q.put((c, rows), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_End())
+        except BaseException as e:  # surfaced in the training thread
+            q.put(e)
+
+    def _next_chunk(self) -> bool:
+        started = time.perf_counter()
+        item = self._queue.get()
+        self.wait_s += time.perf_counter() - started
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, _End):
+            self._done = True
+            self._rows = None
+            self._chunk, self._pos = self._n_chunks, 0
+            return False
+        self._chunk, self._rows = item
+        self._pos = min(self._skip, len(self._rows))
+        self._skip = 0
+        return True
+
+    def next_batch(self) -> Rows | None:
+        """Up to batch_size rows, or None when this rank's epoch is exhausted."""
+        parts: list[Rows] = []
+        need = self.batch_size
+        while need > 0 and not self._done:
+            if self._rows is None or self._pos >= len(self._rows):
+                if not self._next_chunk():
+                    break
+                continue
+            assert self._rows is not None
+            take = min(need, len(self._rows) - self._pos)
+            parts.append(self._rows.slice(self._pos, self._pos + take))
+            self._pos += take
+            need -= take
+        if not parts:
+            return None
+        return Rows.concat(parts)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                try:  # unblock a producer waiting on a full queue
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    self._thread.join(timeout=0.05)
+            self._thread = None
+
+    # --- checkpoint state -------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Position after the last batch returned (what a resume continues from)."""
+        return {
+            "epoch": self.epoch,
+            "chunk": int(self._chunk),
+            "offset": int(self._pos if self._rows is not None else self._skip),
+            "rank": self.rank,
+            "world": self.world,
+            "seed": self.seed,
+            "shuffle_rows": self.shuffle_rows,
+            "units_digest": self.digest,
+            "algorithm": SHUFFLE_ALGORITHM,
+        }
+
+    def check_resumable(self, state: dict[str, Any]) -> None:
+        for key, mine in (("world", self.world), ("rank", self.rank), ("units_digest", self.digest),
+                          ("seed", self.seed), ("shuffle_rows", self.shuffle_rows)):
+            if state.get(key) != mine:
+                raise ResumeError(
+                    f"batch-phase checkpoint was written with {key}={state.get(key)!r} but this run has {key}={mine!r}: "
+                    "the sample order of the batch phase depends on it, so resuming would lose or repeat samples. "
+                    + ("Resume with the same --nproc-per-node (world size) as the checkpoint." if key in ("world", "rank")
+                       else "Resume with the checkpoint's config (same snapshot, seed and shuffle buffer).")
+                )

@@ -1,0 +1,241 @@
+"""The stream phase's reader: this rank's Kafka partitions from the handoff offsets on.
+
+- Partitions are assigned deterministically (sorted, dealt round-robin: rank r reads
+  `parts[r::world]`), by `assign`, never by a consumer group: offsets are ours, kept in the
+  checkpoint, so a resume on any world size re-deals them.
+- A consume call's values are decoded in one batch (`slipstream.codec.decode_samples`: one Arrow
+  JSON parse, no per-record dicts). Records with event_time < T are dropped and counted (the batch
+  phase trained them); held-out records are kept out of training; bad records go to the dead-letter
+  topic with the reason and their origin in headers.
+- `positions` is the next offset to read per partition: what a checkpoint stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from slipstream.codec import decode_samples
+from slipstream.errors import HandoffError
+from slipstream.kafka import consumer_config
+from trainers.data.holdout import holdout_mask
+from trainers.rows import SOURCE_KAFKA, Rows
+
+log = logging.getLogger(__name__)
+
+
+def assigned_partitions(partitions: list[int], rank: int, world: int) -> list[int]:
+    return sorted(partitions)[rank::world]
+
+
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[int]:
+    c = Consumer(consumer_config(bootstrap, group="slipstream-meta"))
+    try:
+        meta = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise HandoffError(f"topic {topic!r} does not exist on {bootstrap}: create it or fix data.topic")
+        return sorted(meta.partitions)
+    finally:
+        c.close()
+
+
+@dataclass
+class StreamCounters:
+    fresh: int = 0
+    """Records decoded with event_time >= T and not held out (handed to training)."""
+    dropped_before_t: int = 0
+    holdout: int = 0
+    dead_letters: int = 0
+    records: int = 0
+    newest_event_us: int = -1
+    dead_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class KafkaSource:
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        dlq_topic: str,
+        partitions: list[int],
+        positions: dict[int, int],
+        t_handoff_us: int,
+        consume_batch: int,
+        consume_timeout_s: float,
+        lag_interval_s: float,
+        group: str,
+    ) -> None:
+        self.topic, self.dlq_topic = topic, dlq_topic
+        self.bootstrap = bootstrap
+        self.partitions = list(partitions)
+        self.positions = {p: int(positions[p]) for p in self.partitions}
+        self.t_us = t_handoff_us
+        self.consume_batch, self.consume_timeout_s = consume_batch, consume_timeout_s
+        self.lag_interval_s = lag_interval_s
+        self.counters = StreamCounters()
+        self.wait_s = 0.0
+        self.idle = False
+        """True when the last poll returned fewer records than asked: the rank is caught up."""
+        self._high: dict[int, int] = {}
+        self._high_at = 0.0
+        self._dlq: Producer | None = None
+        self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50}))
+        if self.partitions:
+            self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in self.partitions])
+
+    # --- reading ----------------------------------------------------------------------------
+    def poll(self) -> Rows:
+        """Fresh training rows from one consume call (possibly none)."""
+        if not self.partitions:
+            self.idle = True
+            time.sleep(min(self.consume_timeout_s, 0.05))
+            return Rows.empty()
+        started = time.perf_counter()
+        msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s)
+        self.wait_s += time.perf_counter() - started
+        values: list[bytes | None] = []
+        parts: list[int] = []
+        offs: list[int] = []
+        stamps: list[int] = []
+        keys: list[bytes | None] = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error on %s: %s (retrying)", self.topic, err)
+                continue
+            p, o = m.partition(), m.offset()
+            if o < self.positions.get(p, 1 << 62):  # a re-fetch after reconnect: already read
+                continue
+            self.positions[p] = o + 1
+            values.append(m.value())
+            parts.append(p)
+            offs.append(o)
+            stamps.append(m.timestamp()[1])
+            keys.append(m.key())
+        self.idle = len(msgs) < self.consume_batch
+        if not values:
+            return Rows.empty()
+        return self._decode(values, np.asarray(parts), np.asarray(offs), np.asarray(stamps), keys)
+
+    def _decode(self, values: list[bytes | None], parts: np.ndarray, offs: np.ndarray, stamps: np.ndarray,
+                keys: list[bytes | None]) -> Rows:
+        c = self.counters
+        c.records += len(values)
+        decoded = decode_samples(values)
+        for i, reason in decoded.bad:
+            self._dead_letter(values[i], keys[i], reason, int(parts[i]), int(offs[i]))
+        idx = decoded.good_index
+        table = decoded.table
+        if table.num_rows == 0:
+            return Rows.empty()
+        now_ms = int(time.time() * 1000)
+        rows = Rows.from_arrow(
+            table, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
+            consumed_ms=np.full(len(idx), now_ms, dtype=np.int64),
+        )
+        before = rows.event_us < self.t_us
+        hold = holdout_mask(rows.sample_id)
+        c.dropped_before_t += int(before.sum())
+        c.holdout += int((hold & ~before).sum())
+        if len(rows):
+            c.newest_event_us = max(c.newest_event_us, int(rows.event_us.max()))
+        keep = ~before & ~hold
+        c.fresh += int(keep.sum())
+        return rows.mask(keep)
+
+    def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int) -> None:
+        c = self.counters
+        c.dead_letters += 1
+        kind = reason.split(":")[0][:60]
+        c.dead_reasons[kind] = c.dead_reasons.get(kind, 0) + 1
+        if self._dlq is None:
+            self._dlq = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 20})
+        headers = [
+            ("reason", reason.encode()),
+            ("origin_topic", self.topic.encode()),
+            ("origin_partition", str(partition).encode()),
+            ("origin_offset", str(offset).encode()),
+        ]
+        while True:
+            try:
+                self._dlq.produce(self.dlq_topic, value=value, key=key, headers=headers)
+                break
+            except BufferError:
+                self._dlq.poll(0.05)
+        log.warning("dead letter %s[%d]@%d -> %s: %s", self.topic, partition, offset, self.dlq_topic, reason)
+
+    def flush_dead_letters(self, timeout_s: float = 30.0) -> None:
+        """Wait until every dead letter is on the broker (called before a checkpoint commits)."""
+        if self._dlq is not None:
+            left = self._dlq.flush(timeout_s)
+            if left:
+                raise HandoffError(f"{left} dead letters not delivered to {self.dlq_topic} within {timeout_s:.0f}s")
+
+    # --- lag --------------------------------------------------------------------------------
+    def lag(self, refresh: bool = False) -> int:
+        """Records not yet read on this rank's partitions (high watermark - position)."""
+        now = time.monotonic()
+        if refresh or now - self._high_at >= self.lag_interval_s:
+            for p in self.partitions:
+                try:
+                    _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
+                    self._high[p] = high
+                except KafkaException as e:
+                    log.warning("watermarks of %s[%d] unavailable (%s): keeping the last known lag", self.topic, p, e)
+            self._high_at = now
+        return sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+
+    def close(self) -> None:
+        try:
+            self.flush_dead_letters(10)
+        finally:
+            self.consumer.close()
+
+    def state(self) -> dict[str, Any]:
+        return {"positions": dict(self.positions)}
+
+
+def read_range(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], group: str,
+               timeout_s: float = 30.0) -> list[tuple[list[bytes | None], np.ndarray, np.ndarray]]:
+    """Values of the records in [start, stop) per partition (for evaluation after training).
+    Returns one (values, partitions, offsets) tuple per consume call."""
+    todo = {p: r for p, r in ranges.items() if r[1] > r[0]}
+    if not todo:
+        return []
+    c = Consumer(consumer_config(bootstrap, group=group))
+    out: list[tuple[list[bytes | None], np.ndarray, np.ndarray]] = []
+    try:
+        c.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
+        pos = {p: start for p, (start, _) in todo.items()}
+        deadline = time.monotonic() + timeout_s
+        while any(pos[p] < todo[p][1] for p in todo) and time.monotonic() < deadline:
+            vals: list[bytes | None] = []
+            ps: list[int] = []
+            os_: list[int] = []
+            for m in c.consume(num_messages=10_000, timeout=0.2):
+                if m.error() is not None:
+                    continue
+                p, o = m.partition(), m.offset()
+                if p not in todo or o < pos[p] or o >= todo[p][1]:
+                    continue
+                pos[p] = o + 1
+                vals.append(m.value())
+                ps.append(p)
+                os_.append(o)
+            if vals:
+                out.append((vals, np.asarray(ps), np.asarray(os_)))
+        short = {p: (pos[p], todo[p][1]) for p in todo if pos[p] < todo[p][1]}
+        if short:
+            log.warning("evaluation read of %s stopped short of %s after %.0fs", topic, short, timeout_s)
+    finally:
+        c.close()
+    return out

@@ -1,0 +1,110 @@
+"""Process group, device and the few collectives the trainer needs.
+
+Launched by torchrun the job reads RANK/WORLD_SIZE/LOCAL_RANK from the environment and joins a
+process group: NCCL when it trains on CUDA, gloo on CPU. Started as a plain `python -m
+trainers.train` it is a world of one and every collective is the identity, so tests and
+benchmarks run the same code without a launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slipstream.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def _collective_device(self) -> torch.device:
+        # NCCL moves only CUDA tensors; gloo only CPU ones.
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64 so sample counts stay exact)."""
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu().tolist()
+
+    def max(self, values: list[float]) -> list[float]:
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.cpu().tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's object on every rank."""
+        if not self.active:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self._collective_device())
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def select_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu":
+        return torch.device("cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device is 'cuda' but no CUDA device is visible: use run.device=cpu or auto")
+    if choice in ("cuda", "auto") and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        dev = torch.device("cuda", local_rank % n)
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def init_distributed(device_choice: str, timeout_s: float = 600.0) -> Dist:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = select_device(device_choice, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if world > 1 and not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+        if backend == "nccl":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+        log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, device)
+    return Dist(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)

@@ -1,0 +1,102 @@
+"""The CTR model: DLRM-style with DeepFM's first-order terms.
+
+- dense features -> bottom MLP -> one `embed_dim` vector;
+- user id, item id and each hashed categorical -> an embedding (id mod buckets: hashing keeps
+  tables bounded whatever the id space);
+- the user's history of item ids -> `embedding_bag` (mean) over the item table through offsets,
+  so a variable-length sequence costs no padding, and a history item shares its vector with the
+  same item as a candidate;
+- pairwise dot products of all those vectors (the FM/DLRM interaction) plus the dense vector
+  -> top MLP -> logit, plus first-order biases per id/category and a linear term on the dense
+  features (the "wide" part).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from trainers.config import ModelConfig
+from trainers.rows import Features
+
+
+def _mlp(widths: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b))
+        last = i == len(widths) - 2
+        if not last or final_activation:
+            layers.append(nn.ReLU())
+            if dropout and not last:
+                layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+class CTRModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.embed_dim
+        self.cfg = cfg
+        n_cat = len(CATEGORICAL_COLUMNS)
+        self.user = nn.Embedding(cfg.user_buckets, d)
+        self.item = nn.Embedding(cfg.item_buckets, d)
+        self.cats = nn.ModuleList(nn.Embedding(cfg.category_buckets, d) for _ in range(n_cat))
+        self.user_bias = nn.Embedding(cfg.user_buckets, 1)
+        self.item_bias = nn.Embedding(cfg.item_buckets, 1)
+        self.cat_bias = nn.ModuleList(nn.Embedding(cfg.category_buckets, 1) for _ in range(n_cat))
+        self.bottom = _mlp([len(DENSE_COLUMNS), *cfg.bottom_mlp, d], final_activation=True)
+        self.wide = nn.Linear(len(DENSE_COLUMNS), 1)
+        n_vec = 1 + 2 + n_cat + 1  # dense vector, user, item, categoricals, history
+        self.n_inter = n_vec * (n_vec - 1) // 2
+        self.top = _mlp([d + self.n_inter, *cfg.top_mlp, 1], final_activation=False, dropout=cfg.dropout)
+        rows, cols = torch.triu_indices(n_vec, n_vec, offset=1)
+        self.register_buffer("_iu_rows", rows, persistent=False)
+        self.register_buffer("_iu_cols", cols, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Small embeddings: dot products of N(0, 1) vectors would start the interactions saturated.
+        for emb in [self.user, self.item, *self.cats]:
+            nn.init.normal_(emb.weight, std=0.05)
+        for emb in [self.user_bias, self.item_bias, *self.cat_bias]:
+            nn.init.zeros_(emb.weight)
+
+    def forward(self, x: Features) -> torch.Tensor:
+        c = self.cfg
+        user = torch.remainder(x.user, c.user_buckets)
+        item = torch.remainder(x.item, c.item_buckets)
+        cats = torch.remainder(x.cats, c.category_buckets)
+        hist = torch.remainder(x.hist_values, c.item_buckets)
+        dense_vec = self.bottom(x.dense)
+        vecs = [dense_vec, self.user(user), self.item(item)]
+        vecs += [emb(cats[:, j]) for j, emb in enumerate(self.cats)]
+        vecs.append(F.embedding_bag(hist, self.item.weight, x.hist_offsets, mode="mean"))
+        stacked = torch.stack(vecs, dim=1)  # (n, n_vec, d)
+        inter = torch.bmm(stacked, stacked.transpose(1, 2))[:, self._iu_rows, self._iu_cols]
+        logit = self.top(torch.cat([dense_vec, inter], dim=1)).squeeze(1)
+        first_order = self.user_bias(user) + self.item_bias(item) + self.wide(x.dense)
+        for j, emb in enumerate(self.cat_bias):
+            first_order = first_order + emb(cats[:, j])
+        return logit + first_order.squeeze(1)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> CTRModel:
+    # Same init on every rank (DDP also broadcasts rank 0's weights, this keeps runs reproducible).
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = CTRModel(cfg)
+    torch.random.set_rng_state(gen_state)
+    return model
+
+
+def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)

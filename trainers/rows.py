@@ -1,0 +1,218 @@
+"""Training rows as columns: Arrow in, numpy columns through the shuffle, tensors out.
+
+`Rows` is the one in-memory form both sources, the shuffle buffers and the mixer share. Every
+operation (slice, take, concat) is a vectorised numpy/Arrow call; the variable-length history
+stays as flat values + offsets (what `EmbeddingBag` consumes), never padded. Sample ids stay an
+Arrow string array (no Python string objects per row); they are only read by the audit.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+
+# Columns come zero-copy from Arrow (read-only buffers); tensors made from them are only read.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+SOURCE_ICEBERG = 0
+SOURCE_KAFKA = 1
+SOURCE_REPLAY = 2
+SOURCE_NAMES = ("iceberg", "kafka", "replay")
+
+READ_COLUMNS = ("sample_id", "event_time", "user_id", "item_id", *DENSE_COLUMNS, *CATEGORICAL_COLUMNS, "hist_items", "label")
+"""The sample columns the trainer reads (all of them today; listed so a new column is opt-in)."""
+
+
+def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values int64, offsets int64 of length n+1) of a list<int64> column, nulls as empty lists."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if arr.null_count:
+        arr = pc.if_else(pc.is_null(arr), pa.scalar([], arr.type), arr)
+    if arr.offset:  # a sliced array: make offsets start at zero
+        arr = pa.concat_arrays([arr])
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _np(col: pa.ChunkedArray, dtype: type) -> np.ndarray:
+    return col.to_numpy().astype(dtype, copy=False)
+
+
+@dataclass
+class Rows:
+    user: np.ndarray
+    item: np.ndarray
+    cats: np.ndarray
+    """(n, len(CATEGORICAL_COLUMNS)) int64 hashes."""
+    dense: np.ndarray
+    """(n, len(DENSE_COLUMNS)) float32."""
+    hist_values: np.ndarray
+    hist_offsets: np.ndarray
+    """n + 1 offsets into hist_values."""
+    label: np.ndarray
+    event_us: np.ndarray
+    sample_id: pa.Array
+    source: np.ndarray
+    """int8 SOURCE_* code per row."""
+    epoch: np.ndarray
+    partition: np.ndarray
+    offset: np.ndarray
+    record_ms: np.ndarray
+    """Kafka record timestamp (ms) or -1."""
+    consumed_ms: np.ndarray
+    """Wall-clock ms at which the row was consumed from Kafka, or -1."""
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    @classmethod
+    def from_arrow(
+        cls,
+        table: pa.Table,
+        *,
+        source: int,
+        epoch: int = -1,
+        partition: np.ndarray | None = None,
+        offset: np.ndarray | None = None,
+        record_ms: np.ndarray | None = None,
+        consumed_ms: np.ndarray | None = None,
+    ) -> "Rows":
+        n = table.num_rows
+        values, offs = _flat_list(table.column("hist_items"))
+        minus = np.full(n, -1, dtype=np.int64)
+        sid = table.column("sample_id")
+        sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
+        return cls(
+            user=_np(table.column("user_id"), np.int64),
+            item=_np(table.column("item_id"), np.int64),
+            cats=np.stack([_np(table.column(c), np.int64) for c in CATEGORICAL_COLUMNS], axis=1).reshape(n, len(CATEGORICAL_COLUMNS)),
+            dense=np.stack([_np(table.column(c), np.float32) for c in DENSE_COLUMNS], axis=1).reshape(n, len(DENSE_COLUMNS)),
+            hist_values=values,
+            hist_offsets=offs,
+            label=_np(table.column("label"), np.float32),
+            event_us=pc.cast(table.column("event_time"), pa.int64()).to_numpy(),
+            sample_id=sid_arr,
+            source=np.full(n, source, dtype=np.int8),
+            epoch=np.full(n, epoch, dtype=np.int32),
+            partition=np.full(n, -1, dtype=np.int32) if partition is None else partition.astype(np.int32),
+            offset=minus.copy() if offset is None else offset.astype(np.int64),
+            record_ms=minus.copy() if record_ms is None else record_ms.astype(np.int64),
+            consumed_ms=minus.copy() if consumed_ms is None else consumed_ms.astype(np.int64),
+        )
+
+    @classmethod
+    def empty(cls) -> "Rows":
+        from slipstream.schema import ARROW_SCHEMA
+
+        return cls.from_arrow(ARROW_SCHEMA.empty_table(), source=SOURCE_ICEBERG)
+
+    def _plain(self) -> list[str]:
+        return [f.name for f in fields(self) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
+
+    def slice(self, start: int, stop: int) -> "Rows":
+        stop = min(stop, len(self))
+        a, b = int(self.hist_offsets[start]), int(self.hist_offsets[stop])
+        kw = {name: getattr(self, name)[start:stop] for name in self._plain()}
+        return Rows(
+            **kw,
+            hist_values=self.hist_values[a:b],
+            hist_offsets=self.hist_offsets[start : stop + 1] - a,
+            sample_id=self.sample_id.slice(start, stop - start),
+        )
+
+    def take(self, idx: np.ndarray) -> "Rows":
+        idx = np.asarray(idx, dtype=np.int64)
+        starts = self.hist_offsets[idx]
+        lengths = self.hist_offsets[idx + 1] - starts
+        new_offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=new_offsets[1:])
+        total = int(new_offsets[-1])
+        # position of every output history value in the input: its row's start + rank inside the row
+        gather = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+        kw = {name: getattr(self, name)[idx] for name in self._plain()}
+        return Rows(
+            **kw,
+            hist_values=self.hist_values[gather],
+            hist_offsets=new_offsets,
+            sample_id=self.sample_id.take(pa.array(idx)),
+        )
+
+    def mask(self, keep: np.ndarray) -> "Rows":
+        return self if keep.all() else self.take(np.flatnonzero(keep))
+
+    @staticmethod
+    def concat(parts: Sequence["Rows"]) -> "Rows":
+        parts = [p for p in parts if len(p)] or list(parts[:1])
+        if len(parts) == 1:
+            return parts[0]
+        shift = np.cumsum([0] + [len(p.hist_values) for p in parts[:-1]])
+        offsets = np.concatenate([parts[0].hist_offsets[:1]] + [p.hist_offsets[1:] + s for p, s in zip(parts, shift)])
+        kw = {name: np.concatenate([getattr(p, name) for p in parts]) for name in parts[0]._plain()}
+        return Rows(
+            **kw,
+            hist_values=np.concatenate([p.hist_values for p in parts]),
+            hist_offsets=offsets,
+            sample_id=pa.concat_arrays([p.sample_id for p in parts]),
+        )
+
+
+@dataclass
+class Features:
+    """Model inputs as tensors (on the training device once `to` has run)."""
+
+    user: torch.Tensor
+    item: torch.Tensor
+    cats: torch.Tensor
+    dense: torch.Tensor
+    hist_values: torch.Tensor
+    hist_offsets: torch.Tensor
+    """n offsets (start of each bag), the EmbeddingBag convention."""
+    label: torch.Tensor
+
+    @classmethod
+    def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
+        def t(a: np.ndarray) -> torch.Tensor:
+            x = torch.from_numpy(np.ascontiguousarray(a))
+            return x.pin_memory() if pin else x
+
+        return cls(
+            user=t(rows.user),
+            item=t(rows.item),
+            cats=t(rows.cats),
+            dense=t(rows.dense),
+            hist_values=t(rows.hist_values),
+            hist_offsets=t(rows.hist_offsets[:-1]),
+            label=t(rows.label),
+        )
+
+    def to(self, device: torch.device) -> "Features":
+        if device.type == "cpu":
+            return self
+        # non_blocking only overlaps with compute when the source is pinned (the loader pins on CUDA)
+        return Features(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+
+def rows_to_state(rows: Rows) -> dict[str, object]:
+    """Rows as plain numpy arrays (and id strings) for a checkpoint: buffers are small."""
+    state: dict[str, object] = {f.name: getattr(rows, f.name) for f in fields(rows) if f.name != "sample_id"}
+    state["sample_id"] = rows.sample_id.to_pylist()
+    return state
+
+
+def rows_from_state(state: dict[str, object]) -> Rows:
+    kw = dict(state)
+    kw["sample_id"] = pa.array(kw["sample_id"], pa.string())
+    return Rows(**kw)  # type: ignore[arg-type]
