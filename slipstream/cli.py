@@ -14,6 +14,8 @@ COMMAND_MODULES = (
     "slipstream.commands.stack",
     "slipstream.commands.generate",
     "slipstream.commands.bench",
+    "slipstream.commands.models",
+    "slipstream.commands.ui",
 )
 
 
