@@ -1,0 +1,1 @@
+"""Slipstream's Airflow extensions: task wrappers, the training launcher, the UI plugin."""

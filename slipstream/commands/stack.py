@@ -1,0 +1,41 @@
+"""`slipstream stack up|down|status`: the embedded local stack on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from slipstream import stack
+from slipstream.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stack", help="start, stop or inspect the local stack (Kafka broker, catalog, Airflow home)")
+    sp = p.add_subparsers(dest="action", required=True)
+    up = sp.add_parser("up", help="start the broker, prepare the catalog and AIRFLOW_HOME")
+    up.add_argument("--no-airflow", action="store_true", help="skip `airflow db migrate`")
+    up.set_defaults(func=_up)
+    sp.add_parser("down", help="stop what `up` started, by PID").set_defaults(func=_down)
+    sp.add_parser("status", help="what is running and where").set_defaults(func=_status)
+
+
+def _up(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    state = stack.up(settings, airflow=not args.no_airflow)
+    for name, svc in state.services.items():
+        print(f"{name:8s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
+    print(f"catalog  {settings.catalog} -> {settings.home / 'catalog.db'}, warehouse {settings.warehouse}")
+    if not args.no_airflow:
+        print(f"airflow  AIRFLOW_HOME={settings.home / 'airflow'} (SQLite)")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    stopped = stack.down(Settings.from_env())
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    print(json.dumps(stack.status(Settings.from_env()), indent=2))
+    return 0

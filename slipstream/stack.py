@@ -1,0 +1,223 @@
+"""The embedded local stack: a Kafka-protocol broker, the SQLite Iceberg catalog and AIRFLOW_HOME.
+
+Everything binds 127.0.0.1 and lives under SLIPSTREAM_HOME. `up` records what it started (PID,
+port) in `<home>/stack.json`; `down` stops exactly those processes, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from slipstream.errors import StackError
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ServiceState:
+    name: str
+    pid: int
+    address: str
+    log: str
+
+
+@dataclass
+class StackState:
+    services: dict[str, ServiceState] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, home: Path) -> "StackState":
+        path = home / "stack.json"
+        if not path.exists():
+            return cls()
+        raw = json.loads(path.read_text())
+        return cls({k: ServiceState(**v) for k, v in raw.get("services", {}).items()}, raw.get("env", {}))
+
+    def save(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / "stack.json.tmp"
+        tmp.write_text(json.dumps({"services": {k: asdict(v) for k, v in self.services.items()}, "env": self.env}, indent=2))
+        tmp.replace(home / "stack.json")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(f"{name} is not installed: run `make venv` (it is pinned in requirements.txt)")
+    return found
+
+
+def start_process(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+    """Start a server in its own process group (so `stop_process` ends its children too)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as fh:
+        proc = subprocess.Popen(
+            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, **(env or {})},
+        )
+    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+    return proc.pid
+
+
+def stop_process(pid: int, timeout_s: float = 15.0) -> None:
+    if not pid_alive(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if not pid_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def start_kafka(home: Path, port: int) -> ServiceState:
+    """noida-db with only its Kafka service, on 127.0.0.1:port, data under <home>/kafka."""
+    if port_open("127.0.0.1", port):
+        raise StackError(
+            f"port {port} on 127.0.0.1 is already in use: stop what holds it or set SLIPSTREAM_KAFKA_PORT"
+        )
+    data = home / "kafka"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [_bin("noida-db"), "start", "--only", "kafka", "--kafka-port", str(port), "--host", "127.0.0.1", "--data-dir", str(data)]
+    pid = start_process("kafka", argv, home / "logs" / "kafka.log")
+    deadline = time.monotonic() + 30
+    while not port_open("127.0.0.1", port):
+        if not pid_alive(pid):
+            raise StackError(f"the Kafka broker exited at start; see {home / 'logs' / 'kafka.log'}")
+        if time.monotonic() > deadline:
+            stop_process(pid)
+            raise StackError(f"the Kafka broker did not listen on 127.0.0.1:{port} within 30s")
+        time.sleep(0.1)
+    from slipstream.kafka import wait_for_broker
+
+    wait_for_broker(f"127.0.0.1:{port}")
+    return ServiceState("kafka", pid, f"127.0.0.1:{port}", str(home / "logs" / "kafka.log"))
+
+
+def airflow_env(settings: Settings) -> dict[str, str]:
+    """Environment for every Airflow process of the embedded stack (SQLite metadata)."""
+    ah = settings.home / "airflow"
+    return {
+        "AIRFLOW_HOME": str(ah),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{ah / 'airflow.db'}",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
+        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **settings.as_env(),
+    }
+
+
+def prepare_airflow(settings: Settings) -> None:
+    """Create or migrate the Airflow metadata database (idempotent)."""
+    env = {**os.environ, **airflow_env(settings)}
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    out = subprocess.run([_bin("airflow"), "db", "migrate"], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise StackError(f"`airflow db migrate` failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def prepare_catalog(settings: Settings) -> str:
+    from slipstream.iceberg import get_catalog, samples_table
+
+    table = samples_table(get_catalog(settings), settings.namespace)
+    return ".".join(table.name())
+
+
+def up(settings: Settings, *, airflow: bool = True) -> StackState:
+    home = settings.home
+    home.mkdir(parents=True, exist_ok=True)
+    state = StackState.load(home)
+    kafka = state.services.get("kafka")
+    if kafka and pid_alive(kafka.pid):
+        log.info("kafka already running (pid %d) at %s", kafka.pid, kafka.address)
+    else:
+        state.services["kafka"] = start_kafka(home, settings.kafka_port)
+        state.save(home)
+    from slipstream.kafka import create_topic
+
+    bootstrap = state.services["kafka"].address
+    create_topic(bootstrap, settings.topic, settings.topic_partitions)
+    create_topic(bootstrap, f"{settings.topic}.dlq", 1)
+    state.env["SLIPSTREAM_KAFKA_BOOTSTRAP"] = bootstrap
+    prepare_catalog(settings)
+    if airflow:
+        prepare_airflow(settings)
+    state.save(home)
+    return state
+
+
+def down(settings: Settings) -> list[str]:
+    state = StackState.load(settings.home)
+    stopped = []
+    for name, svc in list(state.services.items()):
+        stop_process(svc.pid)
+        stopped.append(f"{name} (pid {svc.pid})")
+        del state.services[name]
+    state.save(settings.home)
+    return stopped
+
+
+def status(settings: Settings) -> dict[str, dict[str, object]]:
+    state = StackState.load(settings.home)
+    return {
+        name: {"pid": svc.pid, "address": svc.address, "running": pid_alive(svc.pid), "log": svc.log}
+        for name, svc in state.services.items()
+    }

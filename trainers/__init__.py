@@ -1,0 +1,1 @@
+"""The training image: `torchrun -m trainers.train`."""
