@@ -66,6 +66,9 @@ class ClusterSettings:
     trainer_image: str = "slipstream-trainer:0.1.0"
     """SLIPSTREAM_TRAINER_IMAGE: image holding `trainers/` and `slipstream/` (the repo Dockerfile)."""
 
+    trainer_module: str = "trainers.train"
+    """SLIPSTREAM_TRAINER_MODULE: the module torchrun runs (`-m`); tests point it at a stand-in."""
+
     k8s_namespace: str = "slipstream"
     """SLIPSTREAM_K8S_NAMESPACE: namespace of training/warmup pods and PyTorchJobs."""
 
@@ -113,7 +116,7 @@ class ClusterSettings:
     """SLIPSTREAM_SHM_SIZE: size of the memory-backed /dev/shm (DataLoader workers, NCCL)."""
 
     trainer_cpu: str = "8"
-    """SLIPSTREAM_TRAINER_CPU: CPU request and limit per training pod."""
+    """SLIPSTREAM_TRAINER_CPU: CPU request per training pod (no CPU limit: CFS throttling slows data loading)."""
 
     trainer_memory: str = "32Gi"
     """SLIPSTREAM_TRAINER_MEMORY: memory request and limit per training pod."""

@@ -35,6 +35,8 @@ class Knob:
     maximum: float | None = None
     exclusive_minimum: float | None = None
     enum: tuple[str, ...] | None = None
+    pattern: str | None = None
+    """A regular expression a string value must match (JSON-schema `pattern`)."""
 
     def json_schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = {"type": self.type}
@@ -47,6 +49,8 @@ class Knob:
                 schema[key] = value
         if self.enum is not None:
             schema["enum"] = list(self.enum)
+        if self.pattern is not None:
+            schema["pattern"] = self.pattern
         return schema
 
     def check(self, value: Any) -> Any:
@@ -64,6 +68,8 @@ class Knob:
             raise ConfigError(f"{self.name} must be > {self.exclusive_minimum}, got {value!r}")
         if self.enum is not None and value not in self.enum:
             raise ConfigError(f"{self.name} must be one of {', '.join(self.enum)}, got {value!r}")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise ConfigError(f"{self.name} {self.description.split(':')[0].lower()}, got {value!r}")
         return float(value) if self.type == "number" else value
 
 
@@ -71,10 +77,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("window_days", "integer", 7, "Days of Iceberg history (ending at the data interval's end) "
          "trained on before switching to the Kafka stream.", minimum=1, maximum=90),
     Knob("epochs", "integer", 1, "Passes over the Iceberg window before the stream phase.", minimum=1, maximum=50),
-    Knob("stream_seconds", "integer", 300, "How long to tail Kafka after the handoff, in seconds "
-         "(0 skips the stream phase). Ignored when until_caught_up is on.", minimum=0, maximum=86_400),
-    Knob("until_caught_up", "boolean", False, "Tail Kafka until the consumer lag reaches 0 "
-         "instead of for stream_seconds."),
+    Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
+         "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
+         "N stops after N seconds of stream training; 0 skips the stream phase.",
+         pattern=r"caught_up|[0-9]{1,6}"),
     Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
          "with cpu_processes processes (gloo).", minimum=0, maximum=16),
     Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
@@ -96,8 +102,7 @@ KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 class TrainRequest:
     window_days: int = 7
     epochs: int = 1
-    stream_seconds: int = 300
-    until_caught_up: bool = False
+    stream_stop: str = "caught_up"
     gpus: int = 0
     nnodes: int = 1
     cpu_processes: int = 2
@@ -119,6 +124,11 @@ class TrainRequest:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in params.items() if k in names})
 
+    @property
+    def stream_seconds(self) -> int | None:
+        """Seconds of stream phase, or None for "until caught up"."""
+        return None if self.stream_stop == "caught_up" else int(self.stream_stop)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -126,20 +136,27 @@ class TrainRequest:
 def trainer_overrides(
     request: TrainRequest, *, run_id: str, snapshot_id: int | None, t_handoff: datetime
 ) -> dict[str, str]:
-    """The `--set key=value` pairs the trainer gets; the only place the trainer's config keys appear."""
+    """The `--set section.key=value` pairs the trainer gets (trainers/config.py names them); the
+    only place in the orchestrator where the trainer's config keys appear."""
     out = {
-        "run_id": run_id,
-        "t_handoff": t_handoff.isoformat(),
-        "window_days": str(request.window_days),
-        "epochs": str(request.epochs),
-        "stream_seconds": str(request.stream_seconds),
-        "stream_until_caught_up": str(request.until_caught_up).lower(),
-        "batch_size": str(request.batch_size),
-        "lr": repr(request.lr),
-        "replay_share": repr(request.replay_share),
+        "run.run_id": run_id,
+        "data.t_handoff": t_handoff.isoformat(),
+        "data.window_days": str(request.window_days),
+        "data.epochs": str(request.epochs),
+        "data.batch_size": str(request.batch_size),
+        "data.replay_share": repr(request.replay_share),
+        "optim.lr": repr(request.lr),
     }
+    seconds = request.stream_seconds
+    if seconds is None:
+        out["data.stop.mode"] = "caught_up"
+    elif seconds == 0:
+        out["data.stream"] = "false"
+    else:
+        out["data.stop.mode"] = "duration"
+        out["data.stop.duration_s"] = str(seconds)
     if snapshot_id is not None:
-        out["snapshot_id"] = str(snapshot_id)
+        out["data.snapshot_id"] = str(snapshot_id)
     return out
 
 
@@ -254,16 +271,25 @@ def build_train_spec(
 ) -> TrainJobSpec:
     """The job spec of one run. Local runs see this machine's paths; pods see the mounted volumes."""
     overrides = trainer_overrides(request, run_id=run_id, snapshot_id=snapshot_id, t_handoff=t_handoff)
-    overrides.update(extra_overrides or {})
     env = settings.as_env()
+    env["SLIPSTREAM_TRAINING_BACKEND"] = request.backend
     if request.backend == "kubernetes":
-        env.pop("SLIPSTREAM_HOME")  # the worker's home means nothing inside the pod
+        # the worker's local folders mean nothing inside the pod
+        for name in ("SLIPSTREAM_HOME", "SLIPSTREAM_RAW_DIR"):
+            env.pop(name)
         env["SLIPSTREAM_CACHE_DIR"] = cluster.cache_mount_path
         if cluster.runs_volume:
             env["SLIPSTREAM_RUNS_DIR"] = cluster.runs_mount_path
+    else:
+        manifest = settings.home / "generator" / "manifest.json"
+        if manifest.exists():  # the demo's generator knows the best achievable AUC
+            overrides["data.generator_manifest"] = str(manifest)
+    overrides["data.cache_dir"] = env["SLIPSTREAM_CACHE_DIR"]
+    overrides.update(extra_overrides or {})
     return TrainJobSpec(
         run_id=run_id,
         image=cluster.trainer_image,
+        module=cluster.trainer_module,
         gpus=request.gpus,
         cpu_processes=request.cpu_processes,
         nnodes=request.nnodes,

@@ -13,6 +13,9 @@ from typing import Any, Mapping
 from slipstream.jobspec import TrainJobSpec
 
 RENDER_TASK_ID = "render_job"
+JOB_XCOM_KEY = "job"
+"""The render task is a branch (its return value names the launch tasks), so the job travels
+under its own key."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,16 @@ class RenderedJob:
 
 
 def pull_job(context: Mapping[str, Any], task_id: str = RENDER_TASK_ID) -> RenderedJob:
-    return RenderedJob.from_xcom(context["ti"].xcom_pull(task_ids=task_id), task_id=task_id)
+    return RenderedJob.from_xcom(context["ti"].xcom_pull(task_ids=task_id, key=JOB_XCOM_KEY), task_id=task_id)
+
+
+LAUNCH_TASKS = {
+    # launch kind -> (warmup task, training task) of daily_retrain
+    "local": ("warmup_local", "train_local"),
+    "pod": ("warmup_pod", "train_pod"),
+    "pytorchjob": ("warmup_pod", "train_pytorchjob"),
+}
+TRAIN_TASK_IDS = tuple(sorted({train for _, train in LAUNCH_TASKS.values()}))
 
 
 def launch_kind(backend: str, nnodes: int) -> str:
