@@ -80,14 +80,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
          "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
          "N stops after N seconds of stream training; 0 skips the stream phase.",
-         pattern=r"caught_up|[0-9]{1,6}"),
+         pattern=r"^(caught_up|[0-9]{1,6})$"),
     Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
          "with cpu_processes processes (gloo).", minimum=0, maximum=16),
     Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
          "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64),
     Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16),
     Knob("batch_size", "integer", 1024, "Samples per step per process.", minimum=8, maximum=65_536),
-    Knob("lr", "number", 0.001, "Learning rate.", exclusive_minimum=0.0, maximum=1.0),
+    Knob("lr", "number", 0.001, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
     Knob("replay_share", "number", 0.1, "Share of each stream-phase batch replayed from the Iceberg "
          "window (guards against forgetting).", minimum=0.0, maximum=0.9),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
