@@ -75,20 +75,61 @@ class LocalProcess:
             raise
 
     def stop(self) -> None:
-        """SIGTERM the whole group (torchrun forwards it and the trainer may checkpoint), then
-        SIGKILL what is left after the grace period."""
+        """SIGTERM torchrun and every worker (torchrun starts each worker in its own session, so
+        the process group alone does not reach them); SIGKILL what is left after the grace."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        log.warning("stopping %s (process group %d)", self.command[:3], proc.pid)
+        tree = [proc.pid, *descendants(proc.pid)]
+        log.warning("stopping %s: pids %s", self.command[:3], tree)
         _signal_group(proc.pid, signal.SIGTERM)
+        for pid in tree[1:]:
+            _signal_pid(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.kill_grace_s
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(proc.pid):
+            proc.poll()
+            if not any(_alive(pid) for pid in tree):
                 return
             time.sleep(0.1)
         _signal_group(proc.pid, signal.SIGKILL)
+        for pid in tree:
+            _signal_pid(pid, signal.SIGKILL)
         proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -96,16 +137,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LocalTorchrunOperator(BaseOperator):
