@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "slipstream.commands.demo",
     "slipstream.commands.cache",
     "slipstream.commands.insight",
+    "slipstream.commands.models",
+    "slipstream.commands.ui",
 )
 
 

@@ -1,0 +1,41 @@
+"""Copy the training window's data files to the node-local cache: hourly, and whenever
+`samples` gets a new day (the Asset event of `preprocess_samples`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from slipstream_airflow import data_tasks
+from slipstream_airflow.callbacks import log_failure
+
+SAMPLES = Asset("slipstream://samples")
+
+
+@dag(
+    dag_id="cache_warmup",
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("17 * * * *", timezone="UTC"), assets=[SAMPLES]),
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "window_days": Param(7, type="integer", minimum=1, maximum=90, title="Window days",
+                             description="Days before today whose files are warmed (the next training's window)."),
+        "budget_bytes": Param(None, type=["null", "integer"], minimum=0, title="Budget (bytes)",
+                              description="Most bytes the cache may hold; empty for the cache's own default."),
+    },
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=2), "on_failure_callback": log_failure},
+    tags=["slipstream", "cache"],
+    doc_md=__doc__,
+)
+def cache_warmup() -> None:
+    @task
+    def warm(params=None, dag_run=None):  # type: ignore[no-untyped-def]
+        return data_tasks.warm_recent(dag_run.run_after, int(params["window_days"]), params.get("budget_bytes"))
+
+    warm()
+
+
+cache_warmup()

@@ -1,0 +1,55 @@
+"""Continuous training: one long-running trainer tails Kafka and exports a model every K minutes.
+
+`@continuous` with one active run: if the trainer stops, the next run starts the same run folder
+(`stream-<name>`) and the trainer resumes from its newest checkpoint (model, optimizer, offsets).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from slipstream.cluster import ClusterSettings
+from slipstream_airflow import stream_tasks
+from slipstream_airflow.callbacks import log_failure
+from slipstream_airflow.local_launch import LocalTorchrunOperator
+from slipstream_airflow.params import train_params
+from slipstream_airflow.training import TrainPodOperator
+
+BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"
+
+params = train_params({"backend": BACKEND}, only=("window_days", "gpus", "cpu_processes", "batch_size", "lr", "replay_share", "backend"))
+params["stream_name"] = Param("main", type="string", pattern="^[a-z0-9-]{1,40}$", title="Stream name",
+                              description="Names the run folder stream-<name>; the same name resumes the same training.")
+params["export_every_min"] = Param(10, type="number", exclusiveMinimum=0, maximum=1440, title="Export every (min)",
+                                   description="Minutes between model exports (and checkpoints).")
+
+
+@dag(
+    dag_id="stream_train",
+    schedule="@continuous",
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    is_paused_upon_creation=True,
+    params=params,
+    default_args={"retries": 3, "retry_delay": timedelta(minutes=1), "on_failure_callback": log_failure},
+    tags=["slipstream", "training", "stream"],
+    doc_md=__doc__,
+)
+def stream_train() -> None:
+    @task
+    def render_job(params=None, **context):  # type: ignore[no-untyped-def]
+        return stream_tasks.render_stream_job(context, params)
+
+    if BACKEND == "kubernetes":
+        train = TrainPodOperator(task_id="train", cluster=ClusterSettings.from_env())
+    else:
+        train = LocalTorchrunOperator(task_id="train")
+    render_job() >> train
+
+
+stream_train()

@@ -1,0 +1,45 @@
+"""Work behind `preprocess_samples` and `cache_warmup` (one day; the recent window)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping
+
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def raw_ready(day: Any, attribution_s: int) -> bool:
+    """Sensor poke: the raw day is complete once its click attribution window has passed."""
+    from slipstream.preprocess_launch import raw_day_ready
+
+    settings = Settings.from_env()
+    ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s))
+    log.info("raw day %s under %s ready: %s", day, settings.raw_dir, ready)
+    return ready
+
+
+def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
+    """Replace one day in `samples` (idempotent: a re-run or a backfill rewrites the same day)."""
+    from slipstream.preprocess_launch import run_preprocess
+
+    settings = Settings.from_env()
+    run_id = f"preprocess-{day:%Y%m%d}"
+    result = run_preprocess(settings, day, run_id)
+    log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id, dag_run_id)
+    return {"day": str(result.day), "snapshot_id": int(result.snapshot_id), "rows": int(result.rows), "rejects": int(result.rejects)}
+
+
+def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None) -> dict[str, Any]:
+    """Warm the window the next daily training will read: the `window_days` days before today."""
+    from slipstream.cache.warm import warm_window
+
+    settings = Settings.from_env()
+    now = run_after.astimezone(timezone.utc)
+    end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+    report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
+    detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
+    log.info("warmed [%s, %s): %s", end - timedelta(days=window_days), end, detail)
+    return {k: v for k, v in detail.items() if isinstance(v, (str, int, float, bool)) or v is None}

@@ -1,0 +1,178 @@
+"""The embedded backend: the job spec's torchrun command as a local subprocess.
+
+torchrun runs in its own process group so that stopping it reaches every worker it spawned.
+It is stopped when the task is killed (Airflow calls `on_kill` on SIGTERM and on
+execution timeout; the supervisor's SIGINT arrives as KeyboardInterrupt), so a cancelled run never
+leaves trainers behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from airflow.sdk import BaseOperator
+
+from slipstream.jobspec import TrainJobSpec
+from slipstream.runlayout import read_metrics, run_dir, training_lineage
+from slipstream.settings import Settings
+from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TorchrunFailed(RuntimeError):
+    pass
+
+
+def local_command(argv: Sequence[str]) -> list[str]:
+    """Run torchrun as `python -m torch.distributed.run` of this interpreter: the same venv as the
+    worker, whatever PATH says."""
+    if argv and argv[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+    return list(argv)
+
+
+def child_env(spec: TrainJobSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(spec.env)
+    # the trainer and slipstream import from the repository checkout in the embedded setup
+    paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+class LocalProcess:
+    """A subprocess in its own process group, stoppable from another thread or a signal handler."""
+
+    def __init__(self, command: list[str], env: Mapping[str, str], *, kill_grace_s: float) -> None:
+        self.command = command
+        self.env = dict(env)
+        self.kill_grace_s = kill_grace_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def run(self, on_line: Any = None) -> int:
+        self.proc = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            assert self.proc.stdout is not None
+            for raw in self.proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                (on_line or log.info)("%s", line)
+            return self.proc.wait()
+        except BaseException:
+            # KeyboardInterrupt from the supervisor's SIGINT, a timeout, anything: no orphans
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """SIGTERM torchrun and every worker (torchrun starts each worker in its own session, so
+        the process group alone does not reach them); SIGKILL what is left after the grace."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        tree = [proc.pid, *descendants(proc.pid)]
+        log.warning("stopping %s: pids %s", self.command[:3], tree)
+        _signal_group(proc.pid, signal.SIGTERM)
+        for pid in tree[1:]:
+            _signal_pid(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not any(_alive(pid) for pid in tree):
+                return
+            time.sleep(0.1)
+        _signal_group(proc.pid, signal.SIGKILL)
+        for pid in tree:
+            _signal_pid(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalTorchrunOperator(BaseOperator):
+    """Runs the rendered job's torchrun command here; returns the run's lineage (small XCom)."""
+
+    ui_color = "#e8f4ea"
+
+    def __init__(self, *, job_task_id: str = RENDER_TASK_ID, kill_grace_s: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job_task_id = job_task_id
+        self.kill_grace_s = kill_grace_s
+        self._process: LocalProcess | None = None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        job = pull_job(context, self.job_task_id)
+        if job.dry_run:
+            self.log.info("dry run: would run %s", " ".join(job.argv))
+            return dry_run_result(job)
+        return self.run_spec(job.spec)
+
+    def run_spec(self, spec: TrainJobSpec) -> dict[str, Any]:
+        run_path = run_dir(Settings.from_env(spec.env), spec.run_id)
+        command = local_command(spec.torchrun_args())
+        self.log.info("starting %s world size %d: %s", spec.run_id, spec.world_size, " ".join(command))
+        started = time.monotonic()
+        self._process = LocalProcess(command, child_env(spec), kill_grace_s=self.kill_grace_s)
+        rc = self._process.run(on_line=self.log.info)
+        if rc != 0:
+            raise TorchrunFailed(
+                f"torchrun for run {spec.run_id} exited with {rc} after {time.monotonic() - started:.0f}s; "
+                f"the trainer's output is in this task's log above, its files under {run_path}"
+            )
+        lineage = training_lineage(run_path, read_metrics(run_path))
+        self.log.info("run %s finished in %.0fs: %s", spec.run_id, time.monotonic() - started, lineage)
+        return lineage
+
+    def on_kill(self) -> None:
+        if self._process is not None:
+            self._process.stop()

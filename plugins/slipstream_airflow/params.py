@@ -1,0 +1,27 @@
+"""Airflow Params of the training DAGs, built from the one knob table in `slipstream.jobspec`.
+
+Each Param carries the knob's JSON-schema type, bounds and description, so the trigger form shows
+them and refuses a bad value (Airflow validates params against the schema before creating a run);
+`TrainRequest` checks the same bounds again inside the tasks for runs created through the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from airflow.sdk import Param
+
+from slipstream.jobspec import KNOBS
+
+
+def train_params(defaults: Mapping[str, Any] | None = None, *, only: tuple[str, ...] | None = None) -> dict[str, Param]:
+    """One Param per knob; `defaults` overrides a knob's default (e.g. the deployment's backend)."""
+    defaults = dict(defaults or {})
+    out: dict[str, Param] = {}
+    for knob in KNOBS:
+        if only is not None and knob.name not in only:
+            continue
+        schema: dict[str, Any] = knob.json_schema()
+        title = knob.name.replace("_", " ").capitalize()
+        out[knob.name] = Param(defaults.get(knob.name, knob.default), title=title, description=knob.description, **schema)
+    return out

@@ -1,0 +1,204 @@
+"""Model registry: one package per training run, and a champion chosen by held-out AUC.
+
+Layout under the registry location (a local folder or `s3://bucket/prefix`):
+
+    models/<run_id>/model.pt, model.json, config.json, metrics.json   copied from the run folder
+    models/<run_id>/package.json    lineage + metrics + file checksums + the promotion decision;
+                                    written last, so a package without it is incomplete
+    champion.json                   {"run_id", "auc", "promoted_at"} of the serving model
+
+A challenger is promoted when its held-out AUC is at least the champion's minus a tolerance
+(retraining on fresher data is worth a hair of AUC noise; a real regression is not).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow.fs as pafs
+
+from slipstream.errors import ConfigError
+from slipstream.runlayout import RunArtifactMissing, read_json, read_metrics
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PACKAGE_FILE = "package.json"
+CHAMPION_FILE = "champion.json"
+DEFAULT_TOLERANCE = 0.002
+# run-folder file → package file name
+PACKAGE_FILES = {
+    "export/model.pt": "model.pt",
+    "export/model.json": "model.json",
+    "config.json": "config.json",
+    "metrics.json": "metrics.json",
+}
+LINEAGE_FIELDS = ("snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets", "newest_event_time")
+SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "best_auc", "samples_iceberg", "samples_kafka")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryConfig:
+    location: str
+    """SLIPSTREAM_REGISTRY: folder or s3://bucket/prefix of the model registry (default <home>/registry)."""
+    tolerance: float = DEFAULT_TOLERANCE
+    """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: promote when challenger AUC >= champion AUC - this."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance < 0.5:
+            raise ConfigError(f"SLIPSTREAM_PROMOTION_AUC_TOLERANCE must be in [0, 0.5), got {self.tolerance}")
+
+    @classmethod
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "RegistryConfig":
+        env = os.environ if env is None else env
+        raw_tol = env.get("SLIPSTREAM_PROMOTION_AUC_TOLERANCE") or str(DEFAULT_TOLERANCE)
+        try:
+            tolerance = float(raw_tol)
+        except ValueError:
+            raise ConfigError(f"SLIPSTREAM_PROMOTION_AUC_TOLERANCE must be a number, got {raw_tol!r}") from None
+        return cls(location=env.get("SLIPSTREAM_REGISTRY") or str(settings.home / "registry"), tolerance=tolerance)
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    promoted: bool
+    challenger_run_id: str
+    challenger_auc: float | None
+    champion_run_id: str | None
+    champion_auc: float | None
+    tolerance: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide_promotion(
+    challenger_run_id: str, challenger_auc: float | None, champion: Mapping[str, Any] | None, tolerance: float
+) -> PromotionDecision:
+    champ_id = champion.get("run_id") if champion else None
+    champ_auc = champion.get("auc") if champion else None
+
+    def verdict(promoted: bool, reason: str) -> PromotionDecision:
+        return PromotionDecision(promoted, challenger_run_id, challenger_auc, champ_id, champ_auc, tolerance, reason)
+
+    if challenger_auc is None or not math.isfinite(challenger_auc):
+        return verdict(False, "challenger has no finite held-out AUC in metrics.json")
+    if champion is None:
+        return verdict(True, "no champion yet: the first model is promoted")
+    if champ_id == challenger_run_id:
+        return verdict(True, "challenger is already the champion (re-published)")
+    if champ_auc is None or not math.isfinite(champ_auc):
+        return verdict(True, f"champion {champ_id} has no finite AUC on record")
+    if challenger_auc >= champ_auc - tolerance:
+        return verdict(True, f"AUC {challenger_auc:.4f} >= champion {champ_auc:.4f} - {tolerance}")
+    return verdict(False, f"AUC {challenger_auc:.4f} < champion {champ_auc:.4f} - {tolerance}")
+
+
+def _s3_filesystem(env: Mapping[str, str]) -> pafs.S3FileSystem:
+    endpoint = env.get("SLIPSTREAM_S3_ENDPOINT", "")
+    scheme = "http" if endpoint.startswith("http://") else "https"
+    return pafs.S3FileSystem(
+        access_key=env.get("SLIPSTREAM_S3_ACCESS_KEY_ID") or None,
+        secret_key=env.get("SLIPSTREAM_S3_SECRET_ACCESS_KEY") or None,
+        region=env.get("SLIPSTREAM_S3_REGION") or "us-east-1",
+        endpoint_override=endpoint.split("://", 1)[-1] or None,
+        scheme=scheme,
+    )
+
+
+class ModelRegistry:
+    def __init__(self, location: str, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        if location.startswith("s3://"):
+            self.fs: pafs.FileSystem = _s3_filesystem(env)
+            self.root = location.removeprefix("s3://").rstrip("/")
+        else:
+            self.fs = pafs.LocalFileSystem()
+            self.root = str(Path(location.removeprefix("file://")).resolve())
+        self.location = location
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def _read_json(self, path: str) -> dict[str, Any] | None:
+        try:
+            with self.fs.open_input_stream(path) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def _write_bytes(self, path: str, data: bytes) -> None:
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, path)  # atomic rename: readers see the old or the new file
+        else:
+            with self.fs.open_output_stream(path) as f:  # one PUT: atomic on S3
+                f.write(data)
+
+    def champion(self) -> dict[str, Any] | None:
+        return self._read_json(self._path(CHAMPION_FILE))
+
+    def package(self, run_id: str) -> dict[str, Any] | None:
+        return self._read_json(self._path("models", run_id, PACKAGE_FILE))
+
+    def list_packages(self) -> list[dict[str, Any]]:
+        selector = pafs.FileSelector(self._path("models"), allow_not_found=True)
+        out = []
+        for info in self.fs.get_file_info(selector):
+            if info.type == pafs.FileType.Directory:
+                pkg = self._read_json(f"{info.path}/{PACKAGE_FILE}")
+                if pkg is not None:  # no package.json: a publish that did not finish
+                    out.append(pkg)
+        return sorted(out, key=lambda p: p.get("created_at", ""))
+
+    def publish(self, run_path: Path, *, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+        """Copy the run's model package in, decide champion/challenger, return package.json."""
+        run_id = run_path.name
+        metrics = read_metrics(run_path)
+        files: dict[str, dict[str, Any]] = {}
+        for src_rel, name in PACKAGE_FILES.items():
+            src = run_path / src_rel
+            if not src.exists():
+                raise RunArtifactMissing(f"{src} is missing: the trainer did not export run {run_id}; see the training log")
+            data = src.read_bytes()
+            self._write_bytes(self._path("models", run_id, name), data)
+            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        model_meta = read_json(run_path / "export/model.json", "exported model metadata")
+        decision = decide_promotion(run_id, _float_or_none(metrics.get("auc")), self.champion(), tolerance)
+        package = {
+            "run_id": run_id,
+            "created_at": datetime.now(timezone.utc).isoformat(),
+            "schema_version": model_meta.get("schema_version", model_meta.get("SCHEMA_VERSION")),
+            "lineage": {k: metrics[k] for k in LINEAGE_FIELDS if k in metrics},
+            "metrics": {k: metrics[k] for k in SCORE_FIELDS if k in metrics},
+            "files": files,
+            "decision": decision.to_dict(),
+        }
+        self._write_bytes(self._path("models", run_id, PACKAGE_FILE), json.dumps(package, indent=2).encode())
+        if decision.promoted:
+            champion = {"run_id": run_id, "auc": decision.challenger_auc, "promoted_at": package["created_at"]}
+            self._write_bytes(self._path(CHAMPION_FILE), json.dumps(champion, indent=2).encode())
+        log.info(
+            "published %s to %s: %s (%s)",
+            run_id, self.location, "PROMOTED" if decision.promoted else "kept champion", decision.reason,
+        )
+        return package
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,116 @@
+"""The run folder `<runs_dir>/<run_id>/` from the orchestrator's side: ids, lineage, summary.
+
+The trainer writes `metrics.json` (see CONTRACTS.md); the orchestrator passes only a small
+lineage dict between tasks (`training_lineage`) and collects what each stage decided into
+`summary.json`, the one file a person reads to see what a run did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+from slipstream.errors import ConfigError, SlipstreamError
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.json"
+
+LINEAGE_KEYS = (
+    "run_id", "snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets",
+    "checkpoint", "auc", "logloss", "auc_after_t", "samples_iceberg", "samples_kafka",
+)
+"""What travels by XCom after training: ids, offsets, paths and headline scores — never data."""
+
+
+class RunArtifactMissing(SlipstreamError):
+    """An expected file of the run layout is missing (the step that writes it did not finish)."""
+
+
+def make_run_id(kind: str, data_interval_end: datetime, dag_run_id: str) -> str:
+    """`<kind>-<YYYYMMDD>-<8 hex>`: stable for one DAG run (a retry resumes the same run folder),
+    distinct for two manual triggers on the same day."""
+    digest = hashlib.sha1(dag_run_id.encode("utf-8")).hexdigest()[:8]
+    return f"{kind}-{data_interval_end:%Y%m%d}-{digest}"
+
+
+def run_dir(settings: Settings, run_id: str) -> Path:
+    if "://" in settings.runs_dir and not settings.runs_dir.startswith("file://"):
+        raise ConfigError(
+            f"SLIPSTREAM_RUNS_DIR={settings.runs_dir} is an object store; the orchestrator reads run "
+            "summaries from a mounted path (mount the runs volume and point SLIPSTREAM_RUNS_DIR at it)"
+        )
+    return Path(settings.runs_dir.removeprefix("file://")) / run_id
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunArtifactMissing(f"{what} not found at {path}: the step that writes it did not finish; see its log") from None
+    except json.JSONDecodeError as e:
+        raise RunArtifactMissing(f"{what} at {path} is not valid JSON ({e}); re-run the step that writes it") from None
+    if not isinstance(data, dict):
+        raise RunArtifactMissing(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_metrics(run_path: Path) -> dict[str, Any]:
+    return read_json(run_path / METRICS_FILE, "the trainer's metrics.json")
+
+
+def training_lineage(run_path: Path, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The small XCom of a finished training: lineage keys present in metrics, plus paths."""
+    out = {k: metrics[k] for k in LINEAGE_KEYS if k in metrics}
+    out.setdefault("run_id", run_path.name)
+    out["run_dir"] = str(run_path)
+    out["metrics_path"] = str(run_path / METRICS_FILE)
+    out.setdefault("checkpoint", str(run_path / "checkpoint"))
+    return out
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write via a temp file and rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def update_summary(run_path: Path, section: str, data: Mapping[str, Any]) -> Path:
+    """Replace one section of `summary.json` (idempotent: a re-run of a step overwrites its section)."""
+    path = run_path / SUMMARY_FILE
+    summary = read_json(path, "run summary") if path.exists() else {}
+    summary[section] = dict(data)
+    write_json_atomic(path, summary)
+    return path
+
+
+def read_summary(run_path: Path) -> dict[str, Any]:
+    return read_json(run_path / SUMMARY_FILE, "run summary")
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """A screenful of text: one block per section, one `key: value` per line."""
+    lines: list[str] = []
+    for section, data in summary.items():
+        lines.append(f"[{section}]")
+        if isinstance(data, Mapping):
+            for key, value in data.items():
+                lines.append(f"  {key}: {json.dumps(value, default=str) if isinstance(value, (dict, list)) else value}")
+        else:
+            lines.append(f"  {data}")
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""Fixtures and helpers of the Airflow tests (imported by tests/*/test_airflow_*.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN_TRAINER = "tests.airflow_standin_trainer"
+T_HANDOFF = datetime(2025, 1, 4, tzinfo=timezone.utc)
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: test, user: {token: not-a-secret}}]
+contexts: [{name: test, context: {cluster: test, user: test}}]
+current-context: test
+"""
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kubeconfig naming an unreachable API server: enough for the provider to render pods
+    (build_pod_request_obj asks the hook whether it runs in a cluster) without contacting one."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    for key in list(os.environ):
+        if key.startswith("AIRFLOW_CONN_KUBERNETES"):
+            monkeypatch.delenv(key)
+    return path
+
+
+def write_run(runs_dir: Path, run_id: str, auc: float | None) -> Path:
+    """A finished run folder as the trainer leaves it (for registry tests that need no training)."""
+    run = runs_dir / run_id
+    (run / "export").mkdir(parents=True, exist_ok=True)
+    (run / "export" / "model.pt").write_bytes(b"weights-" + run_id.encode())
+    (run / "export" / "model.json").write_text(json.dumps({"schema_version": 1}))
+    (run / "config.json").write_text("{}")
+    metrics: dict[str, Any] = {
+        "run_id": run_id, "snapshot_id": 42, "t_handoff": T_HANDOFF.isoformat(),
+        "handoff_offsets": {"0": 1}, "final_offsets": {"0": 9}, "logloss": 0.4,
+        "samples_iceberg": 10, "samples_kafka": 2,
+    }
+    if auc is not None:
+        metrics["auc"] = auc
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def airflow_cli_env(home: Path) -> dict[str, str]:
+    """Environment of an Airflow CLI subprocess on a SQLite database under `home`."""
+    from slipstream.settings import Settings
+    from slipstream.stack import airflow_env
+
+    env = {**os.environ, **airflow_env(Settings(home=home))}
+    env["SLIPSTREAM_HOME"] = str(home)
+    return env
+
+
+def airflow(args: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    bin_dir = Path(sys.executable).parent
+    return subprocess.run([str(bin_dir / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,64 @@
+"""A tiny stand-in for `trainers.train`, used only by the Airflow tests while `trainers/` is not on
+this branch (the lead switches the tests to the real trainer on merge).
+
+It honours the trainer's command-line contract (`--config F`, `--set section.key=value`), really
+runs under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
+of CONTRACTS.md from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
+`--set standin.auc=X` sets the AUC it reports; `--set standin.fail=true` exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", default=None)
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    args = p.parse_args()
+    cfg = dict(s.split("=", 1) for s in args.sets)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    deadline = time.monotonic() + float(cfg.get("standin.sleep_s", 0))
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    if cfg.get("standin.fail") == "true":
+        return 3
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t)  # every rank took part
+    if rank == 0:
+        run_id = cfg["run.run_id"]
+        run = Path(os.environ["SLIPSTREAM_RUNS_DIR"]) / run_id
+        (run / "checkpoint" / "step-1").mkdir(parents=True, exist_ok=True)
+        (run / "checkpoint" / "latest").write_text("step-1")
+        (run / "export").mkdir(exist_ok=True)
+        torch.save({"w": torch.zeros(3)}, run / "export" / "model.pt")
+        (run / "export" / "model.json").write_text(json.dumps({"schema_version": 1, "config": cfg}))
+        (run / "config.json").write_text(json.dumps(cfg, indent=2))
+        metrics = {
+            "run_id": run_id, "snapshot_id": int(cfg.get("data.snapshot_id", 0)),
+            "t_handoff": cfg.get("data.t_handoff"), "window_start": None,
+            "samples_iceberg": 100, "samples_kafka": 10, "dropped_before_t": 0, "dead_letters": 0,
+            "handoff_offsets": {"0": 5}, "final_offsets": {"0": 15},
+            "auc": float(cfg.get("standin.auc", 0.75)), "logloss": 0.5, "auc_after_t": 0.74,
+            "samples_per_s": 1000.0, "data_wait_share": 0.1, "world_size": world, "rank_sum": float(t.item()),
+            "checkpoint": str(run / "checkpoint" / "step-1"),
+        }
+        (run / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

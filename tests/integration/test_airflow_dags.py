@@ -1,0 +1,70 @@
+"""The DAG files parse with no import errors and nothing heavy imported at parse time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.airflow_fixtures import REPO
+
+pytestmark = pytest.mark.integration
+
+HEAVY = ("torch", "pyspark", "pyiceberg", "pandas", "great_expectations", "confluent_kafka", "pyarrow")
+PARSE = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+out = {"dags": {}, "errors": {k: v[-1500:] for k, v in bag.import_errors.items()},
+       "heavy": [m for m in sys.argv[2].split(",") if m in sys.modules]}
+for dag_id, dag in bag.dags.items():
+    out["dags"][dag_id] = {"tasks": sorted(dag.task_ids), "params": sorted(dag.params.keys()),
+                           "timetable": type(dag.timetable).__name__,
+                           "edges": sorted([t.task_id, d] for t in dag.tasks for d in t.downstream_task_ids)}
+print("PARSED " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
+    home = tmp_path_factory.mktemp("parse")
+    env = {**os.environ, "AIRFLOW_HOME": str(home / "airflow"), "SLIPSTREAM_HOME": str(home),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags"), ",".join(HEAVY)],
+                         env=env, capture_output=True, text=True, timeout=180)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("PARSED ")), None)
+    assert line, f"parsing failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return json.loads(line.removeprefix("PARSED "))
+
+
+def test_all_dags_parse_without_errors(parsed: dict) -> None:  # type: ignore[type-arg]
+    assert parsed["errors"] == {}
+    assert set(parsed["dags"]) == {"daily_retrain", "preprocess_samples", "cache_warmup", "stream_train"}
+
+
+def test_no_heavy_import_at_parse_time(parsed: dict) -> None:  # type: ignore[type-arg]
+    assert parsed["heavy"] == [], f"DAG parsing imported {parsed['heavy']}: move those imports into the task bodies"
+
+
+def test_daily_retrain_shape(parsed: dict) -> None:  # type: ignore[type-arg]
+    dag = parsed["dags"]["daily_retrain"]
+    assert dag["timetable"] == "CronDataIntervalTimetable"
+    assert set(dag["params"]) >= {"window_days", "epochs", "stream_stop", "gpus", "batch_size", "lr", "replay_share", "backend"}
+    edges = {tuple(e) for e in dag["edges"]}
+    for edge in [("preprocess", "quality_gate"), ("quality_gate", "render_job"), ("render_job", "warmup_local"),
+                 ("warmup_local", "train_local"), ("warmup_pod", "train_pod"), ("warmup_pod", "train_pytorchjob"),
+                 ("train_local", "publish"), ("train_pod", "publish"), ("train_pytorchjob", "publish"),
+                 ("publish", "report")]:
+        assert edge in edges, edge
+
+
+def test_other_dags(parsed: dict) -> None:  # type: ignore[type-arg]
+    assert parsed["dags"]["preprocess_samples"]["timetable"] == "CronDataIntervalTimetable"  # backfillable
+    assert ["raw_day_ready", "preprocess"] in parsed["dags"]["preprocess_samples"]["edges"]
+    assert parsed["dags"]["cache_warmup"]["timetable"] == "AssetOrTimeSchedule"
+    assert parsed["dags"]["stream_train"]["tasks"] == ["render_job", "train"]

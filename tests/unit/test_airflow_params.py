@@ -1,0 +1,76 @@
+"""daily_retrain params: JSON-schema types, bounds and descriptions; bad values refused."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from slipstream.errors import ConfigError
+from slipstream.jobspec import KNOBS, TrainRequest, trainer_overrides
+from tests.airflow_fixtures import T_HANDOFF
+
+REQUIRED = ("window_days", "epochs", "stream_stop", "gpus", "batch_size", "lr", "replay_share", "backend")
+
+
+@pytest.fixture(scope="module")
+def params() -> Any:
+    from slipstream_airflow.params import train_params
+
+    return train_params({"backend": "local"})
+
+
+def test_every_knob_is_a_described_typed_param(params: Any) -> None:
+    assert set(REQUIRED) <= set(params)
+    for name, param in params.items():
+        assert param.schema["type"] in ("integer", "number", "string", "boolean"), name
+        assert len(param.description or "") > 20, f"{name} needs a description"
+        if param.schema["type"] in ("integer", "number"):
+            assert "maximum" in param.schema and ("minimum" in param.schema or "exclusiveMinimum" in param.schema), name
+    assert params["backend"].schema["enum"] == ["local", "kubernetes"]
+    assert params["stream_stop"].schema["pattern"]
+
+
+@pytest.mark.parametrize(
+    "name,bad",
+    [("window_days", 0), ("window_days", 91), ("epochs", "two"), ("gpus", -1), ("batch_size", 4),
+     ("lr", 0), ("lr", 2.0), ("replay_share", 0.95), ("backend", "slurm"), ("stream_stop", "soon"),
+     ("stream_stop", "-5")],
+)
+def test_bad_values_are_refused_by_params_and_request(params: Any, name: str, bad: Any) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError):
+        copy.deepcopy(params[name]).resolve(bad)
+    with pytest.raises(ConfigError, match=name):
+        TrainRequest(**{name: bad})
+
+
+def test_defaults_and_good_values_resolve(params: Any) -> None:
+    for name, param in params.items():
+        param.resolve(param.value)
+    assert params["stream_stop"].resolve("caught_up") == "caught_up"
+    assert params["stream_stop"].resolve("900") == "900"
+    assert params["window_days"].resolve(14) == 14
+
+
+def test_request_from_params_renders_trainer_overrides() -> None:
+    req = TrainRequest.from_params({"window_days": 3, "epochs": 2, "stream_stop": "0", "lr": 0.01, "unrelated": 1})
+    sets = trainer_overrides(req, run_id="r1", snapshot_id=5, t_handoff=T_HANDOFF)
+    assert sets["data.stream"] == "false" and "data.stop.mode" not in sets
+    assert sets["data.window_days"] == "3" and sets["optim.lr"] == "0.01" and sets["data.snapshot_id"] == "5"
+    assert sets["run.run_id"] == "r1"
+
+
+def test_local_backend_refuses_many_nodes() -> None:
+    with pytest.raises(ConfigError, match="nnodes=2 needs backend=kubernetes"):
+        TrainRequest(nnodes=2)
+
+
+def test_knob_table_matches_request_fields() -> None:
+    from dataclasses import fields
+
+    assert {k.name for k in KNOBS} == {f.name for f in fields(TrainRequest)}
+    for k in KNOBS:
+        assert getattr(TrainRequest(), k.name) == k.default

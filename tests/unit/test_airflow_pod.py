@@ -1,0 +1,189 @@
+"""The training pod, warmup pod and PyTorchJob rendered from one TrainJobSpec, checked field by field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slipstream.cluster import ClusterSettings
+from slipstream.jobspec import TrainRequest, build_train_spec
+from slipstream.settings import Settings
+from tests.airflow_fixtures import T_HANDOFF, kubeconfig  # noqa: F401  (fixture)
+
+CLUSTER = ClusterSettings(
+    trainer_image="registry.example/slipstream-trainer:1.2.3",
+    cache_node_selector="slipstream.io/cache-node=true,pool=gpu-a100",
+    cache_volume="hostPath:/mnt/nvme/slipstream",
+    runs_volume="pvc:slipstream-runs",
+)
+
+
+def spec_for(settings: Settings, **request: Any):  # type: ignore[no-untyped-def]
+    req = TrainRequest(backend="kubernetes", **request)
+    return build_train_spec(settings, CLUSTER, req, run_id="daily-20250103-abcd1234", snapshot_id=987, t_handoff=T_HANDOFF)
+
+
+def render_pod(spec) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    from kubernetes.client import ApiClient
+
+    from slipstream_airflow.training import TrainPodOperator
+
+    op = TrainPodOperator(task_id="train_pod", cluster=CLUSTER, spec=spec)
+    assert op.deferrable is True
+    assert op.on_finish_action.value == "delete_pod"
+    assert op.reattach_on_restart is True and op.durable is True
+    assert op.do_xcom_push is True
+    return ApiClient().sanitize_for_serialization(op.build_pod_request_obj())
+
+
+def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
+    spec = spec_for(settings, gpus=4, window_days=3, epochs=2, stream_stop="600", batch_size=2048, lr=0.01)
+    pod = render_pod(spec)
+    podspec = pod["spec"]
+    base = next(c for c in podspec["containers"] if c["name"] == "base")
+    sidecar = next(c for c in podspec["containers"] if c["name"] == "airflow-xcom-sidecar")
+
+    assert base["image"] == "registry.example/slipstream-trainer:1.2.3"
+    # podrun wraps torchrun and writes the lineage where the XCom sidecar picks it up
+    assert base["command"] == [
+        "python", "-m", "slipstream.podrun", "--run-dir", "/runs/daily-20250103-abcd1234",
+        "--xcom", "/airflow/xcom/return.json", "--",
+    ]
+    args = base["args"]
+    assert isinstance(args, list) and all(isinstance(a, str) for a in args)
+    assert args[:6] == ["torchrun", "--nnodes", "1", "--nproc-per-node", "4", "--standalone"]
+    assert args[6:8] == ["-m", "trainers.train"]
+    sets = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--set")
+    assert sets["data.snapshot_id"] == "987"
+    assert sets["data.window_days"] == "3" and sets["data.epochs"] == "2"
+    assert sets["data.stop.mode"] == "duration" and sets["data.stop.duration_s"] == "600"
+    assert sets["data.batch_size"] == "2048" and sets["optim.lr"] == "0.01"
+    assert sets["data.t_handoff"] == T_HANDOFF.isoformat()
+    assert sets["data.cache_dir"] == "/cache"
+
+    res = base["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "4" and res["requests"]["nvidia.com/gpu"] == "4"
+    assert res["limits"]["memory"] == CLUSTER.trainer_memory
+
+    vols = {v["name"]: v for v in podspec["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": CLUSTER.shm_size}
+    assert vols["slipstream-cache"]["hostPath"]["path"] == "/mnt/nvme/slipstream"
+    assert vols["slipstream-runs"]["persistentVolumeClaim"]["claimName"] == "slipstream-runs"
+    mounts = {m["name"]: m["mountPath"] for m in base["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm" and mounts["slipstream-cache"] == "/cache" and mounts["slipstream-runs"] == "/runs"
+    assert mounts["xcom"] == "/airflow/xcom"
+
+    terms = podspec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    exprs = {e["key"]: e for e in terms[0]["matchExpressions"]}
+    assert exprs["slipstream.io/cache-node"] == {"key": "slipstream.io/cache-node", "operator": "In", "values": ["true"]}
+    assert exprs["pool"]["values"] == ["gpu-a100"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in podspec["tolerations"]
+
+    env = {e["name"]: e for e in base["env"]}
+    assert env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-kafka", "key": "password"}
+    assert env["SLIPSTREAM_S3_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-s3", "key": "secret-access-key"}
+    assert "value" not in env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]  # never a literal credential
+    assert env["SLIPSTREAM_CACHE_DIR"]["value"] == "/cache" and env["SLIPSTREAM_RUNS_DIR"]["value"] == "/runs"
+    assert "SLIPSTREAM_HOME" not in env and "SLIPSTREAM_RAW_DIR" not in env  # worker paths stay out
+    assert env["SLIPSTREAM_TRAINING_BACKEND"]["value"] == "kubernetes"
+
+    psc = podspec["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 1000 and psc["fsGroup"] == 1000
+    for c in (base, sidecar):
+        assert c["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert podspec["serviceAccountName"] == CLUSTER.service_account
+    assert podspec["restartPolicy"] == "Never"
+    assert pod["metadata"]["namespace"] == CLUSTER.k8s_namespace
+    assert pod["metadata"]["name"].startswith("train-daily-20250103-abcd1234")
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer"
+
+
+def test_cpu_pod_asks_for_no_gpu_and_caught_up_stop(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
+    pod = render_pod(spec_for(settings, gpus=0, cpu_processes=3, stream_stop="caught_up"))
+    base = next(c for c in pod["spec"]["containers"] if c["name"] == "base")
+    assert "nvidia.com/gpu" not in base["resources"]["limits"]
+    assert base["args"][3:5] == ["--nproc-per-node", "3"]
+    sets = [a for a in base["args"] if a.startswith("data.stop")]
+    assert sets == ["data.stop.mode=caught_up"]
+
+
+def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
+    """A value with shell syntax stays one argument; the pod's command runs no shell."""
+    from slipstream.jobspec import TrainJobSpec
+
+    spec = spec_for(settings, gpus=1)
+    evil = TrainJobSpec.from_dict({**spec.to_dict(), "overrides": {**spec.overrides, "run.note": "x; rm -rf / $(id)"}})
+    base = next(c for c in render_pod(evil)["spec"]["containers"] if c["name"] == "base")
+    assert "run.note=x; rm -rf / $(id)" in base["args"]
+    assert base["command"][0] == "python" and "sh" not in base["command"]
+
+
+def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
+    from kubernetes.client import ApiClient
+
+    from slipstream.jobspec import warmup_args
+    from slipstream_airflow.training import WarmupPodOperator
+
+    spec = spec_for(settings, gpus=2)
+    args = warmup_args(table="slipstream.samples", window_days=3, end=T_HANDOFF, snapshot_id=987, cache_dir="/cache")
+    op = WarmupPodOperator(task_id="warmup_pod", cluster=CLUSTER, spec=spec, warmup_args=args)
+    op.apply_spec(spec)
+    pod = ApiClient().sanitize_for_serialization(op.build_pod_request_obj())
+    base = pod["spec"]["containers"][0]
+    assert base["command"] == args and "--snapshot" in args and "987" in args
+    assert "nvidia.com/gpu" not in (base["resources"].get("limits") or {})
+    assert pod["spec"]["affinity"]["nodeAffinity"]  # same cache nodes as the training pod
+    assert any(v["name"] == "slipstream-cache" for v in pod["spec"]["volumes"])
+
+
+def test_pytorchjob_manifest(settings: Settings) -> None:
+    from slipstream_airflow.pytorchjob import render_pytorchjob
+
+    spec = spec_for(settings, gpus=8, nnodes=3)
+    job = render_pytorchjob(spec, CLUSTER)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    assert job["metadata"]["name"] == "daily-20250103-abcd1234"
+    assert job["metadata"]["namespace"] == CLUSTER.k8s_namespace
+    assert job["spec"]["nprocPerNode"] == "8"
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    reps = job["spec"]["pytorchReplicaSpecs"]
+    assert reps["Master"]["replicas"] == 1 and reps["Worker"]["replicas"] == 2
+    for role in ("Master", "Worker"):
+        pod = reps[role]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["name"] == "pytorch" and c["image"] == CLUSTER.trainer_image
+        assert c["command"][:3] == ["python", "-m", "slipstream.podrun"] and "--xcom" not in c["command"]
+        args = c["args"]
+        assert args[:4] == ["torchrun", "--nnodes", "3", "--nproc-per-node"] and args[4] == "8"
+        assert "--standalone" not in args
+        i = args.index("--rdzv-endpoint")
+        assert args[i + 1] == f"daily-20250103-abcd1234-master-0:{CLUSTER.rdzv_port}"
+        assert args[args.index("--rdzv-backend") + 1] == "c10d"
+        assert c["ports"] == [{"containerPort": CLUSTER.rdzv_port, "name": "pytorchjob-port"}]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert {v["name"] for v in pod["volumes"]} >= {"dshm", "slipstream-cache", "slipstream-runs"}
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["affinity"]["nodeAffinity"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["SLIPSTREAM_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "slipstream-s3"
+
+
+def test_pytorchjob_state() -> None:
+    from slipstream_airflow.pytorchjob import job_state
+
+    assert job_state({}) is None
+    assert job_state({"status": {"conditions": [{"type": "Running", "status": "True"}]}}) is None
+    assert job_state({"status": {"conditions": [{"type": "Created", "status": "True"}, {"type": "Succeeded", "status": "True"}]}}) == "Succeeded"
+    assert job_state({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}) == "Failed"
+
+
+def test_single_node_refuses_pytorchjob(settings: Settings) -> None:
+    from slipstream_airflow.pytorchjob import render_pytorchjob
+
+    with pytest.raises(ValueError, match="nnodes >= 2"):
+        render_pytorchjob(spec_for(settings, gpus=1), CLUSTER)

@@ -1,0 +1,80 @@
+"""Model registry: packages with lineage, champion/challenger with a tolerance, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slipstream.registry import ModelRegistry, decide_promotion
+from slipstream.runlayout import RunArtifactMissing, make_run_id, update_summary, read_summary
+from tests.airflow_fixtures import T_HANDOFF, write_run
+
+
+def test_first_model_is_champion_then_tolerance_decides(tmp_path: Path) -> None:
+    reg = ModelRegistry(str(tmp_path / "registry"))
+    runs = tmp_path / "runs"
+    first = reg.publish(write_run(runs, "daily-1", 0.750), tolerance=0.002)
+    assert first["decision"]["promoted"] and first["decision"]["champion_run_id"] is None
+    assert reg.champion()["run_id"] == "daily-1"
+
+    within = reg.publish(write_run(runs, "daily-2", 0.7485), tolerance=0.002)  # 0.7485 >= 0.750 - 0.002
+    assert within["decision"]["promoted"] and within["decision"]["champion_auc"] == 0.750
+    assert reg.champion()["run_id"] == "daily-2"
+
+    worse = reg.publish(write_run(runs, "daily-3", 0.740), tolerance=0.002)
+    d = worse["decision"]
+    assert not d["promoted"] and d["challenger_auc"] == 0.740 and d["champion_auc"] == 0.7485
+    assert "0.7400 < champion 0.7485" in d["reason"]
+    assert reg.champion()["run_id"] == "daily-2"
+
+    pkgs = reg.list_packages()
+    assert [p["run_id"] for p in pkgs] == ["daily-1", "daily-2", "daily-3"]
+    pkg = reg.package("daily-3")
+    assert pkg["lineage"]["snapshot_id"] == 42 and pkg["lineage"]["final_offsets"] == {"0": 9}
+    assert pkg["schema_version"] == 1
+    assert (tmp_path / "registry" / "models" / "daily-3" / "model.pt").read_bytes() == b"weights-daily-3"
+    assert len(pkg["files"]["model.pt"]["sha256"]) == 64
+
+
+def test_no_auc_is_never_promoted() -> None:
+    d = decide_promotion("r", None, {"run_id": "c", "auc": 0.7}, 0.01)
+    assert not d.promoted and "no finite held-out AUC" in d.reason
+    assert not decide_promotion("r", float("nan"), None, 0.01).promoted
+
+
+def test_missing_export_names_the_file(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "runs", "daily-x", 0.7)
+    (run / "export" / "model.pt").unlink()
+    with pytest.raises(RunArtifactMissing, match="model.pt is missing"):
+        ModelRegistry(str(tmp_path / "reg")).publish(run)
+    assert ModelRegistry(str(tmp_path / "reg")).list_packages() == []  # nothing half-published
+
+
+def test_models_cli_lists_and_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slipstream.cli import main
+
+    reg = tmp_path / "registry"
+    ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-a", 0.70))
+    ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-b", 0.60))
+    assert main(["models", "--registry", str(reg), "list"]) == 0
+    out = capsys.readouterr().out
+    line_a = next(l for l in out.splitlines() if "daily-a" in l)
+    line_b = next(l for l in out.splitlines() if "daily-b" in l)
+    assert line_a.startswith("*") and "0.7000" in line_a and "promoted" in line_a
+    assert not line_b.startswith("*") and "not promoted" in line_b
+    assert main(["models", "--registry", str(reg), "show", "champion"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "daily-a"
+    assert main(["models", "--registry", str(reg), "show", "nope"]) == 1
+
+
+def test_run_ids_and_summary_sections(tmp_path: Path) -> None:
+    a = make_run_id("daily", T_HANDOFF, "scheduled__2025-01-04")
+    assert a == make_run_id("daily", T_HANDOFF, "scheduled__2025-01-04")  # a retry keeps its folder
+    assert a != make_run_id("daily", T_HANDOFF, "manual__2025-01-04T10:00")
+    assert a.startswith("daily-20250104-")
+    update_summary(tmp_path, "publish", {"promoted": False})
+    update_summary(tmp_path, "publish", {"promoted": True})  # re-run replaces its section
+    update_summary(tmp_path, "train", {"auc": 0.7})
+    assert read_summary(tmp_path) == {"publish": {"promoted": True}, "train": {"auc": 0.7}}
