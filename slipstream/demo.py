@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ DAG_ID = "daily_retrain"
 
 @dataclasses.dataclass(frozen=True)
 class DemoOptions:
+    start_day: date = date(2026, 11, 1)
     days: int = 3
     impressions_per_day: int = 20_000
     stream_minutes: float = 60.0
@@ -140,7 +141,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     try:
         state = stack.up(settings)
         settings = dataclasses.replace(settings, kafka_bootstrap=state.services["kafka"].address)
-        cfg = GeneratorConfig(days=opts.days, impressions_per_day=opts.impressions_per_day,
+        cfg = GeneratorConfig(start_day=opts.start_day, days=opts.days, impressions_per_day=opts.impressions_per_day,
                               stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
         data = generate(cfg, settings.raw_dir)
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
