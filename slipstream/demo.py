@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +148,11 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         from slipstream.kafka import produce_samples
 
         produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
-        last_day = cfg.start_day + timedelta(days=cfg.days - 1)
+        # A manual run at T covers the last complete day before it: the generator's last day, so
+        # the window is exactly the generated days and the handoff is the start of the stream.
+        t_handoff = cfg.t_handoff.date()
         conf = {"window_days": cfg.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
-        run_dag(settings, last_day.isoformat(), conf, settings.home / "daily_retrain.log")
+        run_dag(settings, t_handoff.isoformat(), conf, settings.home / "daily_retrain.log")
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = json.loads((run_dir / "metrics.json").read_text())
         snapshot_id, per_day = rows_per_day(settings)
