@@ -82,7 +82,8 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
 
 
 def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Mapping[str, Any]) -> dict[str, Any]:
-    """Stops the run (QualityGateFailed) when a critical expectation fails on the new day."""
+    """Stops the run (QualityGateFailed) when a critical expectation fails on the training window
+    (the new day was also gated on its own by preprocess_samples)."""
     from slipstream.planning import window_bounds
     from slipstream.quality.gate import run_gate
 
@@ -90,7 +91,7 @@ def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Map
     start, end = interval(context)
     request = TrainRequest.from_params(params)
     result = run_gate(
-        settings, day=start.date(), window=window_bounds(end, request.window_days),
+        settings, day=None, window=window_bounds(end, request.window_days),
         snapshot_id=int(pre["snapshot_id"]), run_id=pre["run_id"],
     )
     detail = small(result)
