@@ -8,12 +8,14 @@ any sample file is written, and the samples table changes only in the single com
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyspark.errors import PySparkException
@@ -86,10 +88,10 @@ def _collect_stats(stats: DataFrame, day: date) -> tuple[dict[str, FileStats], l
     nonnull: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     try:
         rows = stats.collect()
-    except PySparkException as e:
+    except (PySparkException, Py4JJavaError) as e:
         raise RawDataError(
-            f"raw data of day {day} could not be read: {_short(e)}. Replace or remove the unreadable "
-            "file named above and re-run the day"
+            f"raw data of day {day} could not be read: {_read_error(e)}. Replace or remove that file "
+            "and re-run the day; `samples` was left unchanged"
         ) from e
     for r in rows:
         fs = per_file.setdefault(r[SOURCE], FileStats(r["record_kind"]))
@@ -112,10 +114,14 @@ def _collect_stats(stats: DataFrame, day: date) -> tuple[dict[str, FileStats], l
     return per_file, drift
 
 
-def _short(e: BaseException, limit: int = 600) -> str:
-    text = str(e).strip().splitlines()
-    first = " ".join(line.strip() for line in text[:4])
-    return first[:limit]
+def _read_error(e: BaseException) -> str:
+    """The file Spark failed on and the root cause, out of a long JVM stack trace."""
+    text = str(e)
+    found = re.search(r"error while reading file (\S+?)\.?\s", text)
+    causes = re.findall(r"Caused by: ([^\n]+)", text)
+    if found:
+        return f"file {found.group(1)}" + (f" ({causes[-1].strip()})" if causes else "")
+    return " ".join(line.strip() for line in text.strip().splitlines()[:3])[:600]
 
 
 def _worst_files(per_file: dict[str, FileStats]) -> str:
@@ -173,8 +179,8 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     try:
         imps = classify_impressions(read_raw(spark, imp_files, IMPRESSION_SCHEMA), day).cache()
         clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA)).cache()
-    except PySparkException as e:
-        raise RawDataError(f"raw data of day {day} could not be read: {_short(e)}") from e
+    except (PySparkException, Py4JJavaError) as e:
+        raise RawDataError(f"raw data of day {day} could not be read: {_read_error(e)}") from e
     try:
         per_file, drift = _collect_stats(stats_of(imps, clicks), day)
         if drift:
