@@ -35,6 +35,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--impressions", type=int, default=2_000_000, help="impressions of the 1x day")
     p.add_argument("--scale", type=int, default=5, help="the larger run has this many times the data")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    # `slipstream bench preprocess --json` hands --json to us after the name: accept it.
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workdir", default="", help="keep data here (default: a temporary folder, removed)")
     return p.parse_args(argv)
 
