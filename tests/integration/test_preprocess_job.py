@@ -170,3 +170,14 @@ def test_bad_input_fails_clearly_and_leaves_samples_untouched(prepared: Prepared
 
     table.refresh()
     assert table.current_snapshot().snapshot_id == snapshot
+
+
+def test_fast_history_equals_the_sliding_window(spark: object) -> None:
+    from spark_jobs.transforms import add_history, add_history_window
+
+    rows = reference_samples(CFG)[str(DAYS[0])].drop(["hist_items"]).to_pandas()
+    df = spark.createDataFrame(rows)  # type: ignore[attr-defined]
+    fast = {r["sample_id"]: r["hist_items"] for r in add_history(df, 5).collect()}
+    slow = {r["sample_id"]: r["hist_items"] for r in add_history_window(df, 5).collect()}
+    assert fast == slow and len(fast) == len(rows)
+    assert max(len(h) for h in fast.values()) == 5
