@@ -97,10 +97,11 @@ def samples_table(catalog: Catalog, namespace: str) -> Table:
 # Imports of this section live here, not at the top, so that appends by other teams merge cleanly.
 import random  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from datetime import date, datetime, timedelta, timezone  # noqa: E402
 from typing import Mapping, Sequence  # noqa: E402
 
-from pyiceberg.exceptions import CommitFailedException  # noqa: E402
+from pyiceberg.exceptions import CommitFailedException, ValidationException  # noqa: E402
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
 from pyiceberg.io.pyarrow import parquet_files_to_data_files  # noqa: E402
 from pyiceberg.manifest import DataFile  # noqa: E402
@@ -155,7 +156,13 @@ def day_predicate(table: Table, day: date) -> BooleanExpression:
 def _data_files_of_day(table: Table, day: date, files: Sequence[str]) -> list[DataFile]:
     """Footer statistics of the new files, each checked to hold exactly `day` (a file spanning
     two days, or of another day, would otherwise land outside the partition being replaced)."""
-    data_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(files)))
+    try:
+        data_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(files)))
+    except ValueError as e:  # pyiceberg refuses a file whose rows span several partitions
+        raise ConfigError(
+            f"a file for day {day} cannot be committed ({e}): every file of a day overwrite must "
+            "contain exactly that day's rows"
+        ) from e
     want = (day - _EPOCH).days
     for df in data_files:
         got = df.partition[0] if len(df.partition) else None
@@ -180,8 +187,9 @@ def commit_day_overwrite(
     the files) and return the new current snapshot id (None when the table is still empty).
 
     Re-running with new files for the same day replaces the old ones, so a day's rerun is
-    idempotent. A commit that loses to a concurrent writer is retried on the refreshed table:
-    the last writer wins and the day never holds two runs' files. After `max_attempts`
+    idempotent. A commit that loses to a concurrent writer (CommitFailedException, or
+    ValidationException when the other run added files to this day) is rebuilt and retried on the
+    refreshed table: the last writer wins and the day never holds two runs' files. After `max_attempts`
     conflicts it raises `CommitConflict`.
     """
     props = {k: str(v) for k, v in (snapshot_properties or {}).items()}
@@ -189,7 +197,9 @@ def commit_day_overwrite(
     for attempt in range(1, max_attempts + 1):
         data_files = _data_files_of_day(table, day, files)
         tx = table.transaction()
-        tx.delete(day_predicate(table, day), snapshot_properties=props)
+        with warnings.catch_warnings():  # a first run deletes nothing: expected, not worth a warning
+            warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+            tx.delete(day_predicate(table, day), snapshot_properties=props)
         if data_files:
             if tx.table_metadata.name_mapping() is None:
                 # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
@@ -201,7 +211,10 @@ def commit_day_overwrite(
                     append.append_data_file(data_file)
         try:
             tx.commit_transaction()
-        except CommitFailedException as e:
+        except (CommitFailedException, ValidationException) as e:
+            # pyiceberg first retries by itself on the new base; when another run added files to
+            # this day meanwhile, its validation refuses (ValidationException). We then rebuild
+            # the whole transaction on the refreshed table: our delete now covers their files too.
             if attempt == max_attempts:
                 raise CommitConflict(
                     f"day {day} of {'.'.join(table.name())}: {attempt} commits lost to concurrent "

@@ -135,11 +135,12 @@ def _failure(days: Sequence[date], run_id: str, summary: dict[str, Any] | None, 
     tail_text = "\n".join(tail)
     if summary and summary.get("error"):
         cls = getattr(errors, str(summary.get("error_type")), None)
-        if not (isinstance(cls, type) and issubclass(cls, errors.SlipstreamError)):
-            cls = PreprocessError
         done = [d["day"] for d in summary.get("days", [])]
         note = f" (days committed before the failure: {', '.join(done)})" if done else ""
-        return cls(f"{what} failed: {summary['error']}{note}\n--- last lines of the job's log ---\n{tail_text}")
+        if isinstance(cls, type) and issubclass(cls, errors.SlipstreamError):
+            # A data problem the job diagnosed: its message is the useful part, the log is above.
+            return cls(f"{what} failed: {summary['error']}{note}")
+        return PreprocessError(f"{what} failed: {summary['error']}{note}\n--- last lines of the job's log ---\n{tail_text}")
     return PreprocessError(
         f"{what} exited with status {rc} without a summary (did Spark/Java start?). "
         f"Last lines of its log:\n{tail_text}"

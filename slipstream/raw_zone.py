@@ -65,8 +65,11 @@ def click_dirs(raw_dir: str, day: date, attribution_s: int) -> list[str]:
     ]
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and the path inside it, for a local path or an object-store URI."""
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and the path inside it, for a local path, a `file:` URI (Hadoop
+    writes `file:/x`) or an object-store URI."""
+    if uri.startswith("file:"):
+        return pafs.LocalFileSystem(), "/" + uri[len("file:"):].lstrip("/")
     if "://" not in uri:
         return pafs.LocalFileSystem(), uri
     scheme, rest = uri.split("://", 1)
@@ -96,7 +99,7 @@ def raw_day_ready(
     land in order. A quiet hour may hold no file at all, so once `now` is past the end of the
     spill-over plus `grace_s`, any impressions of D and no more clicks are enough.
     """
-    fs, root = _filesystem(raw_dir)
+    fs, root = filesystem(raw_dir)
     nxt = day + timedelta(days=1)
     end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=timezone.utc)
     old_enough = (now or datetime.now(timezone.utc)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)

@@ -1,24 +1,29 @@
 """One day of preprocessing: read the raw day, validate, build samples, write, commit.
 
-The order is what keeps `samples` safe: everything that can fail on bad input (missing day,
-unreadable file, schema drift, too many rejects) is decided from one pass of statistics BEFORE
-any sample file is written, and the samples table changes only in the single commit at the end.
+The raw data is read ONCE on the happy path: the pass that writes the sample files also counts
+records and rejects (Spark observed metrics). Nothing is committed until those counts pass the
+reject-rate check, so bad input leaves `samples` exactly as it was (the uncommitted files are
+deleted). Rejected records cost a second pass only when there are any; per-file diagnostics are
+computed only when the run fails. Parquet inputs are checked for missing columns from their
+footers before Spark reads them (schema drift).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections import defaultdict
+import uuid
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from slipstream.errors import RawDataError, RejectRateExceeded
 from slipstream.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
@@ -40,9 +45,6 @@ from spark_jobs.writer import write_parquet_files
 log = logging.getLogger(__name__)
 
 REJECTS_ARROW_SCHEMA = schema_to_pyarrow(REJECTS_SCHEMA, include_field_ids=False)
-DRIFT_MIN_JSON_RECORDS = 20
-"""A JSON file needs this many parsed records with a column always null before that column is
-called missing (schema drift) rather than a few records lacking it (rejects)."""
 WORST_FILES_SHOWN = 5
 
 
@@ -80,16 +82,15 @@ class FileStats:
     rejects: int = 0
 
 
-def _collect_stats(stats: DataFrame, day: date) -> tuple[dict[str, FileStats], list[str]]:
-    """Per-file totals, and schema-drift findings ("<file>: column <c> missing")."""
+def _collect_stats(stats: DataFrame, day: date) -> dict[str, FileStats]:
+    """Per-file record and reject counts (a pass over the raw day; diagnostics and native mode)."""
     per_file: dict[str, FileStats] = {}
-    nonnull: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     try:
         rows = stats.collect()
-    except PySparkException as e:
+    except (PySparkException, Py4JJavaError) as e:
         raise RawDataError(
-            f"raw data of day {day} could not be read: {_short(e)}. Replace or remove the unreadable "
-            "file named above and re-run the day"
+            f"raw data of day {day} could not be read: {_read_error(e)}. Replace or remove that file "
+            "and re-run the day; `samples` was left unchanged"
         ) from e
     for r in rows:
         fs = per_file.setdefault(r[SOURCE], FileStats(r["record_kind"]))
@@ -97,25 +98,17 @@ def _collect_stats(stats: DataFrame, day: date) -> tuple[dict[str, FileStats], l
         fs.parsed += r["parsed"] or 0
         if r[REASON] is not None:
             fs.rejects += r["records"]
-        for k, v in r.asDict().items():
-            if k.startswith("nonnull_") and v is not None:
-                nonnull[r[SOURCE]][k[len("nonnull_"):]] += v
-    drift: list[str] = []
-    for path, fs in per_file.items():
-        schema: StructType = IMPRESSION_SCHEMA if fs.kind != KIND_CLICK else CLICK_SCHEMA
-        needed = 1 if path.endswith(".parquet") else DRIFT_MIN_JSON_RECORDS
-        if fs.parsed < needed:
-            continue
-        missing = [c for c in schema.fieldNames() if nonnull[path].get(c, 0) == 0]
-        if missing:
-            drift.append(f"{path}: required column(s) {', '.join(missing)} missing")
-    return per_file, drift
+    return per_file
 
 
-def _short(e: BaseException, limit: int = 600) -> str:
-    text = str(e).strip().splitlines()
-    first = " ".join(line.strip() for line in text[:4])
-    return first[:limit]
+def _read_error(e: BaseException) -> str:
+    """The file Spark failed on and the root cause, out of a long JVM stack trace."""
+    text = str(e)
+    found = re.search(r"error while reading file (\S+?)\.?\s", text)
+    causes = re.findall(r"Caused by: ([^\n]+)", text)
+    if found:
+        return f"file {found.group(1)}" + (f" ({causes[-1].strip()})" if causes else "")
+    return " ".join(line.strip() for line in text.strip().splitlines()[:3])[:600]
 
 
 def _worst_files(per_file: dict[str, FileStats]) -> str:
@@ -155,6 +148,45 @@ def _native_snapshot_id(catalog: Catalog, opts: DayOptions, day: date) -> int | 
     return None
 
 
+def _parquet_drift(files: list[str]) -> list[str]:
+    """Parquet files whose footer lacks a required column (read on the driver, no data)."""
+    import pyarrow.parquet as pq
+
+    from slipstream.raw_zone import filesystem
+
+    found: list[str] = []
+    for path in files:
+        if not path.endswith(".parquet"):
+            continue
+        schema = IMPRESSION_SCHEMA if f"/{IMPRESSIONS}/" in path else CLICK_SCHEMA
+        fs, inner = filesystem(path)
+        try:
+            names = set(pq.read_schema(inner, filesystem=fs).names)
+        except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError
+            raise RawDataError(f"raw data could not be read: file {path} ({e}). Replace or remove that "
+                               "file and re-run the day; `samples` was left unchanged") from e
+        missing = [c for c in schema.fieldNames() if c not in names]
+        if missing:
+            found.append(f"{path}: required column(s) {', '.join(missing)} missing")
+    return found
+
+
+def _observed(df: DataFrame, name: str) -> tuple[DataFrame, Observation]:
+    obs = Observation(f"{name}-{uuid.uuid4().hex[:8]}")  # unique: a session runs many days
+    return df.observe(obs, F.count(F.lit(1)).alias("records"), F.count(F.col(REASON)).alias("rejects")), obs
+
+
+def _fail_on_rejects(per_file: dict[str, FileStats], opts: DayOptions, day: date, n_rejects: int,
+                     raw_records: int) -> RejectRateExceeded:
+    rate = n_rejects / max(raw_records, 1)
+    return RejectRateExceeded(
+        f"day {day}: {n_rejects} of {raw_records} raw records rejected ({100 * rate:.2f}%), above "
+        f"the limit {100 * opts.max_reject_rate:.2f}%. Worst files: {_worst_files(per_file)}. "
+        f"Inspect them in {opts.namespace}.samples_rejects (day = '{day}'); `samples` was left "
+        "unchanged. Raise SLIPSTREAM_SPARK_MAX_REJECT_RATE only if the data is known to be fine"
+    )
+
+
 def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date) -> DayResult:
     """Preprocess one raw day into `samples` (one commit) and `samples_rejects`."""
     t0 = time.monotonic()
@@ -169,55 +201,76 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     if not click_files:
         log.warning("day %s: no click files found; every sample of the day will have label 0", day)
     log.info("day %s: %d impression files, %d click files", day, len(imp_files), len(click_files))
+    drift = _parquet_drift(imp_files + click_files)
+    if drift:
+        raise RawDataError(
+            f"schema drift in the raw data of day {day}: {'; '.join(drift[:WORST_FILES_SHOWN])}. "
+            "Fix the producer or the files; `samples` was left unchanged"
+        )
 
-    try:
-        imps = classify_impressions(read_raw(spark, imp_files, IMPRESSION_SCHEMA), day).cache()
-        clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA)).cache()
-    except PySparkException as e:
-        raise RawDataError(f"raw data of day {day} could not be read: {_short(e)}") from e
-    try:
-        per_file, drift = _collect_stats(stats_of(imps, clicks), day)
-        if drift:
-            raise RawDataError(
-                f"schema drift in the raw data of day {day}: {'; '.join(drift[:WORST_FILES_SHOWN])}. "
-                "Fix the producer or the files; `samples` was left unchanged"
-            )
+    imps = classify_impressions(read_raw(spark, imp_files, IMPRESSION_SCHEMA), day)
+    clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA))
+    imps_seen, imp_obs = _observed(imps, "impressions")
+    clicks_seen, click_obs = _observed(clicks, "clicks")
+    samples = build_samples(good(imps_seen), good(clicks_seen), opts.attribution_s)
+    table = samples_table(catalog, opts.namespace)
+    props = {"day": str(day), "run_id": opts.run_id}
+
+    if opts.write_mode == "native":
+        # Spark's Iceberg writer commits as it writes: decide on the rejects first (one more pass).
+        per_file = _collect_stats(stats_of(imps, clicks), day)
         raw_records = sum(fs.records for fs in per_file.values())
         n_rejects = sum(fs.rejects for fs in per_file.values())
-        rate = n_rejects / max(raw_records, 1)
-        props = {"day": str(day), "run_id": opts.run_id, "rejects": str(n_rejects)}
-        if n_rejects:
-            log.warning("day %s: %d of %d raw records rejected (%.3f%%); worst files: %s",
-                        day, n_rejects, raw_records, 100 * rate, _worst_files(per_file))
-        _commit_rejects(spark, catalog, opts, day, rejects_of(imps, clicks, day, opts.run_id), n_rejects, props)
-        if rate > opts.max_reject_rate:
-            raise RejectRateExceeded(
-                f"day {day}: {n_rejects} of {raw_records} raw records rejected ({100 * rate:.2f}%), above "
-                f"the limit {100 * opts.max_reject_rate:.2f}%. Worst files: {_worst_files(per_file)}. "
-                f"Inspect them in {opts.namespace}.samples_rejects (day = '{day}'); `samples` was left "
-                "unchanged. Raise SLIPSTREAM_SPARK_MAX_REJECT_RATE only if the data is known to be fine"
-            )
-        samples = build_samples(good(imps), good(clicks), opts.attribution_s)
-        table = samples_table(catalog, opts.namespace)
-        if opts.write_mode == "native":
-            rows = samples.count()
-            props["rows"] = str(rows)
-            _write_native(samples, opts, props)
-            snapshot_id = _native_snapshot_id(catalog, opts, day)
-            n_files = -1
-        else:
+        _settle_rejects(spark, catalog, opts, day, imps, clicks, n_rejects, raw_records, props, per_file)
+        rows = samples.count()
+        props.update(rows=str(rows), rejects=str(n_rejects))
+        _write_native(samples, opts, props)
+        snapshot_id, n_files = _native_snapshot_id(catalog, opts, day), -1
+    else:
+        t_write = time.monotonic()
+        try:
             written = write_parquet_files(
                 samples, directory=f"{table.location()}/data/event_time_day={day}", run_tag=opts.run_id,
                 io_properties=dict(table.io.properties), schema=ARROW_SCHEMA, target_bytes=opts.target_bytes,
             )
-            rows, n_files = written.rows, len(written.paths)
-            props["rows"] = str(rows)
-            snapshot_id = commit_day_overwrite(table, day, written.paths, snapshot_properties=props)
-    finally:
-        imps.unpersist()
-        clicks.unpersist()
+        except (PySparkException, Py4JJavaError) as e:
+            raise RawDataError(
+                f"raw data of day {day} could not be read: {_read_error(e)}. Replace or remove that file "
+                "and re-run the day; `samples` was left unchanged"
+            ) from e
+        raw_records = imp_obs.get["records"] + click_obs.get["records"]
+        n_rejects = imp_obs.get["rejects"] + click_obs.get["rejects"]
+        log.info("day %s: read %d raw records and wrote %d samples in %.1fs (%.0f records/s)", day, raw_records,
+                 written.rows, time.monotonic() - t_write, raw_records / max(time.monotonic() - t_write, 1e-9))
+        try:
+            _settle_rejects(spark, catalog, opts, day, imps, clicks, n_rejects, raw_records, props, None)
+        except RejectRateExceeded:
+            for path in written.paths:  # never committed: remove them so no orphan files remain
+                table.io.delete(path)
+            raise
+        rows, n_files = written.rows, len(written.paths)
+        props.update(rows=str(rows), rejects=str(n_rejects))
+        snapshot_id = commit_day_overwrite(table, day, written.paths, snapshot_properties=props)
     seconds = time.monotonic() - t0
     log.info("day %s: %d samples, %d rejects in %.1fs (%.0f rows/s), snapshot %s",
              day, rows, n_rejects, seconds, rows / max(seconds, 1e-9), snapshot_id)
     return DayResult(str(day), snapshot_id, rows, n_rejects, raw_records, n_files, round(seconds, 3))
 
+
+def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date, imps: DataFrame,
+                    clicks: DataFrame, n_rejects: int, raw_records: int, props: dict[str, str],
+                    per_file: dict[str, FileStats] | None) -> None:
+    """Replace the day's rejects, then refuse the day when there are too many of them."""
+    rate = n_rejects / max(raw_records, 1)
+    failing = rate > opts.max_reject_rate
+    if n_rejects and (failing or per_file is not None):
+        per_file = per_file or _collect_stats(stats_of(imps, clicks), day)
+        log.warning("day %s: %d of %d raw records rejected (%.3f%%); worst files: %s",
+                    day, n_rejects, raw_records, 100 * rate, _worst_files(per_file))
+    elif n_rejects:
+        log.warning("day %s: %d of %d raw records rejected (%.3f%%); see %s.samples_rejects",
+                    day, n_rejects, raw_records, 100 * rate, opts.namespace)
+    _commit_rejects(spark, catalog, opts, day, rejects_of(imps, clicks, day, opts.run_id), n_rejects,
+                    {**props, "rejects": str(n_rejects)})
+    if failing:
+        raise _fail_on_rejects(per_file or {}, opts, day, n_rejects, raw_records)

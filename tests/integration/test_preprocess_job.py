@@ -1,9 +1,10 @@
 """The Spark preprocessing job end to end, on real Spark local[*] and a SQLite Iceberg catalog.
 
-One small raw zone is generated once for the module and preprocessed once (hand-made day + two
-generated days in one Spark session); the tests then check outcomes against an independent
-Python implementation (`reference_samples`), hand-made expectations, and re-runs/failures.
-Each extra Spark start costs ~10 s here, so only the re-run and the failure cases start one.
+One small raw zone is generated once for the module and preprocessed once through the launcher
+(hand-made day + two generated days in one job process); the tests then check outcomes against an
+independent Python implementation (`reference_samples`) and hand-made expectations. Re-runs and
+failures call the job's `preprocess_day` in ONE in-process Spark session started like the job
+starts its own, because every Spark start costs 10-30 s on this shared machine.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import pytest
 from slipstream.datagen import GeneratorConfig, generate, reference_samples
 from slipstream.errors import RawDataError, RejectRateExceeded
 from slipstream.iceberg import get_catalog, rejects_table, samples_table
-from slipstream.preprocess_launch import PreprocessResult, run_preprocess, run_preprocess_days
-from slipstream.schema import DENSE_COLUMNS, IMPRESSION_ARROW_SCHEMA, NAMESPACE
+from slipstream.preprocess_launch import PreprocessResult, run_preprocess_days
+from slipstream.schema import ATTRIBUTION_WINDOW_S, DENSE_COLUMNS, IMPRESSION_ARROW_SCHEMA, NAMESPACE
 from slipstream.settings import Settings
+from slipstream.spark_settings import SparkSettings
+from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
 from tests.preprocess_fixtures import HAND_DAY, content_checksum, day_rows, write_hand_day
 
 pytestmark = pytest.mark.integration
@@ -52,6 +55,23 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     expected = write_hand_day(Path(settings.raw_dir))
     results = run_preprocess_days(settings, [HAND_DAY, *DAYS], "run-a", max_reject_rate=0.1, timeout_s=300)
     yield Prepared(settings, {r.day: r for r in results}, expected)
+
+
+@pytest.fixture(scope="module")
+def spark(prepared: Prepared) -> Iterator[object]:
+    from spark_jobs.preprocess import start_spark
+
+    session = start_spark(SparkSettings(shuffle_partitions=2), "test-preprocess")
+    yield session
+    session.stop()
+
+
+def _run_day(p: Prepared, spark: object, day: date, run_id: str, **kw: object) -> DayResult:
+    """One day exactly as the job runs it (same options as the CLI defaults unless given)."""
+    opts = DayOptions(**{"raw_dir": p.settings.raw_dir, "namespace": p.settings.namespace, "run_id": run_id,
+                         "attribution_s": ATTRIBUTION_WINDOW_S, "max_reject_rate": 0.1,
+                         "target_bytes": 128 << 20, **kw})  # type: ignore[arg-type]
+    return preprocess_day(spark, get_catalog(p.settings), opts, day)  # type: ignore[arg-type]
 
 
 def _samples(p: Prepared):  # type: ignore[no-untyped-def]
@@ -100,11 +120,11 @@ def test_snapshot_summary_and_rejects_table(prepared: Prepared) -> None:
     assert all(r["raw_line"] for r in rejects)
 
 
-def test_rerun_replaces_the_day_idempotently(prepared: Prepared) -> None:
+def test_rerun_replaces_the_day_idempotently(prepared: Prepared, spark: object) -> None:
     table = _samples(prepared)
     day, other = DAYS[0], DAYS[1]
     before, other_before = day_rows(table, day), content_checksum(day_rows(table, other))
-    again = run_preprocess(prepared.settings, day, "run-b", max_reject_rate=0.1, timeout_s=300)
+    again = _run_day(prepared, spark, day, "run-b")
     table.refresh()
     after = day_rows(table, day)
     assert again.rows == after.num_rows == before.num_rows
@@ -116,14 +136,14 @@ def test_rerun_replaces_the_day_idempotently(prepared: Prepared) -> None:
     assert len(rejects.scan(row_filter=f"day = '{day}'").to_arrow()) == again.rejects == prepared.results[day].rejects  # replaced, not doubled
 
 
-def test_bad_input_fails_clearly_and_leaves_samples_untouched(prepared: Prepared, tmp_path: Path) -> None:
-    """Three failing runs in ONE job (the job stops at the first failing day, so each case gets its
-    own raw zone): reject rate, schema drift, missing day."""
+def test_bad_input_fails_clearly_and_leaves_samples_untouched(prepared: Prepared, spark: object, tmp_path: Path) -> None:
+    """Reject rate, schema drift, unreadable file, missing day: each a clear domain error, and
+    `samples` keeps its snapshot."""
     table = _samples(prepared)
     snapshot = table.current_snapshot().snapshot_id
 
     with pytest.raises(RejectRateExceeded, match=r"Worst files: .*day=2026-11-02/hour=\d\d/part-0.jsonl.gz"):
-        run_preprocess(prepared.settings, DAYS[1], "run-strict", max_reject_rate=0.01, timeout_s=300)
+        _run_day(prepared, spark, DAYS[1], "run-strict", max_reject_rate=0.01)
 
     drift_raw = tmp_path / "raw"
     day = DAYS[1]
@@ -138,11 +158,26 @@ def test_bad_input_fails_clearly_and_leaves_samples_untouched(prepared: Prepared
     victim.unlink()  # the producer switched this hour to Parquet and lost a column on the way
     pq.write_table(pa.Table.from_pylist(records, schema=drifted), victim.with_name("part-0.parquet"))
     with pytest.raises(RawDataError, match=r"schema drift .*hour=07/part-0.parquet: required column\(s\) user_id missing"):
-        run_preprocess(prepared.settings, day, "run-drift", raw_dir=str(drift_raw), max_reject_rate=0.1,
-                       timeout_s=300)
+        _run_day(prepared, spark, day, "run-drift", raw_dir=str(drift_raw))
+
+    unreadable = drift_raw / "impressions" / f"day={day}" / "hour=07" / "part-0.parquet"
+    unreadable.write_bytes(b"PAR1 truncated by a crashed uploader")
+    with pytest.raises(RawDataError, match=r"could not be read: file \S+hour=07/part-0.parquet"):
+        _run_day(prepared, spark, day, "run-unreadable", raw_dir=str(drift_raw))
 
     with pytest.raises(RawDataError, match=r"no impression files for day 2030-01-01"):
-        run_preprocess(prepared.settings, date(2030, 1, 1), "run-missing", timeout_s=300)
+        _run_day(prepared, spark, date(2030, 1, 1), "run-missing")
 
     table.refresh()
     assert table.current_snapshot().snapshot_id == snapshot
+
+
+def test_fast_history_equals_the_sliding_window(spark: object) -> None:
+    from spark_jobs.transforms import add_history, add_history_window
+
+    rows = reference_samples(CFG)[str(DAYS[0])].drop(["hist_items"]).to_pandas()
+    df = spark.createDataFrame(rows)  # type: ignore[attr-defined]
+    fast = {r["sample_id"]: r["hist_items"] for r in add_history(df, 5).collect()}
+    slow = {r["sample_id"]: r["hist_items"] for r in add_history_window(df, 5).collect()}
+    assert fast == slow and len(fast) == len(rows)
+    assert max(len(h) for h in fast.values()) == 5
