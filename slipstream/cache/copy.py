@@ -47,8 +47,9 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
                 meta = src.metadata()
                 raw = meta.get(b"ETag") or meta.get("ETag")
                 etag = raw.decode() if isinstance(raw, bytes) else raw
-            if expected_size is not None and expected_size <= WHOLE_READ_MAX:
-                chunks = [src.read()]  # small file: one read, no chunk buffers to allocate
+            if expected_size is not None and expected_size < WHOLE_READ_MAX:
+                # small file: one exactly-sized read (+1 byte to notice a longer file)
+                chunks = iter(lambda: src.read(expected_size + 1), b"")
             else:
                 chunks = iter(lambda: src.read(CHUNK), b"")
             for chunk in chunks:

@@ -118,7 +118,14 @@ class CacheReader:
         return table
 
     def read_file(self, path: str) -> bytes:
-        """The whole file's bytes (small files, benchmarks)."""
+        """The whole file's bytes (small files, benchmarks). A plain miss streams the object with
+        one GET (no size request first)."""
+        if not self.populate and self.local_path(path) is None:
+            fs, inner = filesystem_for(path, self.io_properties)
+            with fs.open_input_stream(inner) as s:
+                data = b"".join(iter(lambda: s.read(4 << 20), b""))
+            self._count(False, len(data))
+            return data
         f, hit = self._open(path)
         with f:
             data = f.read()
