@@ -11,7 +11,9 @@ come to the store's best raw transfer rate? Everything runs against a real Seawe
   time on the small window (`copy_vs_raw_large` on the large one). Interleaving keeps the load of
   this shared machine the same for both sides. `copy_vs_raw_copy` compares with a plain parallel
   copy (GET + write a local file, no temp name, verification or index) timed in the same rounds.
-- the remote baseline of a speedup is the faster of the cold `CacheReader` read and the best raw GET
+- the remote baseline of a speedup is the faster of the cold `CacheReader` read and the best raw GET;
+  the cached read is the best of 3 runs at 1 thread and at the remote's best thread count (each side
+  at its best configuration)
 - incremental: an Iceberg `samples` table on the S3 warehouse, a 2-day window warmed, one new day
   appended, the re-run's copied bytes vs the new day's data bytes -> `incremental_only_new_files`
 """
@@ -102,7 +104,8 @@ def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cach
         s, nbytes = _timed(lambda: _raw_get(fs, uris, n, size))
         raw[n] = {"seconds": round(s, 3), "files_per_s": round(len(uris) / s, 1), "mb_per_s": round(nbytes / s / 1e6, 1)}
     best = max(raw, key=lambda n: raw[n]["files_per_s"])
-    remote_s, _ = _timed(lambda: _read_all(CacheReader(str(cache_dir), io), uris, best))
+    reps = 1 if len(uris) > 100 else 3  # a small window is read 3 times to tame the machine's noise
+    remote_s = min(_timed(lambda: _read_all(CacheReader(str(cache_dir), io), uris, best))[0] for _ in range(reps))
     # warmup vs raw GET, interleaved in rounds so that both see the same load on this shared machine
     rounds = max(1, min(4, len(uris) // 4))
     raw_s = warm_s = raw_copy_s = 0.0
@@ -118,9 +121,11 @@ def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cach
         warm_s += t
         copied += report.copied
         copied_bytes += report.bytes
+    # cached reads: the best of 3, each at 1 thread and at the remote's best count (local reads are
+    # CPU-bound and need no parallelism; many threads only fight over 2 cores)
     reader = CacheReader(str(cache_dir), io)
-    cached_s, _ = _timed(lambda: _read_all(reader, uris, best))
-    assert reader.stats()["hits"] == len(uris), reader.stats()
+    cached_s = min(_timed(lambda: _read_all(reader, uris, n))[0] for n in (1, best) for _ in range(3))
+    assert reader.stats()["hits"] == 6 * len(uris), reader.stats()
     warm_fps = copied / warm_s
     # the remote baseline is the faster of the cold reader and the best raw GET (conservative)
     remote_best = min(remote_s, raw[best]["seconds"])
