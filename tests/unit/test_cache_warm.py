@@ -162,3 +162,22 @@ def test_reader_during_eviction_keeps_reading(settings: Settings, day_tables) ->
     assert pq.ParquetFile(f).read().num_rows == day_tables["2026-03-01"].num_rows  # the open copy stays readable
     assert reader.read_row_group(path, 0, ["label"]).num_rows == day_tables["2026-03-01"].num_rows
     assert (reader.stats()["hits"], reader.stats()["misses"]) == (1, 1)  # after the eviction: a miss, read remote
+
+
+def test_cli_warm_status_evict(settings: Settings, day_tables, capsys) -> None:  # noqa: F811
+    import json
+
+    from slipstream.cli import main
+
+    snap = append_days(settings, day_tables, range(2))
+    assert main(["cache", "warm", "--window-days", "2", "--end", window_end(2).isoformat(),
+                 "--snapshot", str(snap), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["snapshot_id"] == snap and report["copied"] == report["planned_files"] > 2
+    assert main(["cache", "status"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["files"] == report["copied"] and status["bytes"] == report["cache_bytes"]
+    assert main(["cache", "evict", "--keep", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["evicted"] == report["copied"]
+    assert main(["cache", "warm", "--window-days", "0"]) == 2  # a clear error, not a traceback
+    assert "window_days must be >= 1" in capsys.readouterr().err
