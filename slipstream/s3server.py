@@ -249,7 +249,11 @@ class S3Server:
         state = self._state()
         if not state.get("ports") or not self.config_path.exists():
             return None
-        return self._endpoint_from(state)
+        try:
+            return self._endpoint_from(state)
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            log.warning("cannot read the S3 server's credentials in %s (%s): ignoring it", self.config_path, e)
+            return None
 
     def _endpoint_from(self, state: dict[str, Any]) -> S3Endpoint:
         ports = state["ports"]

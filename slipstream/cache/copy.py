@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyarrow import fs as pafs
 
-from slipstream.cache.remote import etag_matches, filesystem_for
+from slipstream.cache.remote import etag_checkable, etag_matches, filesystem_for
 from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
 WHOLE_READ_MAX = 8 << 20
+RANGED_MIN = 16 << 20
+"""Objects this large are fetched as parallel ranges of RANGE bytes."""
+RANGE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -38,30 +44,17 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     `tmp_prefix` tells warmup copies (`w-`, cleared by the next warmup) from reader copies (`r-`)."""
     fs, inner = filesystem_for(remote, io_properties)
     tmp = tmp_dir / f"{tmp_prefix}{uuid.uuid4().hex}.part"
-    md5 = hashlib.md5()
-    size = 0
-    etag: str | None = None
     try:
-        with fs.open_input_stream(inner) as src, open(tmp, "wb") as dst:
-            if isinstance(fs, pafs.S3FileSystem):
-                meta = src.metadata()
-                raw = meta.get(b"ETag") or meta.get("ETag")
-                etag = raw.decode() if isinstance(raw, bytes) else raw
-            if expected_size is not None and expected_size <= WHOLE_READ_MAX:
-                chunks = [src.read()]  # small file: one read, no chunk buffers to allocate
-            else:
-                chunks = iter(lambda: src.read(CHUNK), b"")
-            for chunk in chunks:
-                dst.write(chunk)
-                if etag:
-                    md5.update(chunk)
-                size += len(chunk)
+        if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
+            size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
+        else:
+            size, etag, checked = _copy_stream(fs, inner, tmp, expected_size)
         if expected_size is not None and size != expected_size:
             raise CacheError(
                 f"copy of {remote} has {size} bytes but the table metadata says {expected_size}: "
                 "the file changed or the transfer was cut; re-run the warmup"
             )
-        if etag and etag_matches(etag, md5) is False:
+        if checked is False:
             raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
         local.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, local)
@@ -69,6 +62,77 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
         tmp.unlink(missing_ok=True)
         raise
     return Placed(remote, local, size, etag)
+
+
+def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int | None
+                 ) -> tuple[int, str | None, bool | None]:
+    """One GET, written as it arrives; the MD5 is computed only when the ETag can be checked."""
+    size = 0
+    etag: str | None = None
+    md5 = None
+    with fs.open_input_stream(inner) as src, open(tmp, "wb") as dst:
+        if isinstance(fs, pafs.S3FileSystem):
+            etag = _etag(src.metadata())
+            if etag and etag_checkable(etag):
+                md5 = hashlib.md5()
+        if expected_size is not None and expected_size < WHOLE_READ_MAX:
+            # small file: one exactly-sized read (+1 byte to notice a longer file)
+            chunks = iter(lambda: src.read(expected_size + 1), b"")
+        else:
+            chunks = iter(lambda: src.read(CHUNK), b"")
+        for chunk in chunks:
+            dst.write(chunk)
+            if md5 is not None:
+                md5.update(chunk)
+            size += len(chunk)
+    return size, etag, (etag_matches(etag, md5) if etag and md5 is not None else None)
+
+
+def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
+                 ) -> tuple[int, str | None, bool | None]:
+    """A large object as parallel ranged GETs written in place (one slow stream per file would cap
+    a warmup of a few large files at single-connection speed). Such objects are multipart uploads
+    whose ETag cannot be checked without the part sizes, so the size is the check."""
+    with fs.open_input_file(inner) as src:
+        etag = _etag(src.metadata())
+        size = src.size()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            def fetch(offset: int) -> int:
+                data = src.read_at(min(RANGE, size - offset), offset)
+                return os.pwrite(fd, data, offset)
+
+            written = sum(_range_pool().map(fetch, range(0, size, RANGE)))
+        finally:
+            os.close(fd)
+    if written != size:
+        raise CacheError(f"ranged copy of {inner} wrote {written} of {size} bytes; re-run the warmup")
+    checked = None
+    if etag and etag_checkable(etag):  # a single-part ETag: verify it
+        md5 = hashlib.md5()
+        with open(tmp, "rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                md5.update(chunk)
+        checked = etag_matches(etag, md5)
+    return size, etag, checked
+
+
+def _etag(meta: Any) -> str | None:
+    raw = meta.get(b"ETag") or meta.get("ETag")
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _range_pool() -> ThreadPoolExecutor:
+    """Shared by all copies of the process: range reads never wait on anything, so no deadlock."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="warm-range")
+        return _POOL
 
 
 def clear_tmp(tmp_dir: Path, reader_max_age_s: float = 3600.0) -> int:

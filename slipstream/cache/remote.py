@@ -78,6 +78,12 @@ def filesystem_for(path: str, io_properties: dict[str, str]) -> tuple[pafs.FileS
     return fs, inner
 
 
+def etag_checkable(etag: str) -> bool:
+    """Whether `etag_matches` can decide for this ETag (worth computing an MD5 for)."""
+    body, _, parts = etag.strip().strip('"').partition("-")
+    return len(body) == 32 and parts in ("", "1")
+
+
 def etag_matches(etag: str, md5: "hashlib._Hash") -> bool | None:
     """Check an S3 ETag against the MD5 of the bytes read. True/False when the ETag is checkable
     (a plain MD5, or a one-part multipart ETag = MD5 of the MD5); None when it is not (multipart

@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slipstream.cache.copy import Placed, clear_tmp, copy_atomic
 from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
@@ -25,6 +26,9 @@ from slipstream.cache.remote import cache_key, filesystem_for
 from slipstream.cache.settings import CacheSettings
 from slipstream.errors import CacheWarmError
 from slipstream.settings import Settings
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +87,11 @@ def qualified_table(settings: Settings, table: str) -> str:
     return table if "." in table else f"{settings.namespace}.{table}"
 
 
-def plan_cache_items(table: "object", snapshot_id: int, start: datetime, end: datetime) -> list[CacheItem]:
+def plan_cache_items(table: Table, snapshot_id: int, start: datetime, end: datetime) -> list[CacheItem]:
     """Everything a reader of the window at `snapshot_id` opens: table metadata, manifest list,
     manifests, data files and their delete files (deduplicated, metadata first)."""
-    from pyiceberg.table import Table
-
     from slipstream.planning import plan_window_files
 
-    assert isinstance(table, Table)
     snapshot = table.snapshot_by_id(snapshot_id)
     assert snapshot is not None, "pin_snapshot checked it"
     items: dict[str, CacheItem] = {}

@@ -122,6 +122,21 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
     assert not list(layout.tmp.iterdir())
 
 
+def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+    from slipstream.cache.copy import RANGED_MIN
+
+    size = RANGED_MIN + 12345  # fetched as parallel ranges, the last one short
+    [uri] = upload_files(s3_endpoint, "ranged", 1, size)
+    r = warm_files(tmp_path / "cache", [CacheItem(uri, size)], s3_endpoint.io_properties(), table_name="t")
+    assert r.copied == 1 and r.bytes == size
+    fs, inner = filesystem_for(uri, s3_endpoint.io_properties())
+    with fs.open_input_stream(inner) as f:
+        assert CacheLayout(tmp_path / "cache").local_path(uri).read_bytes() == f.read()
+    with pytest.raises(CacheWarmError, match="table metadata says"):  # a size the store contradicts
+        warm_files(tmp_path / "cache2", [CacheItem(uri, size - 1)], s3_endpoint.io_properties(), table_name="t")
+    assert not list((tmp_path / "cache2" / "files").rglob("*.bin"))
+
+
 def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     uris = upload_files(s3_endpoint, "killed", 120, 512 * 1024)
     layout = CacheLayout(tmp_path / "cache")

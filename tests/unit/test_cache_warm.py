@@ -147,3 +147,37 @@ def test_reader_hits_misses_and_populate(settings: Settings, day_tables) -> None
     populating.close()
     with CacheIndex(CacheLayout(settings.cache_dir)) as index:
         assert any(e.remote == paths[0] for e in index.entries())
+
+
+def test_reader_during_eviction_keeps_reading(settings: Settings, day_tables) -> None:  # noqa: F811
+    from slipstream.cache.evict import evict_cache
+
+    snap = append_days(settings, day_tables, range(1))
+    r = warm_window(settings, "samples", 1, window_end(1), snap, None, None)
+    path = next(p for p in r.copied_paths if p.endswith(".parquet"))
+    reader = CacheReader(settings.cache_dir, {})
+    f = reader.open_input_file(path)  # a hit, held open
+    gone = evict_cache(settings.cache_dir)
+    assert gone.files == r.copied and not (Path(settings.cache_dir) / "files").joinpath("file").exists()
+    assert pq.ParquetFile(f).read().num_rows == day_tables["2026-03-01"].num_rows  # the open copy stays readable
+    assert reader.read_row_group(path, 0, ["label"]).num_rows == day_tables["2026-03-01"].num_rows
+    assert (reader.stats()["hits"], reader.stats()["misses"]) == (1, 1)  # after the eviction: a miss, read remote
+
+
+def test_cli_warm_status_evict(settings: Settings, day_tables, capsys) -> None:  # noqa: F811
+    import json
+
+    from slipstream.cli import main
+
+    snap = append_days(settings, day_tables, range(2))
+    assert main(["cache", "warm", "--window-days", "2", "--end", window_end(2).isoformat(),
+                 "--snapshot", str(snap), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["snapshot_id"] == snap and report["copied"] == report["planned_files"] > 2
+    assert main(["cache", "status"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["files"] == report["copied"] and status["bytes"] == report["cache_bytes"]
+    assert main(["cache", "evict", "--keep", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["evicted"] == report["copied"]
+    assert main(["cache", "warm", "--window-days", "0"]) == 2  # a clear error, not a traceback
+    assert "window_days must be >= 1" in capsys.readouterr().err
