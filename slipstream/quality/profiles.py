@@ -10,11 +10,14 @@ categories are exact while a column has at most `TopK.capacity` distinct values.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +31,18 @@ PROFILE_VERSION = 1
 US_PER_HOUR = 3_600_000_000
 
 KINDS = ("numeric", "categorical", "id", "sequence", "time", "key")
+PARALLEL_MIN_ROWS = 200_000
+"""Below this, thread start-up costs more than profiling columns side by side saves."""
+
+
+def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True) -> list[Any]:
+    """Run independent jobs, one thread per core: numpy and Arrow kernels release the GIL, so
+    columns are profiled side by side. Each job owns its own column state (no shared writes)."""
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if not parallel or workers <= 1:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profile") as pool:
+        return [f.result() for f in [pool.submit(job) for job in jobs]]
 
 
 def column_kind(name: str, dtype: pa.DataType) -> str:
@@ -125,18 +140,29 @@ class ColumnProfile:
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
-            self.hll.add_hashes(hash_column(valid))
             if self.topk is not None:
+                # A sketch of a set depends only on its distinct values: hash those, not every row.
                 vc = pc.value_counts(valid)
+                self.hll.add_hashes(hash_column(vc.field("values")))
                 self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
+            else:
+                self.hll.add_hashes(hash_column(valid))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
             self._add_moments(lens.astype(np.float64))
             assert self.hist is not None
             self.hist.add(lens)
-            # np.unique rather than bincount: one runaway list must not allocate a huge array.
-            for k, c in zip(*np.unique(lens, return_counts=True)):
-                self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
+            if len(lens):
+                # bincount is a single pass; a runaway list length falls back to np.unique so it
+                # cannot allocate a huge array.
+                if int(lens.max()) <= 1 << 16:
+                    counts = np.bincount(lens)
+                    keys = np.flatnonzero(counts)
+                    pairs = zip(keys, counts[keys])
+                else:
+                    pairs = zip(*np.unique(lens, return_counts=True))
+                for k, c in pairs:
+                    self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
         elif self.kind == "time":
             self.count += len(valid)
             if len(valid):
@@ -228,14 +254,16 @@ class FeatureProfile:
     def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
         """Add a batch of rows (in place) and return self."""
         self.rows += batch.num_rows
+        jobs: list[Callable[[], None]] = []
         for name in batch.schema.names:
             col = batch.column(name)
             prof = self.columns.get(name)
             if prof is None:
                 prof = self.columns[name] = ColumnProfile.empty(column_kind(name, col.type))
-            prof.update(col)
+            jobs.append(functools.partial(prof.update, col))
         if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
-            self._add_ctr(batch.column("event_time"), batch.column(LABEL_COLUMN))
+            jobs.append(functools.partial(self._add_ctr, batch.column("event_time"), batch.column(LABEL_COLUMN)))
+        run_parallel(jobs, parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
         return self
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
