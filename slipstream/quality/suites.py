@@ -54,8 +54,11 @@ def build_checks(config: GateConfig, metrics: dict[str, float]) -> list[Check]:
     sev = config.severity_of
     checks: list[Check] = [
         Check("schema", "schema_mismatches", 0, 0, sev("schema"), "columns and types match the sample schema"),
-        Check("rows.nonempty", "row_count", 1, None, sev("rows.nonempty"), "the interval holds rows"),
+        Check("rows.nonempty", "row_count", 1, None, sev("rows.nonempty"),
+              "the interval holds rows (none: was the day preprocessed and committed before this snapshot?)"),
     ]
+    if metrics.get("row_count") == 0:
+        return checks  # nothing else can be measured on no rows; one clear failure says so
     for name in SAMPLE_COLUMNS:
         checks.append(Check(f"not_null.{name}", f"nulls.{name}", 0, 0, sev(f"not_null.{name}"), f"{name} is never null"))
     for f in DENSE_FEATURES:

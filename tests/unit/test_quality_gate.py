@@ -183,3 +183,21 @@ def test_bad_arguments_are_named(settings: Settings) -> None:
         run_gate(settings, day=LAST, window=(datetime.now(timezone.utc),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="snapshot 123 does not exist"):
         run_gate(settings, day=LAST, window=None, snapshot_id=123, run_id="x")
+
+
+def test_empty_day_fails_with_one_clear_expectation(settings: Settings) -> None:
+    snap = _setup(settings)
+    with pytest.raises(QualityGateFailed) as exc:
+        run_gate(settings, day=day_of(DAYS + 3), window=None, snapshot_id=snap, run_id="empty")
+    assert "1 critical expectation(s) failed" in str(exc.value)
+    assert "rows.nonempty [critical]: observed 0" in str(exc.value)
+
+
+def test_schema_problems_name_column_and_types() -> None:
+    from slipstream.quality.metrics import schema_problems
+    from slipstream.schema import ARROW_SCHEMA
+
+    assert schema_problems(ARROW_SCHEMA) == []
+    bad = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("label"))
+    bad = bad.set(bad.get_field_index("price_log"), pa.field("price_log", pa.float64()))
+    assert schema_problems(bad) == ["price_log: double (expected float)", "label: missing"]
