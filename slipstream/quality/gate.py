@@ -49,6 +49,8 @@ class GateResult:
     results: list[CheckResult]
     drift: list[FeatureShift] = field(default_factory=list)
     html_path: Path | None = None
+    """Our one-page summary; GX Data Docs are in `data_docs` when enabled."""
+    data_docs: Path | None = None
     seconds: float = 0.0
     profile: FeatureProfile | None = None
 
@@ -72,6 +74,7 @@ class GateResult:
             "critical_failures": [r.line() for r in self.critical_failures],
             "warnings": [r.line() for r in self.warnings],
             "html": str(self.html_path) if self.html_path else None,
+            "data_docs": str(self.data_docs) if self.data_docs else None,
         }
 
 
@@ -162,7 +165,10 @@ def run_gate(
             if s.score == s.score:  # NaN when a side is empty: nothing to compare
                 agg.values[f"drift.{s.feature}"] = s.score
 
-    results = validate(build_checks(config, agg.values), agg)
+    out_dir = Path(settings.runs_dir) / run_id / "quality"
+    slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
+    docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
+    results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
 
     if the_day is not None:
         write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
@@ -173,11 +179,11 @@ def run_gate(
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
 
-    result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, None, 0.0, profile)
+    result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, profile=profile)
+    if docs_dir is not None and (docs_dir / "index.html").exists():
+        result.data_docs = docs_dir / "index.html"
     result.seconds = time.monotonic() - t0
-    out_dir = Path(settings.runs_dir) / run_id / "quality"
     out_dir.mkdir(parents=True, exist_ok=True)
-    slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
     result.html_path = out_dir / f"{slug}.html"
     result.html_path.write_text(render_gate_html(result))
 

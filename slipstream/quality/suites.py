@@ -13,6 +13,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slipstream.quality.config import GateConfig
@@ -108,8 +109,11 @@ def _fmt(value: Any) -> str:
     return f"{x:.6g}"
 
 
-def validate(checks: list[Check], agg: Aggregates) -> list[CheckResult]:
-    """Run the suite with Great Expectations over the one-row frame of aggregates."""
+def validate(checks: list[Check], agg: Aggregates, docs_dir: Path | None = None, name: str = "samples") -> list[CheckResult]:
+    """Run the suite with Great Expectations over the one-row frame of aggregates.
+
+    With `docs_dir`, the validation runs as a GX checkpoint whose `UpdateDataDocsAction` builds
+    GX Data Docs (static HTML, `index.html`) there; `name` names the batch in those docs."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
     import pandas as pd
@@ -133,22 +137,42 @@ def validate(checks: list[Check], agg: Aggregates) -> list[CheckResult]:
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     frame = pd.DataFrame({c.metric: [float(agg.values[c.metric])] for c in runnable})
-    batch = (
+    batch_def = (
         context.data_sources.add_pandas("aggregates")
-        .add_dataframe_asset("samples_aggregates")
+        .add_dataframe_asset(name)
         .add_batch_definition_whole_dataframe("whole")
-        .get_batch(batch_parameters={"dataframe": frame})
     )
     suite = gx.ExpectationSuite(name=SUITE_NAME)
     for c in runnable:
         suite.add_expectation(
             gx.expectations.ExpectColumnMinToBeBetween(
                 column=c.metric, min_value=c.min_value, max_value=c.max_value,
-                meta={"check": c.name, "severity": c.severity},
+                meta={"check": c.name, "severity": c.severity, "description": c.description},
             )
         )
-    outcome = batch.validate(suite)
-    by_check = {r.expectation_config.meta["check"]: r for r in outcome.results}
+    if docs_dir is None:
+        outcome = batch_def.get_batch(batch_parameters={"dataframe": frame}).validate(suite)
+        gx_results = outcome.results
+    else:
+        context.add_data_docs_site(
+            site_name="slipstream",
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        suite = context.suites.add(suite)
+        vd = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
+        checkpoint = context.checkpoints.add(
+            gx.Checkpoint(
+                name="slipstream-gate", validation_definitions=[vd],
+                actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=["slipstream"])],
+            )
+        )
+        run = checkpoint.run(batch_parameters={"dataframe": frame})
+        gx_results = [r for v in run.run_results.values() for r in v.results]
+    by_check = {r.expectation_config.meta["check"]: r for r in gx_results}
     for c in runnable:
         r = by_check[c.name]
         info = r.exception_info if isinstance(r.exception_info, dict) else {}
