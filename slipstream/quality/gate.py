@@ -11,6 +11,7 @@ static HTML page under `<runs_dir>/<run_id>/quality/`; a critical failure raises
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -168,6 +169,8 @@ def run_gate(
     out_dir = Path(settings.runs_dir) / run_id / "quality"
     slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
     docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
+    if docs_dir is not None and docs_dir.exists():
+        shutil.rmtree(docs_dir)  # a re-run replaces its docs, like its rows in quality_results
     results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
 
     if the_day is not None:
