@@ -146,7 +146,8 @@ class ColumnProfile:
                 self.hll.add_hashes(hash_column(vc.field("values")))
                 self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
             else:
-                self.hll.add_hashes(hash_column(valid))
+                # Ids repeat (users, items): Arrow's hash-unique is cheaper than sketching every row.
+                self.hll.add_hashes(hash_column(pc.unique(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
             self._add_moments(lens.astype(np.float64))

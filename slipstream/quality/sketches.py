@@ -106,6 +106,11 @@ class LogHistogram:
     def add(self, values: np.ndarray) -> None:
         """Add finite values (the caller drops nulls and NaN, which it counts separately)."""
         x = np.asarray(values, dtype=np.float64)
+        if len(x) and x.min() >= 0:  # the usual case (features are scaled to [0, 1]): fewer passes
+            pos = x >= self.min_value
+            self.zero += len(x) - int(np.count_nonzero(pos))
+            self._add_side(self.positive, x[pos])
+            return
         mag = np.abs(x)
         small = mag < self.min_value
         self.zero += int(np.count_nonzero(small))
