@@ -92,7 +92,7 @@ class ColumnProfile:
             raise ValueError(f"unknown column kind {kind!r}; expected one of {KINDS}")
         return cls(
             kind=kind,
-            hist=LogHistogram() if kind in ("numeric", "sequence") else None,
+            hist=LogHistogram() if kind == "numeric" else None,
             hll=HyperLogLog() if kind in ("categorical", "id") else None,
             topk=TopK() if kind == "categorical" else None,
         )
@@ -150,20 +150,25 @@ class ColumnProfile:
                 self.hll.add_hashes(hash_column(pc.unique(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
-            self._add_moments(lens.astype(np.float64))
-            assert self.hist is not None
-            self.hist.add(lens)
-            if len(lens):
-                # bincount is a single pass; a runaway list length falls back to np.unique so it
-                # cannot allocate a huge array.
-                if int(lens.max()) <= 1 << 16:
-                    counts = np.bincount(lens)
-                    keys = np.flatnonzero(counts)
-                    pairs = zip(keys, counts[keys])
-                else:
-                    pairs = zip(*np.unique(lens, return_counts=True))
-                for k, c in pairs:
-                    self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
+            if len(lens) == 0:
+                return
+            # One counting pass; moments and quantiles follow exactly from the length counts, so
+            # sequences need no quantile sketch. A runaway list length falls back to np.unique
+            # so it cannot allocate a huge array.
+            if int(lens.max()) <= 1 << 16:
+                counts = np.bincount(lens)
+                keys = np.flatnonzero(counts)
+                counts = counts[keys]
+            else:
+                keys, counts = np.unique(lens, return_counts=True)
+            for k, c in zip(keys, counts):
+                self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
+            n_b = int(counts.sum())
+            mean_b = float((keys * counts).sum() / n_b)
+            m2_b = float((np.square(keys - mean_b) * counts).sum())
+            self.min = float(keys[0]) if self.min is None else min(self.min, float(keys[0]))
+            self.max = float(keys[-1]) if self.max is None else max(self.max, float(keys[-1]))
+            self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
         elif self.kind == "time":
             self.count += len(valid)
             if len(valid):
