@@ -128,3 +128,13 @@ def test_incremental_updates_equal_one_profile() -> None:
         if w.hist is not None:
             assert i.hist.to_dict() == w.hist.to_dict(), name  # type: ignore[union-attr]
     assert inc.ctr_by_hour == whole.ctr_by_hour
+
+
+def test_threaded_profile_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slipstream.quality import profiles
+
+    t = pa.concat_tables(_days())
+    serial = profile_table(t).to_dict()
+    monkeypatch.setattr(profiles, "PROFILE_THREADS", 2)
+    monkeypatch.setattr(profiles, "PARALLEL_MIN_ROWS", 1)
+    assert profile_table(t).to_dict() == serial
