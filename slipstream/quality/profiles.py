@@ -126,6 +126,19 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
+    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray) -> None:
+        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy)."""
+        n_b = len(x)
+        if n_b == 0:
+            return
+        mm = pc.min_max(x).as_py()
+        mean_b = float(pc.mean(x).as_py())
+        m2_b = float(pc.variance(x, ddof=0).as_py()) * n_b
+        lo, hi = float(mm["min"]), float(mm["max"])
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+        self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
+
     def update(self, arr: pa.Array | pa.ChunkedArray) -> None:
         n = len(arr)
         nulls = arr.null_count
@@ -133,12 +146,14 @@ class ColumnProfile:
         self.nulls += nulls
         valid = pc.drop_null(arr) if nulls else arr
         if self.kind == "numeric":
-            x = valid.to_numpy().astype(np.float64, copy=False)
-            finite = np.isfinite(x)
-            if not finite.all():
-                self.nonfinite += int((~finite).sum())
-                x = x[finite]
-            self._add_moments(x)
+            if pa.types.is_floating(valid.type):
+                finite = pc.is_finite(valid)
+                n_finite = int(pc.sum(finite).as_py() or 0)
+                if n_finite < len(valid):
+                    self.nonfinite += len(valid) - n_finite
+                    valid = pc.filter(valid, finite)
+            self._add_moments_arrow(valid)
+            x = valid.to_numpy() if isinstance(valid, pa.Array) else valid.to_numpy()
             assert self.hist is not None
             self.hist.add(x)
         elif self.kind in ("categorical", "id"):
