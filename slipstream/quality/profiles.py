@@ -292,9 +292,11 @@ class FeatureProfile:
         return self
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
-        ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
-        hours = pc.cast(pc.filter(ts, ok), pa.int64()).to_numpy() // US_PER_HOUR
-        clicks = pc.filter(label, ok).to_numpy().astype(np.float64)
+        if ts.null_count or label.null_count:
+            ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
+            ts, label = pc.filter(ts, ok), pc.filter(label, ok)
+        hours = pc.cast(ts, pa.int64()).to_numpy() // US_PER_HOUR
+        clicks = label.to_numpy().astype(np.float64)
         if len(hours) == 0:
             return
         lo = int(hours.min())
