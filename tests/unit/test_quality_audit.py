@@ -37,3 +37,21 @@ def test_shuffle_score_separates_time_order_from_a_shuffle() -> None:
     shuffled = _audit([f"s{i}" for i in perm], np.arange(n) // 32)
     assert shuffle_score(in_order, ids, times) < 0.01
     assert shuffle_score(shuffled, ids, times) > 0.95
+
+
+def test_a_partial_last_epoch_is_not_loss_but_a_partial_first_epoch_is() -> None:
+    from slipstream.quality.audit import audit_run
+
+    n = 200
+    ids = pa.array([f"s{i}" for i in range(n)])
+    times = pa.array(np.arange(n) * 1_000_000, pa.timestamp("us", tz="UTC"))
+    from slipstream.schema import is_holdout
+
+    train = [x for x, h in zip(ids.to_pylist(), is_holdout(ids)) if not h]
+    e0 = _audit(train, np.arange(len(train)))
+    e1 = _audit(train[:50], np.arange(50)).set_column(2, "epoch", pa.array(np.ones(50, np.int32)))
+    res = audit_run(pa.concat_tables([e0, e1]), ids, times, {}, None)
+    assert res.exactly_once and res.sources[1].partial and res.sources[1].lost == len(train) - 50
+    assert any("epoch 1 is partial" in n for n in res.notes)
+    short = audit_run(_audit(train[:-3], np.arange(len(train) - 3)), ids, times, {}, None)
+    assert not short.exactly_once and short.sources[0].lost == 3
