@@ -50,7 +50,7 @@ def write_fake_run(
     runs_dir: Path, run_id: str, window: dict[str, pa.Table], *, snapshot_id: int,
     t_handoff: datetime, stream: pa.Table | None = None, handoff_offsets: dict[int, int] | None = None,
     final_offsets: dict[int, int] | None = None, stream_partitions: np.ndarray | None = None,
-    stream_offsets: np.ndarray | None = None, lose: int = 0, duplicate: int = 0, world_size: int = 2,
+    stream_offsets: np.ndarray | None = None, lose: int = 0, duplicate: int = 0, lose_stream: int = 0, world_size: int = 2,
 ) -> Path:
     """Write what `torchrun -m trainers.train` leaves in a run folder: metrics.json(l), the
     per-rank audit of trained samples (holdout excluded, shuffled), stream_profile.json."""
@@ -82,6 +82,9 @@ def write_fake_run(
                        pc.invert(pa.array(is_holdout(stream.column("sample_id")))))
         mask = np.asarray(keep)
         sids = np.asarray(stream.column("sample_id").to_pylist(), dtype=object)[mask]
+        if lose_stream:
+            mask[np.flatnonzero(mask)[:lose_stream]] = False
+            sids = sids[lose_stream:]
         k = len(sids)
         kafka_rows = k
         frames.append(pa.table({

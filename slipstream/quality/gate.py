@@ -11,7 +11,9 @@ static HTML page under `<runs_dir>/<run_id>/quality/`; a critical failure raises
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -26,7 +28,7 @@ from slipstream.planning import pin_snapshot
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift, compare_profiles
-from slipstream.quality.metrics import compute_aggregates
+from slipstream.quality.metrics import compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
 from slipstream.quality.store import read_profiles, write_profile, write_results
@@ -48,8 +50,12 @@ class GateResult:
     results: list[CheckResult]
     drift: list[FeatureShift] = field(default_factory=list)
     html_path: Path | None = None
+    """Our one-page summary; GX Data Docs are in `data_docs` when enabled."""
+    data_docs: Path | None = None
     seconds: float = 0.0
     profile: FeatureProfile | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg)."""
 
     @property
     def critical_failures(self) -> list[CheckResult]:
@@ -68,9 +74,11 @@ class GateResult:
         return {
             "run_id": self.run_id, "scope": self.scope, "snapshot_id": self.snapshot_id,
             "rows": self.rows, "passed": self.passed, "seconds": round(self.seconds, 3),
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "critical_failures": [r.line() for r in self.critical_failures],
             "warnings": [r.line() for r in self.warnings],
             "html": str(self.html_path) if self.html_path else None,
+            "data_docs": str(self.data_docs) if self.data_docs else None,
         }
 
 
@@ -128,18 +136,30 @@ def run_gate(
     config = config or GateConfig()
     scope, start, end, the_day = _interval(day, window)
     t0 = time.monotonic()
+    timings: dict[str, float] = {}
     catalog = get_catalog(settings)
     table = load_samples(catalog, settings.namespace)
     pin_snapshot(table, snapshot_id)
-
-    data = read_interval(table, snapshot_id, start, end)
-    profile = profile_table(data)
-    agg = compute_aggregates(data, profile, start, end)
-
     history_start = start - timedelta(days=config.history_days)
-    before = day_row_counts(table, snapshot_id, history_start, start)
-    before.pop(start.date(), None)
-    window_counts = None if the_day else day_row_counts(table, snapshot_id, start, end)
+
+    def history() -> tuple[dict[date, int], dict[date, int] | None, dict[date, FeatureProfile]]:
+        before = day_row_counts(table, snapshot_id, history_start, start)
+        before.pop(start.date(), None)
+        window_counts = None if the_day else day_row_counts(table, snapshot_id, start, end)
+        return before, window_counts, read_profiles(catalog, settings.namespace, history_start.date(), start.date())
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate") as pool:
+        # Metadata (manifests, stored profiles) is read while the data is; the duplicate-id
+        # check (hash + sort) overlaps with profiling the other columns.
+        hist = pool.submit(history)
+        data = read_interval(table, snapshot_id, start, end)
+        timings["read"] = time.monotonic() - t0
+        dups = pool.submit(duplicate_ids, data.column("sample_id")) if "sample_id" in data.schema.names else None
+        profile = profile_table(data)
+        agg = compute_aggregates(data, profile, start, end, dups.result() if dups else None)
+        timings["profile"] = time.monotonic() - t0 - timings["read"]
+        before, window_counts, stored = hist.result()
+
     ratio = row_count_ratio(before, data.num_rows, window_counts)
     if ratio is not None:
         agg.values["row_count_ratio"] = ratio
@@ -148,7 +168,6 @@ def run_gate(
             agg.details["row_count_ratio"] = f"{data.num_rows:,} rows vs trailing mean {mean:,.0f} over {len(before)} days"
 
     drift: list[FeatureShift] = []
-    stored = read_profiles(catalog, settings.namespace, history_start.date(), start.date())
     if the_day is not None and stored and data.num_rows:
         drift = compare_profiles(
             merge_profiles(stored.values()), profile,
@@ -158,7 +177,15 @@ def run_gate(
             if s.score == s.score:  # NaN when a side is empty: nothing to compare
                 agg.values[f"drift.{s.feature}"] = s.score
 
-    results = validate(build_checks(config, agg.values), agg)
+    out_dir = Path(settings.runs_dir) / run_id / "quality"
+    slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
+    docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
+    if docs_dir is not None and docs_dir.exists():
+        shutil.rmtree(docs_dir)  # a re-run replaces its docs, like its rows in quality_results
+    mark = time.monotonic()
+    results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
+    timings["validate"] = time.monotonic() - mark
+    mark = time.monotonic()
 
     if the_day is not None:
         write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
@@ -169,20 +196,22 @@ def run_gate(
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
 
-    result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, None, 0.0, profile)
+    timings["persist"] = time.monotonic() - mark
+    result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, profile=profile)
+    result.timings = timings
+    if docs_dir is not None and (docs_dir / "index.html").exists():
+        result.data_docs = docs_dir / "index.html"
     result.seconds = time.monotonic() - t0
-    out_dir = Path(settings.runs_dir) / run_id / "quality"
     out_dir.mkdir(parents=True, exist_ok=True)
-    slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
     result.html_path = out_dir / f"{slug}.html"
     result.html_path.write_text(render_gate_html(result))
 
     for w in result.warnings:
         log.warning("quality warning %s: %s", scope, w.line())
     log.info(
-        "quality gate %s at snapshot %s: %d rows, %d critical failures, %d warnings, %.2fs (%s)",
+        "quality gate %s at snapshot %s: %d rows, %d critical failures, %d warnings, %.2fs (%s; %s)",
         scope, snapshot_id, data.num_rows, len(result.critical_failures), len(result.warnings),
-        result.seconds, result.html_path,
+        result.seconds, ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()), result.html_path,
     )
     if result.critical_failures:
         lines = "\n  ".join(r.line() for r in result.critical_failures)

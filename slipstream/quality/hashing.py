@@ -57,15 +57,25 @@ def _hash_string_array(arr: pa.Array) -> np.ndarray:
     padded = np.zeros(len(data) + 8, dtype=np.uint8)
     padded[: len(data)] = data
     words = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, offset=0, strides=(1,))
-    h = mix64(length.astype(np.uint64) ^ _SEED)
+    # Per 8-byte word: h = (h ^ word) * M1, h ^= h >> 32 (cheap, in place); one full mix64 at
+    # the end spreads every bit. Rows shorter than the word are masked to their own bytes.
+    h = length.astype(np.uint64)
+    h ^= _SEED
     max_len = int(length.max())
+    min_len = int(length.min())
+    idx = np.empty_like(start)
     with np.errstate(over="ignore"):
         for j in range(0, max_len, 8):
-            word = words[np.minimum(start + j, len(data))]
-            rest = np.clip(length - j, 0, 8).astype(np.uint64)
-            mask = np.where(rest >= 8, _ALL_ONES, (np.uint64(1) << (rest * np.uint64(8))) - np.uint64(1))
-            h = mix64(h ^ (word & mask))
-    return h
+            np.add(start, j, out=idx)
+            np.minimum(idx, len(data), out=idx)
+            word = words[idx]
+            if j + 8 > min_len:
+                rest = np.clip(length - j, 0, 8).astype(np.uint64)
+                word &= np.where(rest >= 8, _ALL_ONES, (np.uint64(1) << (rest * np.uint64(8))) - np.uint64(1))
+            h ^= word
+            h *= _M1
+            h ^= h >> np.uint64(32)
+    return mix64(h)
 
 
 def hash_strings(values: pa.Array | pa.ChunkedArray) -> np.ndarray:

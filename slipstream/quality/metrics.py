@@ -37,9 +37,18 @@ def schema_problems(schema: pa.Schema) -> list[str]:
             problems.append(f"{f.name}: missing")
             continue
         got = schema.field(f.name).type
-        if not got.equals(f.type) and not (pa.types.is_large_list(got) and pa.types.is_list(f.type)):
+        if not _normal(got).equals(f.type):
             problems.append(f"{f.name}: {got} (expected {f.type})")
     return problems
+
+
+def _normal(t: pa.DataType) -> pa.DataType:
+    """pyiceberg reads strings and lists as their large (64-bit offset) variants: same values."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_list(t):
+        return pa.list_(_normal(t.value_type))
+    return t
 
 
 def duplicate_ids(ids: pa.ChunkedArray | pa.Array, examples: int = 5) -> tuple[int, list[str]]:
@@ -64,9 +73,11 @@ def duplicate_ids(ids: pa.ChunkedArray | pa.Array, examples: int = 5) -> tuple[i
 
 
 def compute_aggregates(
-    table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime
+    table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime,
+    duplicates: tuple[int, list[str]] | None = None,
 ) -> Aggregates:
-    """Every metric the suite checks, for rows that should all lie in [start, end)."""
+    """Every metric the suite checks, for rows that should all lie in [start, end).
+    `duplicates` is `duplicate_ids(sample_id)` when the caller already computed it."""
     agg = Aggregates()
     v = agg.values
     v["row_count"] = float(table.num_rows)
@@ -95,7 +106,7 @@ def compute_aggregates(
         v["label_not_binary"] = float(bad)
         v["ctr"] = profile.ctr if table.num_rows else math.nan
     if "sample_id" in names:
-        surplus, examples = duplicate_ids(table.column("sample_id"))
+        surplus, examples = duplicates if duplicates is not None else duplicate_ids(table.column("sample_id"))
         v["duplicate_sample_ids"] = float(surplus)
         if examples:
             agg.details["duplicate_sample_ids"] = "e.g. " + ", ".join(examples)

@@ -10,11 +10,14 @@ categories are exact while a column has at most `TopK.capacity` distinct values.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +31,22 @@ PROFILE_VERSION = 1
 US_PER_HOUR = 3_600_000_000
 
 KINDS = ("numeric", "categorical", "id", "sequence", "time", "key")
+PARALLEL_MIN_ROWS = 200_000
+"""Below this, thread start-up costs more than profiling columns side by side saves."""
+PROFILE_THREADS = 1
+"""Columns profiled side by side. 1 by default: on the 2-core dev machine, threads made a 5M-row
+profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes, and the gate already
+runs the duplicate-id check in a second thread). Raise it on machines with cores to spare."""
+
+
+def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True) -> list[Any]:
+    """Run independent jobs on up to PROFILE_THREADS threads: numpy and Arrow kernels release
+    the GIL. Each job owns its own column state (no shared writes)."""
+    workers = min(len(jobs), PROFILE_THREADS, os.cpu_count() or 1)
+    if not parallel or workers <= 1:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profile") as pool:
+        return [f.result() for f in [pool.submit(job) for job in jobs]]
 
 
 def column_kind(name: str, dtype: pa.DataType) -> str:
@@ -77,7 +96,7 @@ class ColumnProfile:
             raise ValueError(f"unknown column kind {kind!r}; expected one of {KINDS}")
         return cls(
             kind=kind,
-            hist=LogHistogram() if kind in ("numeric", "sequence") else None,
+            hist=LogHistogram() if kind == "numeric" else None,
             hll=HyperLogLog() if kind in ("categorical", "id") else None,
             topk=TopK() if kind == "categorical" else None,
         )
@@ -107,6 +126,19 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
+    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray) -> None:
+        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy)."""
+        n_b = len(x)
+        if n_b == 0:
+            return
+        mm = pc.min_max(x).as_py()
+        mean_b = float(pc.mean(x).as_py())
+        m2_b = float(pc.variance(x, ddof=0).as_py()) * n_b
+        lo, hi = float(mm["min"]), float(mm["max"])
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+        self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
+
     def update(self, arr: pa.Array | pa.ChunkedArray) -> None:
         n = len(arr)
         nulls = arr.null_count
@@ -114,29 +146,48 @@ class ColumnProfile:
         self.nulls += nulls
         valid = pc.drop_null(arr) if nulls else arr
         if self.kind == "numeric":
-            x = valid.to_numpy().astype(np.float64, copy=False)
-            finite = np.isfinite(x)
-            if not finite.all():
-                self.nonfinite += int((~finite).sum())
-                x = x[finite]
-            self._add_moments(x)
+            if pa.types.is_floating(valid.type):
+                finite = pc.is_finite(valid)
+                n_finite = int(pc.sum(finite).as_py() or 0)
+                if n_finite < len(valid):
+                    self.nonfinite += len(valid) - n_finite
+                    valid = pc.filter(valid, finite)
+            self._add_moments_arrow(valid)
+            x = valid.to_numpy() if isinstance(valid, pa.Array) else valid.to_numpy()
             assert self.hist is not None
             self.hist.add(x)
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
-            self.hll.add_hashes(hash_column(valid))
             if self.topk is not None:
+                # A sketch of a set depends only on its distinct values: hash those, not every row.
                 vc = pc.value_counts(valid)
+                self.hll.add_hashes(hash_column(vc.field("values")))
                 self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
+            else:
+                # Ids repeat (users, items): Arrow's hash-unique is cheaper than sketching every row.
+                self.hll.add_hashes(hash_column(pc.unique(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
-            self._add_moments(lens.astype(np.float64))
-            assert self.hist is not None
-            self.hist.add(lens)
-            # np.unique rather than bincount: one runaway list must not allocate a huge array.
-            for k, c in zip(*np.unique(lens, return_counts=True)):
+            if len(lens) == 0:
+                return
+            # One counting pass; moments and quantiles follow exactly from the length counts, so
+            # sequences need no quantile sketch. A runaway list length falls back to np.unique
+            # so it cannot allocate a huge array.
+            if int(lens.max()) <= 1 << 16:
+                counts = np.bincount(lens)
+                keys = np.flatnonzero(counts)
+                counts = counts[keys]
+            else:
+                keys, counts = np.unique(lens, return_counts=True)
+            for k, c in zip(keys, counts):
                 self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
+            n_b = int(counts.sum())
+            mean_b = float((keys * counts).sum() / n_b)
+            m2_b = float((np.square(keys - mean_b) * counts).sum())
+            self.min = float(keys[0]) if self.min is None else min(self.min, float(keys[0]))
+            self.max = float(keys[-1]) if self.max is None else max(self.max, float(keys[-1]))
+            self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
         elif self.kind == "time":
             self.count += len(valid)
             if len(valid):
@@ -228,20 +279,24 @@ class FeatureProfile:
     def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
         """Add a batch of rows (in place) and return self."""
         self.rows += batch.num_rows
+        jobs: list[Callable[[], None]] = []
         for name in batch.schema.names:
             col = batch.column(name)
             prof = self.columns.get(name)
             if prof is None:
                 prof = self.columns[name] = ColumnProfile.empty(column_kind(name, col.type))
-            prof.update(col)
+            jobs.append(functools.partial(prof.update, col))
         if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
-            self._add_ctr(batch.column("event_time"), batch.column(LABEL_COLUMN))
+            jobs.append(functools.partial(self._add_ctr, batch.column("event_time"), batch.column(LABEL_COLUMN)))
+        run_parallel(jobs, parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
         return self
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
-        ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
-        hours = pc.cast(pc.filter(ts, ok), pa.int64()).to_numpy() // US_PER_HOUR
-        clicks = pc.filter(label, ok).to_numpy().astype(np.float64)
+        if ts.null_count or label.null_count:
+            ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
+            ts, label = pc.filter(ts, ok), pc.filter(label, ok)
+        hours = pc.cast(ts, pa.int64()).to_numpy() // US_PER_HOUR
+        clicks = label.to_numpy().astype(np.float64)
         if len(hours) == 0:
             return
         lo = int(hours.min())

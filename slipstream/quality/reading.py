@@ -64,7 +64,10 @@ def read_interval(
     for t in tasks:
         with table.io.new_input(t.file.file_path).open() as f:
             parts.append(pq.read_table(f, columns=[c for c in columns]))
-    out = pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
+    if not parts:
+        log.warning("no data files for [%s, %s) at snapshot %s", start.isoformat(), end.isoformat(), snapshot_id)
+        return scan.to_arrow()  # empty, with the table's schema
+    out = pa.concat_tables(parts, promote_options="permissive")
     seconds = time.monotonic() - t0
     log.info(
         "read %d rows from %d files of [%s, %s) at snapshot %s in %.2fs (%.0f rows/s)",

@@ -87,6 +87,10 @@ def _days(start: datetime, end: datetime) -> list[date]:
     return out
 
 
+def _num(x: float) -> str:
+    return "—" if x != x else f"{x:.4g}"  # NaN: no mean for a categorical feature
+
+
 def _offsets(raw: Any) -> dict[int, int]:
     return {int(k): int(v) for k, v in (raw or {}).items()}
 
@@ -295,7 +299,7 @@ def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | N
     else:
         shifts = compare_profiles(window.profile, stream)
         doc.img(plots.skew_bars(shifts), "batch-vs-stream skew")
-        doc.table([(s.feature, s.method, f"{s.score:.4f}", s.threshold, f"{s.mean_a:.4g}", f"{s.mean_b:.4g}",
+        doc.table([(s.feature, s.method, f"{s.score:.4f}", s.threshold, _num(s.mean_a), _num(s.mean_b),
                     f"{s.null_rate_a:.3%}", f"{s.null_rate_b:.3%}", "SKEW" if s.drifted else "ok") for s in shifts],
                   ("feature", "method", "score", "threshold", "mean (Iceberg)", "mean (Kafka)", "nulls (Iceberg)", "nulls (Kafka)", ""))
     doc.end()

@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 
 
+SMALL_BATCH = 20_000
+
+
 class HyperLogLog:
     """Flajolet et al.'s HyperLogLog over 64-bit hashes: 2**p one-byte registers.
 
@@ -42,6 +45,10 @@ class HyperLogLog:
         max_rank = 64 - self.p + 1
         rank = np.clip(65 - bit_length, 1, max_rank).astype(np.int64)
         rank[rest == 0] = max_rank
+        if len(h) < SMALL_BATCH:
+            # a trainer's poll batch: scatter-max beats touching all m * 64 bins
+            np.maximum.at(self.registers, idx, rank.astype(np.uint8))
+            return
         seen = np.bincount(idx * 64 + rank, minlength=self.m * 64).reshape(self.m, 64) > 0
         batch_max = np.where(seen, np.arange(64), 0).max(axis=1).astype(np.uint8)
         np.maximum(self.registers, batch_max, out=self.registers)
@@ -106,6 +113,11 @@ class LogHistogram:
     def add(self, values: np.ndarray) -> None:
         """Add finite values (the caller drops nulls and NaN, which it counts separately)."""
         x = np.asarray(values, dtype=np.float64)
+        if len(x) and x.min() >= 0:  # the usual case (features are scaled to [0, 1]): fewer passes
+            pos = x >= self.min_value
+            self.zero += len(x) - int(np.count_nonzero(pos))
+            self._add_side(self.positive, x[pos])
+            return
         mag = np.abs(x)
         small = mag < self.min_value
         self.zero += int(np.count_nonzero(small))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,10 @@ from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, replace_column
 
 LAST = day_of(DAYS - 1)
+
+
+FAST = GateConfig(data_docs=False)
+"""GX Data Docs cost ~1 s per gate; one test checks them, the rest skip them."""
 
 
 def _setup(settings: Settings, last: pa.Table | None = None, with_profiles: bool = False) -> int:
@@ -79,7 +83,7 @@ FAULTS: list[tuple[str, Callable[[pa.Table], pa.Table], str, str]] = [
 
 def test_good_day_passes_and_persists(settings: Settings) -> None:
     snap = _setup(settings)
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good")
+    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good")  # default: with GX Data Docs
     assert res.passed and res.warnings == []
     assert res.rows == 4000
     names = {r.name for r in res.results}
@@ -92,10 +96,14 @@ def test_good_day_passes_and_persists(settings: Settings) -> None:
     assert set(stored.column("severity").to_pylist()) == {"critical", "warning"}
     assert res.html_path is not None and "PASSED" in res.html_path.read_text()
     assert res.html_path.parent == Path(settings.runs_dir) / "run-good" / "quality"
+    assert res.data_docs is not None and res.data_docs.name == "index.html"
+    validations = list((res.data_docs.parent / "validations").rglob("*.html"))
+    assert len(validations) == 1  # GX's own rendering of this validation
+    assert "duplicate_sample_ids" in validations[0].read_text()
     prof = read_profiles(catalog, settings.namespace, LAST, LAST + timedelta(days=1))
     assert prof[LAST].rows == 4000
     # idempotent: re-running replaces rather than appends
-    run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good")
+    run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good", config=FAST)
     assert read_results(catalog, settings.namespace, "run-good").num_rows == len(res.results)
 
 
@@ -105,7 +113,7 @@ def test_planted_fault_fails_naming_expectation_and_value(
 ) -> None:
     snap = _setup(settings, plant(_last()))
     with pytest.raises(QualityGateFailed) as exc:
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id=f"run-{fault}")
+        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id=f"run-{fault}", config=FAST)
     msg = str(exc.value)
     line = next((ln for ln in msg.splitlines() if ln.strip().startswith(expectation + " ")), None)
     assert line is not None, msg
@@ -130,12 +138,12 @@ def test_event_time_outside_day_is_caught(settings: Settings) -> None:
     ts[0] += 86_400_000_000
     pq.write_table(replace_column(data, "event_time", pa.array(ts, pa.timestamp("us", tz="UTC"))), path)
     with pytest.raises(QualityGateFailed, match=r"event_time.in_interval \[critical\]: observed 1 "):
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-late")
+        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-late", config=FAST)
 
 
 def test_ctr_bound_as_warning_lets_training_go_on(settings: Settings) -> None:
     snap = _setup(settings, _ctr_collapse(_last()))
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"ctr": "warning"}))
+    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"ctr": "warning"}, data_docs=False))
     assert res.passed
     assert [w.name for w in res.warnings] == ["ctr"]
     assert res.warnings[0].observed == "0"
@@ -148,7 +156,7 @@ def _drifted(t: pa.Table) -> pa.Table:
 
 def test_drifted_feature_warns(settings: Settings) -> None:
     snap = _setup(settings, _drifted(_last()), with_profiles=True)
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r")
+    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=FAST)
     assert res.passed
     assert [w.name for w in res.warnings] == ["drift.price_log"]
     shift = next(s for s in res.drift if s.feature == "price_log")
@@ -159,21 +167,21 @@ def test_drifted_feature_warns(settings: Settings) -> None:
 def test_drift_configured_critical_fails(settings: Settings) -> None:
     snap = _setup(settings, _drifted(_last()), with_profiles=True)
     with pytest.raises(QualityGateFailed, match=r"drift.price_log \[critical\]: observed \d"):
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"drift.": "critical"}))
+        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"drift.": "critical"}, data_docs=False))
 
 
 def test_window_mode_and_snapshot_pinning(settings: Settings) -> None:
     snap = _setup(settings)
     start = datetime(day_of(1).year, day_of(1).month, day_of(1).day, tzinfo=timezone.utc)
     window = (start, start + timedelta(days=DAYS - 1))
-    res = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w")
+    res = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
     assert res.passed and res.rows == 4000 * (DAYS - 1)
     assert res.scope.startswith("window:")
     # a bad commit after the pin does not change what the pinned gate sees
     from slipstream.iceberg import samples_table
 
     samples_table(get_catalog(settings), settings.namespace).append(_duplicates(_last()).slice(4000))
-    again = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w")
+    again = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
     assert again.passed and again.rows == res.rows
 
 
@@ -182,4 +190,22 @@ def test_bad_arguments_are_named(settings: Settings) -> None:
     with pytest.raises(ConfigError, match="exactly one of day"):
         run_gate(settings, day=LAST, window=(datetime.now(timezone.utc),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="snapshot 123 does not exist"):
-        run_gate(settings, day=LAST, window=None, snapshot_id=123, run_id="x")
+        run_gate(settings, day=LAST, window=None, snapshot_id=123, run_id="x", config=FAST)
+
+
+def test_empty_day_fails_with_one_clear_expectation(settings: Settings) -> None:
+    snap = _setup(settings)
+    with pytest.raises(QualityGateFailed) as exc:
+        run_gate(settings, day=day_of(DAYS + 3), window=None, snapshot_id=snap, run_id="empty", config=FAST)
+    assert "1 critical expectation(s) failed" in str(exc.value)
+    assert "rows.nonempty [critical]: observed 0" in str(exc.value)
+
+
+def test_schema_problems_name_column_and_types() -> None:
+    from slipstream.quality.metrics import schema_problems
+    from slipstream.schema import ARROW_SCHEMA
+
+    assert schema_problems(ARROW_SCHEMA) == []
+    bad = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("label"))
+    bad = bad.set(bad.get_field_index("price_log"), pa.field("price_log", pa.float64()))
+    assert schema_problems(bad) == ["price_log: double (expected float)", "label: missing"]

@@ -87,6 +87,14 @@ def test_hll_error_at_scale() -> None:
         h = HyperLogLog()
         h.add_hashes(hash_numbers(rng.permutation(10 * n)[:n]))
         assert h.estimate() == pytest.approx(n, rel=0.05)
+    # the small-batch (scatter-max) and large-batch (bincount) paths build the same registers
+    hashes = hash_numbers(rng.permutation(10**6)[:100_000])
+    small = HyperLogLog()
+    for part in np.array_split(hashes, 50):
+        small.add_hashes(part)
+    big = HyperLogLog()
+    big.add_hashes(hashes)
+    assert np.array_equal(small.registers, big.registers)
 
 
 def test_psi_and_js_detect_shift_not_noise() -> None:
@@ -102,3 +110,31 @@ def test_psi_and_js_detect_shift_not_noise() -> None:
     days = _days()
     shifts = {s.feature: s for s in compare_profiles(profile_table(days[0]), profile_table(days[2]))}
     assert not any(s.drifted for s in shifts.values())
+
+
+def test_incremental_updates_equal_one_profile() -> None:
+    """The trainer profiles Kafka batches as they arrive; the result must not depend on batching."""
+    t = _days()[1]
+    inc = FeatureProfile()
+    for b in t.to_batches(max_chunksize=700):
+        inc.update(b)
+    whole = profile_table(t)
+    for name, w in whole.columns.items():
+        i = inc.columns[name]
+        assert (i.rows, i.nulls, i.count, i.min, i.max, i.lengths) == (w.rows, w.nulls, w.count, w.min, w.max, w.lengths)
+        assert i.mean == pytest.approx(w.mean, rel=1e-9, abs=1e-12)
+        if w.hll is not None:
+            assert np.array_equal(i.hll.registers, w.hll.registers), name  # type: ignore[union-attr]
+        if w.hist is not None:
+            assert i.hist.to_dict() == w.hist.to_dict(), name  # type: ignore[union-attr]
+    assert inc.ctr_by_hour == whole.ctr_by_hour
+
+
+def test_threaded_profile_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slipstream.quality import profiles
+
+    t = pa.concat_tables(_days())
+    serial = profile_table(t).to_dict()
+    monkeypatch.setattr(profiles, "PROFILE_THREADS", 2)
+    monkeypatch.setattr(profiles, "PARALLEL_MIN_ROWS", 1)
+    assert profile_table(t).to_dict() == serial

@@ -11,10 +11,15 @@ import pytest
 
 from slipstream.errors import ConfigError
 from slipstream.iceberg import get_catalog
+from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.report import render_report
 from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, write_fake_run
+
+
+FAST = GateConfig(data_docs=False)
+"""GX Data Docs cost ~1 s per gate; one test checks them, the rest skip them."""
 
 
 def _t_handoff() -> datetime:
@@ -36,7 +41,7 @@ def _sections(text: str) -> set[str]:
 def test_full_report_has_plots_and_clean_audit(settings: Settings) -> None:
     snap, window = _setup(settings)
     for i in range(DAYS - 1):  # the pipeline gates (and profiles) each day after preprocessing
-        run_gate(settings, day=day_of(i), window=None, snapshot_id=snap, run_id="run-1")
+        run_gate(settings, day=day_of(i), window=None, snapshot_id=snap, run_id="run-1", config=FAST)
     stream = reference_days()[str(day_of(DAYS - 1))]
     write_fake_run(Path(settings.runs_dir), "run-1", window, snapshot_id=snap, t_handoff=_t_handoff(), stream=stream)
     path = render_report(settings, "run-1")
