@@ -255,17 +255,19 @@ class Trainer:
         fresh_target = max(1, dc.batch_size - replay_count(dc.batch_size, dc.replay_share))
         started = time.monotonic() - self.stream_elapsed_s
         last_export = time.monotonic()
-        kafka_global = 0.0
+        kafka_global = self.d.sum([float(self.c["samples_kafka"])])[0]  # counts a resumed run's earlier part
         try:
             while True:
                 t0 = time.perf_counter()
+                w0 = src.wait_s
                 fresh = src.poll()
                 self._absorb(src)
                 stream_profile.add_rows(self.profile, fresh)
                 self.shuffle.add(fresh)
                 batch = self.shuffle.take(fresh_target, idle=src.idle)
                 lag = src.lag(refresh=src.idle)
-                self.wait_s += time.perf_counter() - t0 if not len(batch) else 0.0
+                # waiting on the broker is data wait; so is a whole iteration with nothing to train
+                self.wait_s += (time.perf_counter() - t0) if not len(batch) else (src.wait_s - w0)
                 elapsed = time.monotonic() - started
                 self.stream_elapsed_s = elapsed
                 want_ckpt, _ = self._flags()
