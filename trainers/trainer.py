@@ -275,8 +275,8 @@ class Trainer:
                                    and time.monotonic() - last_export >= stop.export_every_min * 60)
                 timeout = float(self.d.is_main and stop.timeout_s > 0 and elapsed >= stop.timeout_s)
                 over = float(self.d.is_main and stop.mode == "duration" and elapsed >= stop.duration_s)
-                g = self.d.sum([len(batch), lag, len(self.shuffle), want_ckpt, export_due, timeout, over])
-                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over = g
+                g = self.d.sum([len(batch), lag, len(self.shuffle), want_ckpt, export_due, timeout, over, float(not src.idle)])
+                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy = g
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
@@ -296,7 +296,8 @@ class Trainer:
                     self.export()
                     last_export = time.monotonic()
                     g_ckpt = 1
-                if stop.mode == "caught_up" and g_lag <= stop.max_lag and g_buf == 0 and g_n == 0:
+                # idle ranks refreshed their watermarks this step, so the lag is current, not cached
+                if stop.mode == "caught_up" and g_lag <= stop.max_lag and g_buf == 0 and g_busy == 0:
                     self.stop_reason = f"caught up (lag {int(g_lag)} <= {stop.max_lag})"
                 elif stop.mode == "samples" and kafka_global >= stop.samples:
                     self.stop_reason = f"trained {int(kafka_global)} stream samples"
