@@ -260,7 +260,10 @@ class Trainer:
             while True:
                 t0 = time.perf_counter()
                 w0 = src.wait_s
-                fresh = src.poll()
+                buffered = len(self.shuffle)
+                # wait for the broker only when there is too little to train; stop reading ahead
+                # when the buffer is far past its size (back-pressure bounds memory)
+                fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty()
                 self._absorb(src)
                 stream_profile.add_rows(self.profile, fresh)
                 self.shuffle.add(fresh)

@@ -90,14 +90,16 @@ class KafkaSource:
             self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in self.partitions])
 
     # --- reading ----------------------------------------------------------------------------
-    def poll(self) -> Rows:
-        """Fresh training rows from one consume call (possibly none)."""
+    def poll(self, block: bool = True) -> Rows:
+        """Fresh training rows from one consume call (possibly none). `block=False` only takes
+        what the client already fetched (the trainer has rows buffered and must not wait)."""
         if not self.partitions:
             self.idle = True
-            time.sleep(min(self.consume_timeout_s, 0.05))
+            if block:
+                time.sleep(min(self.consume_timeout_s, 0.05))
             return Rows.empty()
         started = time.perf_counter()
-        msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s)
+        msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s if block else 0.0)
         self.wait_s += time.perf_counter() - started
         values: list[bytes | None] = []
         parts: list[int] = []
