@@ -161,3 +161,50 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     _assert_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
+
+
+def test_broker_restart_during_the_tail_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    from tests.trainer_fixtures import Broker
+
+    broker = Broker(tmp_path / "broker-data")
+    broker.start()
+    try:
+        fx = make_samples(tmp_path, days=1, per_day=1500, row_group_rows=500, stream_minutes=300.0)
+        data = generated(tmp_path, fx)
+        topic = "restart-tail"
+        create_topic(broker.bootstrap, topic, 2)
+        half = data.stream.num_rows // 2
+        produce_samples(broker.bootstrap, topic, data.stream.slice(0, half))
+        expected = stream_ids(data.stream, fx.t_handoff)
+        cfg = train_config(fx, run_id="rb", bootstrap=broker.bootstrap, topic=topic, dlq_topic=topic + ".dlq",
+                           window_days=1, data={"batch_size": 32, "stream_shuffle_buffer": 64,
+                                                "stop": {"mode": "samples", "samples": len(expected), "timeout_s": 120}},
+                           run={"checkpoint_every_steps": 5, "checkpoint_every_s": 0.5})
+        cfg_path = tmp_path / "train.json"
+        cfg_path.write_text(json.dumps(cfg))
+        run_dir = tmp_path / "runs" / "rb"
+        log = open(tmp_path / "run.log", "w")
+        proc = subprocess.Popen(torchrun_command(cfg_path, 2), env=trainer_env(tmp_path), cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                m = _meta(run_dir)
+                if m is not None and m["phase"] == "stream" and int(m["counters"]["samples_kafka"]) > 0:  # type: ignore[index]
+                    break
+                assert proc.poll() is None, f"run ended early; see {log.name}"
+                time.sleep(0.05)
+            broker.stop()
+            time.sleep(1.0)
+            broker.start()
+            produce_samples(broker.bootstrap, topic, data.stream.slice(half))
+            assert proc.wait(150) == 0, (tmp_path / "run.log").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                _kill_run(proc)
+            log.close()
+        audit = read_audit(run_dir)
+        _assert_once(audit, "kafka", expected)
+        _assert_once(audit, "iceberg", training_ids(fx, window_days=1))
+    finally:
+        broker.stop()

@@ -84,6 +84,7 @@ class KafkaSource:
         """True when the last poll returned fewer records than asked: the rank is caught up."""
         self._high: dict[int, int] = {}
         self._high_at = 0.0
+        self._unknown = False
         self._dlq: Producer | None = None
         self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50}))
         if self.partitions:
@@ -187,14 +188,18 @@ class KafkaSource:
         """Records not yet read on this rank's partitions (high watermark - position)."""
         now = time.monotonic()
         if refresh or now - self._high_at >= self.lag_interval_s:
+            self._unknown = False
             for p in self.partitions:
                 try:
-                    _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
+                    _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=2, cached=False)
                     self._high[p] = high
                 except KafkaException as e:
-                    log.warning("watermarks of %s[%d] unavailable (%s): keeping the last known lag", self.topic, p, e)
+                    # broker unreachable: the lag is unknown, never "caught up" (data.stop.timeout_s caps the wait)
+                    self._unknown = True
+                    log.warning("watermarks of %s[%d] unavailable (%s): lag unknown", self.topic, p, e)
             self._high_at = now
-        return sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+        lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+        return max(lag, 1) if self._unknown else lag
 
     def close(self) -> None:
         try:
