@@ -138,3 +138,12 @@ def test_model_consumes_variable_length_histories_without_padding(table: pa.Tabl
     assert out.shape == (64,) and torch.isfinite(out).all()
     empty = model(Features.from_rows(Rows.empty()))
     assert empty.shape == (0,)
+
+
+def test_the_example_config_loads_with_the_run_keys(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "trainers" / "configs" / "example.yaml"
+    cfg = load_config(example, ["data.snapshot_id=42", "data.t_handoff=2026-11-04T00:00:00Z", "run.run_id=d"],
+                      Settings(home=tmp_path))
+    assert cfg.data.snapshot_id == 42 and cfg.data.window_start.isoformat() == "2026-11-01T00:00:00+00:00"
+    with pytest.raises(ConfigError, match="data.snapshot_id"):
+        load_config(example, ["data.t_handoff=2026-11-04T00:00:00Z", "run.run_id=d"], Settings(home=tmp_path))
