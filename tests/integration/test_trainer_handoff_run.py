@@ -131,3 +131,22 @@ def test_run_layout_and_summary(run: Run) -> None:
     assert Path(s["checkpoint"]).name == (d / "checkpoint" / "latest").read_text().strip()
     profile = json.loads((d / "stream_profile.json").read_text())
     assert profile["rows"] == s["samples_kafka"]
+
+
+def test_the_exported_model_loads_and_scores(run: Run) -> None:
+    import torch
+
+    from slipstream.schema import SCHEMA_VERSION
+    from trainers.config import ModelConfig
+    from trainers.model import CTRModel
+    from trainers.rows import Features, Rows
+
+    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=False)
+    assert blob["schema_version"] == SCHEMA_VERSION
+    model = CTRModel(ModelConfig(**blob["model_config"]))
+    model.load_state_dict(blob["state_dict"])
+    rows = Rows.from_arrow(run.fx.days["2026-11-02"].slice(0, 100), source=0)
+    p = torch.sigmoid(model(Features.from_rows(rows)))
+    assert p.shape == (100,) and bool(((p > 0) & (p < 1)).all())
+    info = json.loads((run.run_dir / "export" / "model.json").read_text())
+    assert info["snapshot_id"] == run.fx.snapshot_id and info["run_id"] == "e2e"
