@@ -124,6 +124,8 @@ def test_run_layout_and_summary(run: Run) -> None:
                 "newest_event_time", "kafka_lag_at_stop", "checkpoint"):
         assert key in s, key
     assert s["snapshot_id"] == run.fx.snapshot_id
+    # priority mix: replay_share 0.25 of each stream batch came from the window's recent samples
+    assert 0.25 <= s["samples_replay"] / s["samples_kafka"] <= 0.42
     assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
     assert s["final_offsets"] == {str(p): o for p, o in end_offsets(run.bootstrap, run.topic).items()}
     assert all(m == "offsets_for_times" for m in s["handoff_methods"].values())
