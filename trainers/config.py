@@ -141,6 +141,8 @@ class DataConfig:
         _require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
         _require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
         _require(bool(self.topic), "data.topic must not be empty")
+        _require(not self.exchange, "data.exchange (all-to-all mixing of fresh rows across ranks) is not implemented "
+                 "yet: leave it false (each rank's batches mix its own partitions through the shuffle buffer)")
         self.handoff_time  # parse now so a bad value fails at start
 
     @property

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -95,7 +97,29 @@ def select_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def die_with_launcher() -> None:
+    """Under torchrun, make the kernel SIGKILL this worker when the launcher dies.
+
+    torchrun starts workers in their own sessions, so a `kill -9` of the launcher (an OOM kill,
+    a preempted node agent) would otherwise leave workers training on, unsupervised, racing a
+    restarted run for the same checkpoint folder. Linux only; elsewhere a no-op."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except OSError as e:  # no libc.so.6 (musl ...): keep going without the guard
+        log.warning("could not arm the parent-death signal: %s", e)
+        return
+    if os.getppid() == 1:  # the launcher died before the guard was armed
+        os._exit(1)
+
+
 def init_distributed(device_choice: str, timeout_s: float = 600.0) -> Dist:
+    die_with_launcher()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -114,7 +114,8 @@ def export_model(tr: "Trainer", summary: dict[str, Any] | None = None) -> Path:
     d = tr.run_dir / "export"
     d.mkdir(parents=True, exist_ok=True)
     cfg = tr.cfg
-    atomic_torch_save({"state_dict": tr.model.state_dict(), "model_config": cfg.to_dict()["model"],
+    cpu_state = {k: v.detach().cpu() for k, v in tr.model.state_dict().items()}  # loadable without a GPU
+    atomic_torch_save({"state_dict": cpu_state, "model_config": cfg.to_dict()["model"],
                        "schema_version": SCHEMA_VERSION}, d / "model.pt")
     info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": "trainers.model.CTRModel",
             "model_config": cfg.to_dict()["model"], "snapshot_id": cfg.data.snapshot_id,

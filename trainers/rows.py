@@ -19,9 +19,6 @@ import torch
 
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
-# Columns come zero-copy from Arrow (read-only buffers); tensors made from them are only read.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
 SOURCE_ICEBERG = 0
 SOURCE_KAFKA = 1
 SOURCE_REPLAY = 2
@@ -182,7 +179,9 @@ class Features:
     @classmethod
     def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
         def t(a: np.ndarray) -> torch.Tensor:
-            x = torch.from_numpy(np.ascontiguousarray(a))
+            with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
+                warnings.simplefilter("ignore", UserWarning)
+                x = torch.from_numpy(np.ascontiguousarray(a))
             return x.pin_memory() if pin else x
 
         return cls(

@@ -255,17 +255,22 @@ class Trainer:
         fresh_target = max(1, dc.batch_size - replay_count(dc.batch_size, dc.replay_share))
         started = time.monotonic() - self.stream_elapsed_s
         last_export = time.monotonic()
-        kafka_global = 0.0
+        kafka_global = self.d.sum([float(self.c["samples_kafka"])])[0]  # counts a resumed run's earlier part
         try:
             while True:
                 t0 = time.perf_counter()
-                fresh = src.poll()
+                w0 = src.wait_s
+                buffered = len(self.shuffle)
+                # wait for the broker only when there is too little to train; stop reading ahead
+                # when the buffer is far past its size (back-pressure bounds memory)
+                fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty()
                 self._absorb(src)
                 stream_profile.add_rows(self.profile, fresh)
                 self.shuffle.add(fresh)
                 batch = self.shuffle.take(fresh_target, idle=src.idle)
                 lag = src.lag(refresh=src.idle)
-                self.wait_s += time.perf_counter() - t0 if not len(batch) else 0.0
+                # waiting on the broker is data wait; so is a whole iteration with nothing to train
+                self.wait_s += (time.perf_counter() - t0) if not len(batch) else (src.wait_s - w0)
                 elapsed = time.monotonic() - started
                 self.stream_elapsed_s = elapsed
                 want_ckpt, _ = self._flags()
@@ -273,8 +278,8 @@ class Trainer:
                                    and time.monotonic() - last_export >= stop.export_every_min * 60)
                 timeout = float(self.d.is_main and stop.timeout_s > 0 and elapsed >= stop.timeout_s)
                 over = float(self.d.is_main and stop.mode == "duration" and elapsed >= stop.duration_s)
-                g = self.d.sum([len(batch), lag, len(self.shuffle), want_ckpt, export_due, timeout, over])
-                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over = g
+                g = self.d.sum([len(batch), lag, len(self.shuffle), want_ckpt, export_due, timeout, over, float(not src.idle)])
+                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy = g
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
@@ -294,7 +299,8 @@ class Trainer:
                     self.export()
                     last_export = time.monotonic()
                     g_ckpt = 1
-                if stop.mode == "caught_up" and g_lag <= stop.max_lag and g_buf == 0 and g_n == 0:
+                # idle ranks refreshed their watermarks this step, so the lag is current, not cached
+                if stop.mode == "caught_up" and g_lag <= stop.max_lag and g_buf == 0 and g_busy == 0:
                     self.stop_reason = f"caught up (lag {int(g_lag)} <= {stop.max_lag})"
                 elif stop.mode == "samples" and kafka_global >= stop.samples:
                     self.stop_reason = f"trained {int(kafka_global)} stream samples"

@@ -124,6 +124,8 @@ def test_run_layout_and_summary(run: Run) -> None:
                 "newest_event_time", "kafka_lag_at_stop", "checkpoint"):
         assert key in s, key
     assert s["snapshot_id"] == run.fx.snapshot_id
+    # priority mix: replay_share 0.25 of each stream batch came from the window's recent samples
+    assert 0.25 <= s["samples_replay"] / s["samples_kafka"] <= 0.42
     assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
     assert s["final_offsets"] == {str(p): o for p, o in end_offsets(run.bootstrap, run.topic).items()}
     assert all(m == "offsets_for_times" for m in s["handoff_methods"].values())
@@ -131,3 +133,22 @@ def test_run_layout_and_summary(run: Run) -> None:
     assert Path(s["checkpoint"]).name == (d / "checkpoint" / "latest").read_text().strip()
     profile = json.loads((d / "stream_profile.json").read_text())
     assert profile["rows"] == s["samples_kafka"]
+
+
+def test_the_exported_model_loads_and_scores(run: Run) -> None:
+    import torch
+
+    from slipstream.schema import SCHEMA_VERSION
+    from trainers.config import ModelConfig
+    from trainers.model import CTRModel
+    from trainers.rows import Features, Rows
+
+    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=False)
+    assert blob["schema_version"] == SCHEMA_VERSION
+    model = CTRModel(ModelConfig(**blob["model_config"]))
+    model.load_state_dict(blob["state_dict"])
+    rows = Rows.from_arrow(run.fx.days["2026-11-02"].slice(0, 100), source=0)
+    p = torch.sigmoid(model(Features.from_rows(rows)))
+    assert p.shape == (100,) and bool(((p > 0) & (p < 1)).all())
+    info = json.loads((run.run_dir / "export" / "model.json").read_text())
+    assert info["snapshot_id"] == run.fx.snapshot_id and info["run_id"] == "e2e"

@@ -84,20 +84,23 @@ class KafkaSource:
         """True when the last poll returned fewer records than asked: the rank is caught up."""
         self._high: dict[int, int] = {}
         self._high_at = 0.0
+        self._unknown = False
         self._dlq: Producer | None = None
         self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50}))
         if self.partitions:
             self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in self.partitions])
 
     # --- reading ----------------------------------------------------------------------------
-    def poll(self) -> Rows:
-        """Fresh training rows from one consume call (possibly none)."""
+    def poll(self, block: bool = True) -> Rows:
+        """Fresh training rows from one consume call (possibly none). `block=False` only takes
+        what the client already fetched (the trainer has rows buffered and must not wait)."""
         if not self.partitions:
             self.idle = True
-            time.sleep(min(self.consume_timeout_s, 0.05))
+            if block:
+                time.sleep(min(self.consume_timeout_s, 0.05))
             return Rows.empty()
         started = time.perf_counter()
-        msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s)
+        msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s if block else 0.0)
         self.wait_s += time.perf_counter() - started
         values: list[bytes | None] = []
         parts: list[int] = []
@@ -185,14 +188,18 @@ class KafkaSource:
         """Records not yet read on this rank's partitions (high watermark - position)."""
         now = time.monotonic()
         if refresh or now - self._high_at >= self.lag_interval_s:
+            self._unknown = False
             for p in self.partitions:
                 try:
-                    _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
+                    _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=2, cached=False)
                     self._high[p] = high
                 except KafkaException as e:
-                    log.warning("watermarks of %s[%d] unavailable (%s): keeping the last known lag", self.topic, p, e)
+                    # broker unreachable: the lag is unknown, never "caught up" (data.stop.timeout_s caps the wait)
+                    self._unknown = True
+                    log.warning("watermarks of %s[%d] unavailable (%s): lag unknown", self.topic, p, e)
             self._high_at = now
-        return sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+        lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+        return max(lag, 1) if self._unknown else lag
 
     def close(self) -> None:
         try:

@@ -1,0 +1,149 @@
+"""Fast trainer pieces: config validation, stream shuffle/replay, resume across world sizes,
+atomic checkpoints and audit parts, the model's variable-length history."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.errors import ConfigError, ResumeError
+from slipstream.settings import Settings
+from trainers.audit import AuditWriter, drop_uncommitted, read_audit
+from trainers.checkpoint import Checkpointer
+from trainers.config import ModelConfig, load_config
+from trainers.data.mixer import ReplayReservoir, StreamShuffle
+from trainers.model import build_model
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_to_state
+from trainers.state import resume_point
+
+
+@pytest.fixture(scope="module")
+def table() -> pa.Table:
+    cfg = GeneratorConfig(start_day=date(2026, 11, 1), days=1, impressions_per_day=600, seed=3)
+    return next(iter(reference_samples(cfg).values()))
+
+
+def _kafka_rows(table: pa.Table, partitions: int = 4) -> Rows:
+    n = table.num_rows
+    return Rows.from_arrow(table, source=SOURCE_KAFKA, partition=np.arange(n) % partitions, offset=np.arange(n) // partitions)
+
+
+def _cfg(tmp_path: Path, *sets: str) -> object:
+    base = ["data.snapshot_id=1", "data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r"]
+    return load_config(None, [*base, *sets], Settings(home=tmp_path))
+
+
+def test_config_validates_with_dotted_names(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "data.stop.mode=samples", "data.stop.samples=10", "model.top_mlp=[8, 4]")
+    assert cfg.data.stop.samples == 10 and cfg.model.top_mlp == [8, 4]  # type: ignore[attr-defined]
+    assert cfg.run.runs_dir == str(tmp_path / "runs")  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="data.replay_share"):
+        _cfg(tmp_path, "data.replay_share=1.5")
+    with pytest.raises(ConfigError, match="timezone"):
+        _cfg(tmp_path, "data.t_handoff=2026-11-03T00:00:00")
+    with pytest.raises(ConfigError, match="unknown key.*data.batchsize"):
+        _cfg(tmp_path, "data.batchsize=3")
+    with pytest.raises(ConfigError, match="missing required key.*data.snapshot_id"):
+        load_config(None, ["data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r"], Settings(home=tmp_path))
+
+
+def test_stream_shuffle_emits_every_row_once(table: pa.Table) -> None:
+    rows = _kafka_rows(table)
+    sh = StreamShuffle(capacity=100, seed=1, rank=0)
+    out: list[str] = []
+    for s in range(0, len(rows), 37):
+        sh.add(rows.slice(s, s + 37))
+        out += sh.take(32, idle=False).sample_id.to_pylist()
+    while len(sh):
+        out += sh.take(32, idle=True).sample_id.to_pylist()
+    assert sorted(out) == sorted(table.column("sample_id").to_pylist())
+    assert out[:50] != table.column("sample_id").to_pylist()[:50]  # mixed, not in arrival order
+
+
+def test_replay_reservoir_keeps_recent_rows_and_marks_replays(table: pa.Table) -> None:
+    rows = Rows.from_arrow(table, source=0)
+    cut = int(np.median(rows.event_us))
+    res = ReplayReservoir(capacity=50, start_us=cut, seed=0, rank=0)
+    for s in range(0, len(rows), 100):
+        res.offer(rows.slice(s, s + 100))
+    assert len(res) == 50 and (res.rows.event_us >= cut).all()
+    drawn = res.draw(20)
+    assert len(drawn) == 20 and (drawn.source == SOURCE_REPLAY).all()
+
+
+def _states(rows: Rows, world: int) -> list[dict[str, object]]:
+    states = []
+    for r in range(world):
+        mine = rows.mask(rows.partition % world == r)
+        states.append({"iceberg": {"epoch": 1, "chunk": 2, "offset": 5}, "replay": None,
+                       "shuffle": {"rows": rows_to_state(mine), "rng": None}})
+    return states
+
+
+def test_stream_resume_on_another_world_size_keeps_every_buffered_row(table: pa.Table) -> None:
+    rows = _kafka_rows(table)
+    meta = {"world": 2, "step": 9, "phase": "stream", "epoch": 1, "positions": {str(p): 10 for p in range(4)}}
+    states = _states(rows, 2)
+    got: list[str] = []
+    for r in range(3):
+        parts = list(range(4))[r::3]
+        rp = resume_point(meta, states, r, 3, parts)
+        assert rp.stream_rows is not None and set(rp.stream_rows.partition.tolist()) <= set(parts)
+        got += rp.stream_rows.sample_id.to_pylist()
+    assert sorted(got) == sorted(table.column("sample_id").to_pylist())
+
+
+def test_batch_resume_mid_epoch_on_another_world_size_is_refused(table: pa.Table) -> None:
+    meta = {"world": 2, "step": 9, "phase": "batch", "epoch": 1}
+    states = _states(Rows.from_arrow(table, source=0), 2)
+    with pytest.raises(ResumeError, match="--nproc-per-node 2"):
+        resume_point(meta, states, 0, 3, None)
+    for s in states:
+        s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: accepted
+    assert resume_point(meta, states, 0, 3, None).epoch == 1
+
+
+def test_checkpoint_commit_is_atomic_and_uncommitted_audit_is_dropped(tmp_path: Path, table: pa.Table) -> None:
+    ck = Checkpointer(tmp_path / "checkpoint", rank=0, barrier=lambda: None, keep=2)
+    audit = AuditWriter(tmp_path / "audit", rank=0)
+    rows = Rows.from_arrow(table, source=0, epoch=0)
+    for step in (1, 2, 3):
+        audit.add(rows.slice(step * 10, step * 10 + 10), step)
+        audit.write_part(step)
+        ck.save(step, {"model": {}}, {"x": step}, {"step": step, "world": 1})
+    assert ck.latest() == tmp_path / "checkpoint" / "step-000000003"
+    assert sorted(p.name for p in (tmp_path / "checkpoint").glob("step-*")) == ["step-000000002", "step-000000003"]
+    # a kill after writing the audit part of step 4 but before its checkpoint committed
+    audit.add(rows.slice(40, 50), 4)
+    audit.write_part(4)
+    (tmp_path / "checkpoint" / "step-000000004.tmp").mkdir()
+    assert json.loads((ck.latest() / "meta.json").read_text())["step"] == 3  # type: ignore[operator]
+    drop_uncommitted(tmp_path / "audit", 3)
+    assert read_audit(tmp_path).column("sample_id").to_pylist() == rows.slice(10, 40).sample_id.to_pylist()
+
+
+def test_model_consumes_variable_length_histories_without_padding(table: pa.Table) -> None:
+    rows = Rows.from_arrow(table.slice(0, 64), source=0)
+    lengths = np.diff(rows.hist_offsets)
+    assert lengths.min() == 0 and lengths.max() > 1  # empty and long histories in one batch
+    model = build_model(ModelConfig(user_buckets=101, item_buckets=53, category_buckets=11, embed_dim=4), seed=0)
+    out = model(Features.from_rows(rows))
+    assert out.shape == (64,) and torch.isfinite(out).all()
+    empty = model(Features.from_rows(Rows.empty()))
+    assert empty.shape == (0,)
+
+
+def test_the_example_config_loads_with_the_run_keys(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "trainers" / "configs" / "example.yaml"
+    cfg = load_config(example, ["data.snapshot_id=42", "data.t_handoff=2026-11-04T00:00:00Z", "run.run_id=d"],
+                      Settings(home=tmp_path))
+    assert cfg.data.snapshot_id == 42 and cfg.data.window_start.isoformat() == "2026-11-01T00:00:00+00:00"
+    with pytest.raises(ConfigError, match="data.snapshot_id"):
+        load_config(example, ["data.t_handoff=2026-11-04T00:00:00Z", "run.run_id=d"], Settings(home=tmp_path))
