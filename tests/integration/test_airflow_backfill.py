@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_fixtures import airflow_cli_env
+from tests.airflow_fixtures import airflow_cli_env, migrated_airflow_db, use_airflow_db  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,6 @@ def cli(*argv):
         args.func(args)
     return buf.getvalue()
 
-cli("db", "migrate")
 cli("dags", "reserialize")
 cli("backfill", "create", "--dag-id", "preprocess_samples", "--from-date", "2025-01-01", "--to-date", "2025-01-03")
 runs = json.loads(cli("dags", "list-runs", "preprocess_samples", "-o", "json"))
@@ -40,7 +39,8 @@ print("RESULT " + json.dumps({"runs": runs, "again": again, "wider": wider}))
 """
 
 
-def test_backfill_creates_one_run_per_day_once(tmp_path: Path) -> None:
+def test_backfill_creates_one_run_per_day_once(tmp_path: Path, migrated_airflow_db: Path) -> None:  # noqa: F811
+    use_airflow_db(migrated_airflow_db, tmp_path / "home")
     env = airflow_cli_env(tmp_path / "home")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)

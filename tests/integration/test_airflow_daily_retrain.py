@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.settings import Settings
-from tests.airflow_fixtures import STANDIN_TRAINER, airflow, airflow_cli_env
+from tests.airflow_fixtures import STANDIN_TRAINER, airflow, airflow_cli_env, migrated_airflow_db, use_airflow_db  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def _missing() -> list[str]:
 
 @pytest.mark.skipif(bool(_missing()), reason=f"contract modules not merged yet: {', '.join(_missing())}")
 @pytest.mark.skipif(shutil.which("java") is None, reason="Java 17 is needed by the Spark preprocessing")
-def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str, tmp_path: Path, migrated_airflow_db: Path) -> None:  # noqa: F811
     from slipstream.datagen import GeneratorConfig, generate, write_manifest
     from slipstream.kafka import create_topic, produce_samples
 
@@ -52,7 +52,7 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
                 "SLIPSTREAM_TOPIC_PARTITIONS": "2"})
     if importlib.util.find_spec("trainers.train") is None:
         env["SLIPSTREAM_TRAINER_MODULE"] = STANDIN_TRAINER
-    assert airflow(["db", "migrate"], env).returncode == 0
+    use_airflow_db(migrated_airflow_db, settings.home)
     t_day = cfg.start_day + timedelta(days=cfg.days)  # logical date T: data interval = the last raw day
     conf = {"window_days": 2, "epochs": 1, "stream_stop": "caught_up", "cpu_processes": 2, "batch_size": 256}
     out = airflow(["dags", "test", "daily_retrain", t_day.isoformat(), "-c", json.dumps(conf)], env, timeout=600)
