@@ -67,14 +67,19 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
 
     settings = Settings.from_env()
     run_id = run_id_of(context)
+    from slipstream.planning import pin_snapshot
+
     start, end = interval(context)
     request = TrainRequest.from_params(params)
-    days = plan_days(_samples_table(settings), start, end, request.window_days)
+    table = _samples_table(settings)
+    days = plan_days(table, start, end, request.window_days)
     results = run_preprocess_days(settings, days, run_id)
     if not results:
         raise RuntimeError(f"run_preprocess_days returned nothing for {days}: see the Spark log above")
     per_day = {str(r.day): {"rows": r.rows, "rejects": r.rejects, "seconds": round(r.seconds, 1)} for r in results}
-    snapshot_id = int(results[-1].snapshot_id)  # the last commit holds every day just written
+    # Days may commit concurrently, in any order: pin the table's snapshot now that every commit
+    # has finished; it holds all of them, and every later task uses this id, never "the latest".
+    snapshot_id = pin_snapshot(table.refresh())
     update_summary(run_dir(settings, run_id), "preprocess", {"days": per_day, "snapshot_id": snapshot_id})
     for day, r in per_day.items():
         log.info("preprocessed %s: %d rows, %d rejects in %.1fs", day, r["rows"], r["rejects"], r["seconds"])
