@@ -154,7 +154,10 @@ def publish(context: Mapping[str, Any]) -> dict[str, Any]:
     lineage = training_result(context)
     if lineage.get("dry_run"):
         return {"run_id": lineage["run_id"], "published": False, "reason": "dry run"}
-    path = Path(lineage["run_dir"])
+    # the worker's view of the run folder (a pod reports its own mount path in run_dir)
+    path = run_dir(settings, lineage["run_id"])
+    if not path.exists() and Path(lineage.get("run_dir", "")).exists():
+        path = Path(lineage["run_dir"])
     update_summary(path, "train", lineage)
     config = RegistryConfig.from_env(settings)
     package = ModelRegistry(config.location).publish(path, tolerance=config.tolerance)
