@@ -43,7 +43,7 @@ def daily_retrain() -> None:
     def preprocess(params=None, **context):  # type: ignore[no-untyped-def]
         return tasks.preprocess_window(context, params)
 
-    @task
+    @task(retries=0)  # a failed expectation fails again on retry: stop at once
     def quality_gate(pre, params=None, **context):  # type: ignore[no-untyped-def]
         return tasks.quality_gate(context, params, pre)
 
