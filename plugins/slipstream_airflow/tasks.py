@@ -138,8 +138,8 @@ def warmup_local(context: Mapping[str, Any], params: Mapping[str, Any], gate: Ma
 
 def training_result(context: Mapping[str, Any]) -> dict[str, Any]:
     """The lineage XCom of whichever training task ran (the others were skipped by the branch)."""
-    ti = context["ti"]
-    for task_id in TRAIN_TASK_IDS:
+    ti, dag = context["ti"], context.get("dag")
+    for task_id in [t for t in TRAIN_TASK_IDS if dag is None or t in dag.task_ids]:
         value = ti.xcom_pull(task_ids=task_id)
         if value:
             return dict(value)
