@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from slipstream.settings import Settings
+from tests.airflow_fixtures import STANDIN_TRAINER
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +36,12 @@ def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     from slipstream import stack, ui
     from slipstream.stack import free_port
 
+    port = free_port()
     monkeypatch.setenv("SLIPSTREAM_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SLIPSTREAM_KAFKA_PORT", str(free_port()))
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_PORT", str(port))
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
+    if not _have("trainers.train"):
+        monkeypatch.setenv("SLIPSTREAM_TRAINER_MODULE", STANDIN_TRAINER)
     settings = Settings.from_env()
     try:
         info = ui.up(settings, port=free_port(), password="test-pass-123")
@@ -46,8 +51,23 @@ def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
         stack.down(settings)
 
 
-def _api(info: Any, path: str, token: str, body: dict | None = None) -> Any:  # type: ignore[type-arg]
-    req = urllib.request.Request(f"{info.url}{path}", method="POST" if body is not None else "GET",
+def _generate_recent_days(settings: Settings, days: int) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from slipstream.datagen import GeneratorConfig, generate, write_manifest
+    from slipstream.kafka import create_topic, produce_samples
+
+    today = datetime.now(timezone.utc).date()
+    cfg = GeneratorConfig(start_day=today - timedelta(days=days), days=days, impressions_per_day=2000,
+                          users=300, items=80, stream_minutes=10)
+    data = generate(cfg, settings.raw_dir)
+    write_manifest(data, settings.home / "generator" / "manifest.json")
+    create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
+    produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
+
+
+def _api(info: Any, path: str, token: str, body: dict | None = None, method: str | None = None) -> Any:  # type: ignore[type-arg]
+    req = urllib.request.Request(f"{info.url}{path}", method=method or ("POST" if body is not None else "GET"),
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -85,6 +105,9 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     from selenium.webdriver.support.ui import WebDriverWait
 
     info = airflow_ui
+    run_for_real = all(_have(m) for m in CONTRACTS)
+    if run_for_real:  # the three days before today (the form's logical date is now) and a stream
+        _generate_recent_days(Settings.from_env(), days=3)
     token = _token(info)  # the login `ui up` printed works
     _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
 
@@ -137,8 +160,11 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     assert len(manual) == 1, runs  # the refused trigger created nothing
     conf = manual[0]["conf"]
     assert conf["window_days"] == 3 and conf["epochs"] == 2 and conf["stream_stop"] == "20"
-    if all(_have(m) for m in CONTRACTS):
+    if run_for_real:
         run_id = manual[0]["dag_run_id"]
+        for other in runs:  # unpausing also scheduled the latest interval: it would queue ours behind it
+            if other["run_type"] == "scheduled":
+                _api(info, f"/api/v2/dags/daily_retrain/dagRuns/{other['dag_run_id']}", token, {"state": "failed"}, "PATCH")
         state = _wait("the triggered run to finish", lambda: (s := _api(
             info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
         assert state == "success"
