@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "slipstream.commands.stack",
     "slipstream.commands.generate",
     "slipstream.commands.bench",
+    "slipstream.commands.demo",
     "slipstream.commands.models",
     "slipstream.commands.ui",
 )

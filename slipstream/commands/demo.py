@@ -1,0 +1,31 @@
+"""`slipstream demo`: run the whole pipeline once on the embedded stack and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from slipstream.demo import DemoOptions, format_summary, run_demo
+from slipstream.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="stack up, generate data, run daily_retrain once, print a summary, stack down")
+    p.add_argument("--days", type=int, default=DemoOptions.days, help="days of raw logs (the training window)")
+    p.add_argument("--impressions-per-day", type=int, default=DemoOptions.impressions_per_day)
+    p.add_argument("--stream-minutes", type=float, default=DemoOptions.stream_minutes,
+                   help="event time the Kafka stream covers after the last day")
+    p.add_argument("--epochs", type=int, default=DemoOptions.epochs)
+    p.add_argument("--no-drift", action="store_true", help="keep the hidden model fixed after T")
+    p.add_argument("--keep-running", action="store_true", help="leave the stack up afterwards")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = DemoOptions(days=args.days, impressions_per_day=args.impressions_per_day,
+                       stream_minutes=args.stream_minutes, epochs=args.epochs,
+                       drift=not args.no_drift, keep_running=args.keep_running)
+    summary = run_demo(Settings.from_env(), opts)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0

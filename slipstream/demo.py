@@ -1,0 +1,209 @@
+"""`slipstream demo`: the whole pipeline once, on the embedded stack, in a folder of its own.
+
+Starts the local stack, generates a small data set (raw logs for N days and the labelled stream
+after them), runs the `daily_retrain` DAG once with `airflow dags test`, prints what a person wants
+to see (rows per day, the snapshot trained on, samples from Iceberg and from Kafka, AUC next to the
+generator's best) and stops the stack by PID, whatever happened.
+
+The demo keeps its state under `<SLIPSTREAM_HOME>/demo` and starts it afresh each time, so it never
+touches a stack the user runs in the main home, and a second run gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from slipstream import stack
+from slipstream.datagen import GeneratorConfig, generate, write_manifest
+from slipstream.errors import SlipstreamError
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DAG_ID = "daily_retrain"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    start_day: date = date(2026, 11, 1)
+    days: int = 3
+    impressions_per_day: int = 20_000
+    stream_minutes: float = 60.0
+    drift: bool = True
+    seed: int = 7
+    epochs: int = 2
+    keep_running: bool = False
+    """Leave the stack up after the run (to look around with `slipstream stack status`)."""
+
+
+def demo_settings(base: Settings) -> Settings:
+    """The demo's own home under the user's, with a broker port nobody else holds."""
+    home = base.home / "demo"
+    port = stack.free_port()
+    return dataclasses.replace(
+        base, home=home, warehouse="", raw_dir="", cache_dir="", runs_dir="",
+        kafka_port=port, kafka_bootstrap=f"127.0.0.1:{port}",
+    )
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """Environment for `airflow` and everything it launches: settings + AIRFLOW_HOME + import paths."""
+    env = dict(os.environ)
+    env.update(settings.as_env())
+    env.update(stack.airflow_env(settings))
+    paths = [str(stack.REPO_ROOT), str(stack.REPO_ROOT / "plugins")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def run_dag(settings: Settings, logical_day: str, conf: dict[str, Any], log_path: Path) -> None:
+    """`airflow dags test` the daily DAG, streaming its output to the console and to `log_path`."""
+    airflow = Path(sys.executable).with_name("airflow")
+    argv = [str(airflow) if airflow.exists() else "airflow", "dags", "test", DAG_ID, logical_day,
+            "--conf", json.dumps(conf)]
+    log.info("running %s (log: %s)", " ".join(argv[:5]), log_path)
+    started = time.monotonic()
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(argv, env=child_env(settings), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                text = line.decode(errors="replace").rstrip()
+                if _worth_showing(text):
+                    print(f"  | {text[:200]}", flush=True)
+            rc = proc.wait()
+        except BaseException:
+            stack.stop_process(proc.pid)
+            raise
+    if rc != 0:
+        raise SlipstreamError(
+            f"`airflow dags test {DAG_ID} {logical_day}` failed with exit code {rc} after "
+            f"{time.monotonic() - started:.0f} s; the full log is {log_path}"
+        )
+    # `dags test` exits 0 even when a task failed in some Airflow versions: check the run state.
+    tail = log_path.read_text(errors="replace")[-20_000:]
+    if "state=failed" in tail.replace(" ", "") or "DagRunState.FAILED" in tail:
+        raise SlipstreamError(f"the {DAG_ID} run failed; see {log_path}")
+
+
+def _worth_showing(line: str) -> bool:
+    keys = ("slipstream", "Marking task", "state=", "rows/s", "ETA", "AUC", "auc", "ERROR", "Error")
+    return any(k in line for k in keys)
+
+
+def newest_run(runs_dir: Path) -> Path:
+    runs = sorted(runs_dir.glob("*/metrics.json"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise SlipstreamError(f"the DAG finished but no run wrote metrics.json under {runs_dir}")
+    return runs[-1].parent
+
+
+def rows_per_day(settings: Settings) -> tuple[int | None, dict[str, int]]:
+    """Current snapshot id of `samples` and its row count per UTC day."""
+    import pyarrow.compute as pc
+
+    from slipstream.iceberg import get_catalog, samples_table
+
+    table = samples_table(get_catalog(settings), settings.namespace)
+    snap = table.current_snapshot()
+    if snap is None:
+        return None, {}
+    days = table.scan(selected_fields=("event_time",)).to_arrow()["event_time"]
+    counts = pc.value_counts(pc.strftime(days, format="%Y-%m-%d"))
+    out = {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()}
+    return snap.snapshot_id, dict(sorted(out.items()))
+
+
+def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
+    settings = demo_settings(base)
+    if settings.home.exists():
+        log.info("starting afresh: removing the previous demo's state in %s", settings.home)
+        stale = stack.StackState.load(settings.home)
+        for svc in stale.services.values():
+            stack.stop_process(svc.pid)
+        shutil.rmtree(settings.home)
+    settings.home.mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        state = stack.up(settings)
+        settings = dataclasses.replace(settings, kafka_bootstrap=state.services["kafka"].address)
+        cfg = GeneratorConfig(start_day=opts.start_day, days=opts.days, impressions_per_day=opts.impressions_per_day,
+                              stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
+        data = generate(cfg, settings.raw_dir)
+        manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
+        from slipstream.kafka import produce_samples
+
+        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
+        # A manual run at T covers the last complete day before it: the generator's last day, so
+        # the window is exactly the generated days and the handoff is the start of the stream.
+        t_handoff = cfg.t_handoff.date()
+        conf = {"window_days": cfg.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
+        run_dag(settings, t_handoff.isoformat(), conf, settings.home / "daily_retrain.log")
+        run_dir = newest_run(Path(settings.runs_dir))
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        snapshot_id, per_day = rows_per_day(settings)
+        summary = {
+            "rows_per_day": per_day,
+            "snapshot_id": metrics.get("snapshot_id", snapshot_id),
+            "produced_to_kafka": produced,
+            "samples_iceberg": metrics.get("samples_iceberg"),
+            "samples_kafka": metrics.get("samples_kafka"),
+            "auc": metrics.get("auc"),
+            "auc_after_t": metrics.get("auc_after_t"),
+            "auc_after_t_batch_only": metrics.get("auc_after_t_batch_only"),
+            "best_auc": manifest.get("best_auc"),
+            "checkpoint": metrics.get("checkpoint"),
+            "metrics": str(run_dir / "metrics.json"),
+            "report": str(run_dir / "report.html") if (run_dir / "report.html").exists() else None,
+            "publish": metrics.get("publish"),
+            "seconds": round(time.monotonic() - started, 1),
+            "home": str(settings.home),
+        }
+        return summary
+    finally:
+        if opts.keep_running:
+            log.info("stack left running; stop it with SLIPSTREAM_HOME=%s slipstream stack down", settings.home)
+        else:
+            stopped = stack.down(settings)
+            log.info("stopped %s", ", ".join(stopped) or "nothing")
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    best = s.get("best_auc") or {}
+    lines = ["", "Slipstream demo — daily_retrain ran end to end", ""]
+    lines.append("rows written per day (Iceberg `samples`):")
+    lines += [f"  {day}  {n:>9,d}" for day, n in s["rows_per_day"].items()]
+    lines.append(f"snapshot trained on:     {s['snapshot_id']}")
+    lines.append(f"samples from Iceberg:    {s['samples_iceberg']:,}" if s["samples_iceberg"] is not None
+                 else "samples from Iceberg:    n/a")
+    lines.append(f"samples from Kafka:      {s['samples_kafka']:,} (of {s['produced_to_kafka']:,} produced)"
+                 if s["samples_kafka"] is not None else "samples from Kafka:      n/a")
+    lines.append(f"held-out AUC (all):      {_f(s['auc'])}   best achievable {_f(best.get('holdout_before_t'))}")
+    lines.append(f"held-out AUC after T:    {_f(s['auc_after_t'])}   batch-only model {_f(s['auc_after_t_batch_only'])}"
+                 f"   best achievable {_f(best.get('holdout_after_t'))}")
+    if s.get("publish"):
+        lines.append(f"model registry:          {s['publish']}")
+    lines.append(f"checkpoint:              {s['checkpoint']}")
+    lines.append(f"metrics:                 {s['metrics']}")
+    if s.get("report"):
+        lines.append(f"insight report:          {s['report']}")
+    lines.append(f"took {s['seconds']:.0f} s; state in {s['home']}")
+    return "\n".join(lines)
+
+
+def _f(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) else "n/a"
