@@ -34,7 +34,8 @@ MODELS = Asset("slipstream://models")
     catchup=False,
     max_active_runs=1,
     params=train_params({"backend": BACKEND}, enums={"backend": BACKENDS}),
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=2), "on_failure_callback": log_failure},
+    # one retry, soon: training resumes from its checkpoint, and a demo failure surfaces fast
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": log_failure},
     tags=["slipstream", "training"],
     doc_md=__doc__,
 )
