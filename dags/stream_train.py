@@ -17,11 +17,10 @@ from slipstream_airflow import stream_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator
 from slipstream_airflow.params import train_params
-from slipstream_airflow.training import TrainPodOperator
 
 BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"
 
-params = train_params({"backend": BACKEND}, only=("window_days", "gpus", "cpu_processes", "batch_size", "lr", "replay_share", "backend"))
+params = train_params({"backend": BACKEND}, enums={"backend": (BACKEND,)}, only=("window_days", "gpus", "cpu_processes", "batch_size", "lr", "replay_share", "backend"))
 params["stream_name"] = Param("main", type="string", pattern="^[a-z0-9-]{1,40}$", title="Stream name",
                               description="Names the run folder stream-<name>; the same name resumes the same training.")
 params["export_every_min"] = Param(10, type="number", exclusiveMinimum=0, maximum=1440, title="Export every (min)",
@@ -46,6 +45,8 @@ def stream_train() -> None:
         return stream_tasks.render_stream_job(context, params)
 
     if BACKEND == "kubernetes":
+        from slipstream_airflow.training import TrainPodOperator  # the provider import costs ~2 s
+
         train = TrainPodOperator(task_id="train", cluster=ClusterSettings.from_env())
     else:
         train = LocalTorchrunOperator(task_id="train")

@@ -84,14 +84,15 @@ class ClusterSettings:
     gpu_toleration: str = "nvidia.com/gpu"
     """SLIPSTREAM_GPU_TOLERATION: taint key of GPU nodes that training pods tolerate (NoSchedule)."""
 
-    cache_node_selector: str = "slipstream.io/cache-node=true"
+    cache_node_selector: str = "slipstream.io/cache=true"
     """SLIPSTREAM_CACHE_NODE_SELECTOR: labels of the nodes holding the warm cache (`k=v,k2=v2`);
-    warmup and training pods both require them (cache-aware scheduling)."""
+    warmup and training pods both require them (cache-aware scheduling). The three cache
+    placement settings and their defaults are the cache team's (`slipstream.cache.settings`)."""
 
-    cache_volume: str = "hostPath:/var/lib/slipstream/cache"
+    cache_volume: str = "hostPath:/mnt/slipstream-cache"
     """SLIPSTREAM_CACHE_VOLUME: the node-local cache, `hostPath:/path` or `pvc:claim`."""
 
-    cache_mount_path: str = "/cache"
+    cache_mount_path: str = "/mnt/slipstream-cache"
     """SLIPSTREAM_CACHE_MOUNT_PATH: where pods see the cache (their SLIPSTREAM_CACHE_DIR)."""
 
     runs_volume: str = ""

@@ -92,8 +92,8 @@ KNOBS: tuple[Knob, ...] = (
          "window (guards against forgetting).", minimum=0.0, maximum=0.9),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
          "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
-    Knob("dry_run", "boolean", False, "Plan only: resolve the window, render the training command "
-         "and write the run summary, without reading data or training."),
+    Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, the "
+         "training command is rendered into the run summary and the XCom, nothing is trained."),
 )
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 

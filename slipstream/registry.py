@@ -112,6 +112,7 @@ def _s3_filesystem(env: Mapping[str, str]) -> pafs.S3FileSystem:
         region=env.get("SLIPSTREAM_S3_REGION") or "us-east-1",
         endpoint_override=endpoint.split("://", 1)[-1] or None,
         scheme=scheme,
+        allow_bucket_creation=True,  # a fresh registry bucket is created on the first publish
     )
 
 

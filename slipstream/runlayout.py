@@ -114,3 +114,14 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         else:
             lines.append(f"  {data}")
     return "\n".join(lines)
+
+
+def latest_run_dir(settings: Settings, kind: str = "daily", t_handoff: datetime | None = None) -> Path:
+    """The newest run folder of a kind (and T, if given): what `make demo` prints after
+    `airflow dags test`, whose DAG run id the caller does not know in advance."""
+    prefix = f"{kind}-{t_handoff:%Y%m%d}-" if t_handoff is not None else f"{kind}-"
+    root = run_dir(settings, "x").parent
+    runs = [p for p in root.glob(f"{prefix}*") if p.is_dir()] if root.exists() else []
+    if not runs:
+        raise RunArtifactMissing(f"no run folder {prefix}* under {root}: did the DAG run reach its first task?")
+    return max(runs, key=lambda p: p.stat().st_mtime)

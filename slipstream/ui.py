@@ -141,12 +141,12 @@ def up(settings: Settings, *, port: int | None = None, password: str | None = No
 
 def down(settings: Settings) -> list[str]:
     """Stop the UI components by the PIDs `up` recorded; the Kafka broker keeps running."""
+    from concurrent.futures import ThreadPoolExecutor
+
     state = StackState.load(settings.home)
-    stopped = []
-    for name in reversed(list(COMPONENTS)):
-        svc = state.services.pop(name, None)
-        if svc is not None:
-            stop_process(svc.pid)
-            stopped.append(f"{name} (pid {svc.pid})")
+    services = [svc for name in reversed(list(COMPONENTS)) if (svc := state.services.pop(name, None)) is not None]
+    # in parallel: each stop may wait out its grace period before SIGKILL
+    with ThreadPoolExecutor(max_workers=len(COMPONENTS)) as pool:
+        list(pool.map(lambda svc: stop_process(svc.pid), services))
     state.save(settings.home)
-    return stopped
+    return [f"{svc.name} (pid {svc.pid})" for svc in services]

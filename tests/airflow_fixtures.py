@@ -69,3 +69,27 @@ def airflow_cli_env(home: Path) -> dict[str, str]:
 def airflow(args: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
     bin_dir = Path(sys.executable).parent
     return subprocess.run([str(bin_dir / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+_MIGRATED: list[Path] = []
+
+
+@pytest.fixture(scope="session")
+def migrated_airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An Airflow SQLite database migrated once per session; tests copy it (`use_airflow_db`)
+    instead of paying `airflow db migrate` each time. (Each test module that imports this fixture
+    gets its own registration, hence the module-level cache.)"""
+    if not _MIGRATED:
+        home = tmp_path_factory.mktemp("airflow-db")
+        out = airflow(["db", "migrate"], airflow_cli_env(home))
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        _MIGRATED.append(home / "airflow" / "airflow.db")
+    return _MIGRATED[0]
+
+
+def use_airflow_db(template: Path, home: Path) -> None:
+    import shutil
+
+    target = home / "airflow" / "airflow.db"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, target)

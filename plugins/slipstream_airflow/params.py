@@ -14,14 +14,23 @@ from airflow.sdk import Param
 from slipstream.jobspec import KNOBS
 
 
-def train_params(defaults: Mapping[str, Any] | None = None, *, only: tuple[str, ...] | None = None) -> dict[str, Param]:
-    """One Param per knob; `defaults` overrides a knob's default (e.g. the deployment's backend)."""
+def train_params(
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    only: tuple[str, ...] | None = None,
+    enums: Mapping[str, tuple[str, ...]] | None = None,
+) -> dict[str, Param]:
+    """One Param per knob; `defaults` overrides a knob's default (e.g. the deployment's backend),
+    `enums` narrows a knob's choices (e.g. the backends this deployment has)."""
     defaults = dict(defaults or {})
+    enums = dict(enums or {})
     out: dict[str, Param] = {}
     for knob in KNOBS:
         if only is not None and knob.name not in only:
             continue
         schema: dict[str, Any] = knob.json_schema()
+        if knob.name in enums:
+            schema["enum"] = list(enums[knob.name])
         title = knob.name.replace("_", " ").capitalize()
         out[knob.name] = Param(defaults.get(knob.name, knob.default), title=title, description=knob.description, **schema)
     return out

@@ -67,14 +67,19 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
 
     settings = Settings.from_env()
     run_id = run_id_of(context)
+    from slipstream.planning import pin_snapshot
+
     start, end = interval(context)
     request = TrainRequest.from_params(params)
-    days = plan_days(_samples_table(settings), start, end, request.window_days)
+    table = _samples_table(settings)
+    days = plan_days(table, start, end, request.window_days)
     results = run_preprocess_days(settings, days, run_id)
     if not results:
         raise RuntimeError(f"run_preprocess_days returned nothing for {days}: see the Spark log above")
     per_day = {str(r.day): {"rows": r.rows, "rejects": r.rejects, "seconds": round(r.seconds, 1)} for r in results}
-    snapshot_id = int(results[-1].snapshot_id)  # the last commit holds every day just written
+    # Days may commit concurrently, in any order: pin the table's snapshot now that every commit
+    # has finished; it holds all of them, and every later task uses this id, never "the latest".
+    snapshot_id = pin_snapshot(table.refresh())
     update_summary(run_dir(settings, run_id), "preprocess", {"days": per_day, "snapshot_id": snapshot_id})
     for day, r in per_day.items():
         log.info("preprocessed %s: %d rows, %d rejects in %.1fs", day, r["rows"], r["rejects"], r["seconds"])
@@ -134,8 +139,8 @@ def warmup_local(context: Mapping[str, Any], params: Mapping[str, Any], gate: Ma
 
 def training_result(context: Mapping[str, Any]) -> dict[str, Any]:
     """The lineage XCom of whichever training task ran (the others were skipped by the branch)."""
-    ti = context["ti"]
-    for task_id in TRAIN_TASK_IDS:
+    ti, dag = context["ti"], context.get("dag")
+    for task_id in [t for t in TRAIN_TASK_IDS if dag is None or t in dag.task_ids]:
         value = ti.xcom_pull(task_ids=task_id)
         if value:
             return dict(value)
@@ -150,7 +155,10 @@ def publish(context: Mapping[str, Any]) -> dict[str, Any]:
     lineage = training_result(context)
     if lineage.get("dry_run"):
         return {"run_id": lineage["run_id"], "published": False, "reason": "dry run"}
-    path = Path(lineage["run_dir"])
+    # the worker's view of the run folder (a pod reports its own mount path in run_dir)
+    path = run_dir(settings, lineage["run_id"])
+    if not path.exists() and Path(lineage.get("run_dir", "")).exists():
+        path = Path(lineage["run_dir"])
     update_summary(path, "train", lineage)
     config = RegistryConfig.from_env(settings)
     package = ModelRegistry(config.location).publish(path, tolerance=config.tolerance)

@@ -14,7 +14,7 @@ from tests.airflow_fixtures import REPO
 
 pytestmark = pytest.mark.integration
 
-HEAVY = ("torch", "pyspark", "pyiceberg", "pandas", "great_expectations", "confluent_kafka", "pyarrow")
+HEAVY = ("torch", "pyspark", "pyiceberg", "pandas", "great_expectations", "confluent_kafka", "pyarrow", "kubernetes")
 PARSE = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -29,17 +29,26 @@ print("PARSED " + json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
-    home = tmp_path_factory.mktemp("parse")
+def _parse(home: Path, backend: str) -> dict:  # type: ignore[type-arg]
     env = {**os.environ, "AIRFLOW_HOME": str(home / "airflow"), "SLIPSTREAM_HOME": str(home),
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "SLIPSTREAM_TRAINING_BACKEND": backend}
     out = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags"), ",".join(HEAVY)],
                          env=env, capture_output=True, text=True, timeout=180)
     line = next((l for l in out.stdout.splitlines() if l.startswith("PARSED ")), None)
     assert line, f"parsing failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return json.loads(line.removeprefix("PARSED "))
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
+    """The DAGs as a laptop parses them (SLIPSTREAM_TRAINING_BACKEND=local)."""
+    return _parse(tmp_path_factory.mktemp("parse-local"), "local")
+
+
+@pytest.fixture(scope="module")
+def parsed_k8s(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
+    return _parse(tmp_path_factory.mktemp("parse-k8s"), "kubernetes")
 
 
 def test_all_dags_parse_without_errors(parsed: dict) -> None:  # type: ignore[type-arg]
@@ -51,15 +60,25 @@ def test_no_heavy_import_at_parse_time(parsed: dict) -> None:  # type: ignore[ty
     assert parsed["heavy"] == [], f"DAG parsing imported {parsed['heavy']}: move those imports into the task bodies"
 
 
-def test_daily_retrain_shape(parsed: dict) -> None:  # type: ignore[type-arg]
+def test_daily_retrain_shape_local(parsed: dict) -> None:  # type: ignore[type-arg]
     dag = parsed["dags"]["daily_retrain"]
     assert dag["timetable"] == "CronDataIntervalTimetable"
     assert set(dag["params"]) >= {"window_days", "epochs", "stream_stop", "gpus", "batch_size", "lr", "replay_share", "backend"}
     edges = {tuple(e) for e in dag["edges"]}
     for edge in [("preprocess", "quality_gate"), ("quality_gate", "render_job"), ("render_job", "warmup_local"),
-                 ("warmup_local", "train_local"), ("warmup_pod", "train_pod"), ("warmup_pod", "train_pytorchjob"),
-                 ("train_local", "publish"), ("train_pod", "publish"), ("train_pytorchjob", "publish"),
-                 ("publish", "report")]:
+                 ("warmup_local", "train_local"), ("train_local", "publish"), ("publish", "report")]:
+        assert edge in edges, edge
+    assert "train_pod" not in dag["tasks"]  # no Kubernetes provider import on a laptop
+
+
+def test_daily_retrain_shape_kubernetes(parsed_k8s: dict) -> None:  # type: ignore[type-arg]
+    assert parsed_k8s["errors"] == {}
+    assert "torch" not in parsed_k8s["heavy"] and "pyspark" not in parsed_k8s["heavy"]
+    edges = {tuple(e) for e in parsed_k8s["dags"]["daily_retrain"]["edges"]}
+    for edge in [("render_job", "warmup_local"), ("render_job", "warmup_pod"), ("render_job", "train_pod"),
+                 ("render_job", "train_pytorchjob"), ("warmup_local", "train_local"), ("warmup_pod", "train_pod"),
+                 ("warmup_pod", "train_pytorchjob"), ("train_local", "publish"), ("train_pod", "publish"),
+                 ("train_pytorchjob", "publish"), ("publish", "report")]:
         assert edge in edges, edge
 
 

@@ -14,7 +14,7 @@ from tests.airflow_fixtures import T_HANDOFF, kubeconfig  # noqa: F401  (fixture
 
 CLUSTER = ClusterSettings(
     trainer_image="registry.example/slipstream-trainer:1.2.3",
-    cache_node_selector="slipstream.io/cache-node=true,pool=gpu-a100",
+    cache_node_selector="slipstream.io/cache=true,pool=gpu-a100",
     cache_volume="hostPath:/mnt/nvme/slipstream",
     runs_volume="pvc:slipstream-runs",
 )
@@ -61,7 +61,7 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert sets["data.stop.mode"] == "duration" and sets["data.stop.duration_s"] == "600"
     assert sets["data.batch_size"] == "2048" and sets["optim.lr"] == "0.01"
     assert sets["data.t_handoff"] == T_HANDOFF.isoformat()
-    assert sets["data.cache_dir"] == "/cache"
+    assert sets["data.cache_dir"] == CLUSTER.cache_mount_path
 
     res = base["resources"]
     assert res["limits"]["nvidia.com/gpu"] == "4" and res["requests"]["nvidia.com/gpu"] == "4"
@@ -72,12 +72,12 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert vols["slipstream-cache"]["hostPath"]["path"] == "/mnt/nvme/slipstream"
     assert vols["slipstream-runs"]["persistentVolumeClaim"]["claimName"] == "slipstream-runs"
     mounts = {m["name"]: m["mountPath"] for m in base["volumeMounts"]}
-    assert mounts["dshm"] == "/dev/shm" and mounts["slipstream-cache"] == "/cache" and mounts["slipstream-runs"] == "/runs"
+    assert mounts["dshm"] == "/dev/shm" and mounts["slipstream-cache"] == CLUSTER.cache_mount_path and mounts["slipstream-runs"] == "/runs"
     assert mounts["xcom"] == "/airflow/xcom"
 
     terms = podspec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     exprs = {e["key"]: e for e in terms[0]["matchExpressions"]}
-    assert exprs["slipstream.io/cache-node"] == {"key": "slipstream.io/cache-node", "operator": "In", "values": ["true"]}
+    assert exprs["slipstream.io/cache"] == {"key": "slipstream.io/cache", "operator": "In", "values": ["true"]}
     assert exprs["pool"]["values"] == ["gpu-a100"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in podspec["tolerations"]
 
@@ -85,7 +85,7 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-kafka", "key": "password"}
     assert env["SLIPSTREAM_S3_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-s3", "key": "secret-access-key"}
     assert "value" not in env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]  # never a literal credential
-    assert env["SLIPSTREAM_CACHE_DIR"]["value"] == "/cache" and env["SLIPSTREAM_RUNS_DIR"]["value"] == "/runs"
+    assert env["SLIPSTREAM_CACHE_DIR"]["value"] == CLUSTER.cache_mount_path and env["SLIPSTREAM_RUNS_DIR"]["value"] == "/runs"
     assert "SLIPSTREAM_HOME" not in env and "SLIPSTREAM_RAW_DIR" not in env  # worker paths stay out
     assert env["SLIPSTREAM_TRAINING_BACKEND"]["value"] == "kubernetes"
 
@@ -129,7 +129,7 @@ def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -
     from slipstream_airflow.training import WarmupPodOperator
 
     spec = spec_for(settings, gpus=2)
-    args = warmup_args(table="slipstream.samples", window_days=3, end=T_HANDOFF, snapshot_id=987, cache_dir="/cache")
+    args = warmup_args(table="slipstream.samples", window_days=3, end=T_HANDOFF, snapshot_id=987, cache_dir=CLUSTER.cache_mount_path)
     op = WarmupPodOperator(task_id="warmup_pod", cluster=CLUSTER, spec=spec, warmup_args=args)
     op.apply_spec(spec)
     pod = ApiClient().sanitize_for_serialization(op.build_pod_request_obj())
@@ -187,3 +187,28 @@ def test_single_node_refuses_pytorchjob(settings: Settings) -> None:
 
     with pytest.raises(ValueError, match="nnodes >= 2"):
         render_pytorchjob(spec_for(settings, gpus=1), CLUSTER)
+
+
+def test_placement_matches_the_cache_teams(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pods' node affinity, cache volume and mount are the ones slipstream.cache.placement
+    computes from the same settings (defaults and overrides)."""
+    placement = pytest.importorskip("slipstream.cache.placement", reason="the cache team's module is not merged yet")
+    from slipstream.cluster import VolumeSource
+
+    for env in ({}, {"SLIPSTREAM_CACHE_NODE_SELECTOR": "a=b,c=d", "SLIPSTREAM_CACHE_VOLUME": "pvc:warm",
+                     "SLIPSTREAM_CACHE_MOUNT_PATH": "/warm"}):
+        for key in ("SLIPSTREAM_CACHE_NODE_SELECTOR", "SLIPSTREAM_CACHE_VOLUME", "SLIPSTREAM_CACHE_MOUNT_PATH"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        theirs = placement.cache_placement(Settings.from_env())
+        ours = ClusterSettings.from_env()
+        assert theirs["node_selector"] == ours.node_selector_labels()
+        assert theirs["volume_mounts"][0]["mountPath"] == ours.cache_mount_path
+        vol = theirs["volumes"][0]
+        source = ours.cache_volume_source()
+        assert source is not None
+        if source.kind == "hostPath":
+            assert vol["hostPath"]["path"] == source.source
+        else:
+            assert vol["persistentVolumeClaim"]["claimName"] == source.source

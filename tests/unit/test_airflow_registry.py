@@ -78,3 +78,18 @@ def test_run_ids_and_summary_sections(tmp_path: Path) -> None:
     update_summary(tmp_path, "publish", {"promoted": True})  # re-run replaces its section
     update_summary(tmp_path, "train", {"auc": 0.7})
     assert read_summary(tmp_path) == {"publish": {"promoted": True}, "train": {"auc": 0.7}}
+
+
+def test_latest_run_dir_finds_the_newest_run_of_a_day(settings) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from slipstream.runlayout import latest_run_dir
+
+    runs = Path(settings.runs_dir)
+    old = write_run(runs, "daily-20250104-aaaa0000", 0.7)
+    new = write_run(runs, "daily-20250104-bbbb1111", 0.7)
+    write_run(runs, "daily-20250105-cccc2222", 0.7)
+    os.utime(old, (1, 1))
+    assert latest_run_dir(settings, "daily", T_HANDOFF) == new
+    with pytest.raises(RunArtifactMissing, match="no run folder stream-"):
+        latest_run_dir(settings, "stream")

@@ -1,0 +1,36 @@
+# Slipstream images, one Dockerfile, two targets:
+#   docker build --target trainer -t slipstream-trainer:0.1.0 .   # torchrun -m trainers.train (the training pod)
+#   docker build --target airflow -t slipstream-airflow:0.1.0 .   # Airflow 3 components + Spark (Java 17)
+# Both run as the non-root user `slipstream` (uid 1000), matching SLIPSTREAM_RUN_AS_USER.
+
+FROM python:3.11-slim-bookworm AS base
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PYTHONPATH=/opt/slipstream:/opt/slipstream/plugins
+RUN groupadd --gid 1000 slipstream && useradd --uid 1000 --gid 1000 --create-home slipstream
+WORKDIR /opt/slipstream
+COPY requirements.txt ./
+
+FROM base AS trainer
+# GPU nodes: swap the torch wheel for a CUDA build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --extra-index-url "${TORCH_INDEX}" \
+      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations)([=<>]|$)' requirements.txt)
+COPY slipstream/ slipstream/
+COPY trainers/ trainers/
+USER 1000:1000
+ENTRYPOINT []
+CMD ["python", "-m", "slipstream.podrun", "--help"]
+
+FROM base AS airflow
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 AIRFLOW_HOME=/opt/airflow
+RUN pip install -r requirements.txt psycopg2-binary==2.9.10
+COPY slipstream/ slipstream/
+COPY spark_jobs/ spark_jobs/
+COPY trainers/ trainers/
+COPY plugins/ plugins/
+COPY dags/ dags/
+RUN mkdir -p /opt/airflow /opt/slipstream/home && chown -R 1000:1000 /opt/airflow /opt/slipstream/home
+USER 1000:1000
+ENTRYPOINT ["airflow"]

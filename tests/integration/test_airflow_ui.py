@@ -1,0 +1,170 @@
+"""`slipstream ui up` + a headless Chromium: log in, trigger daily_retrain with params from the
+trigger form, see a bad value refused, see the good run created (and succeed, once the other
+teams' modules are merged). Needs Debian's `chromium` and `chromium-driver`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from slipstream.settings import Settings
+from tests.airflow_fixtures import STANDIN_TRAINER
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+CONTRACTS = ("slipstream.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
+
+
+def _have(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.fixture
+def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from slipstream import stack, ui
+    from slipstream.stack import free_port
+
+    port = free_port()
+    monkeypatch.setenv("SLIPSTREAM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_PORT", str(port))
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
+    if not _have("trainers.train"):
+        monkeypatch.setenv("SLIPSTREAM_TRAINER_MODULE", STANDIN_TRAINER)
+    settings = Settings.from_env()
+    try:
+        info = ui.up(settings, port=free_port(), password="test-pass-123")
+        yield info
+    finally:
+        ui.down(settings)
+        stack.down(settings)
+
+
+def _generate_recent_days(settings: Settings, days: int) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from slipstream.datagen import GeneratorConfig, generate, write_manifest
+    from slipstream.kafka import create_topic, produce_samples
+
+    today = datetime.now(timezone.utc).date()
+    cfg = GeneratorConfig(start_day=today - timedelta(days=days), days=days, impressions_per_day=2000,
+                          users=300, items=80, stream_minutes=10)
+    data = generate(cfg, settings.raw_dir)
+    write_manifest(data, settings.home / "generator" / "manifest.json")
+    create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
+    produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
+
+
+def _api(info: Any, path: str, token: str, body: dict | None = None, method: str | None = None) -> Any:  # type: ignore[type-arg]
+    req = urllib.request.Request(f"{info.url}{path}", method=method or ("POST" if body is not None else "GET"),
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _token(info: Any) -> str:
+    req = urllib.request.Request(f"{info.url}/auth/token", method="POST",
+                                 data=json.dumps({"username": info.username, "password": info.password}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["access_token"]
+
+
+def _wait(what: str, fn: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception:  # noqa: BLE001 - the server is still coming up
+            pass
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="headless Chromium missing: sudo apt-get install -y chromium chromium-driver")
+def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: Path) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    info = airflow_ui
+    run_for_real = all(_have(m) for m in CONTRACTS)
+    if run_for_real:  # the three days before today (the form's logical date is now) and a stream
+        _generate_recent_days(Settings.from_env(), days=3)
+    token = _token(info)  # the login `ui up` printed works
+    _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = CHROMIUM  # type: ignore[assignment]
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    wait = WebDriverWait(driver, 30)
+    try:
+        driver.get(info.url + "/")
+        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
+        driver.find_element(By.NAME, "password").send_keys(info.password)
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: "/auth/login" not in d.current_url)
+
+        driver.get(info.url + "/dags/daily_retrain")
+        wait.until(lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == "Trigger"])[0].click()
+        wait.until(ec.presence_of_element_located((By.NAME, "element_stream_stop")))
+
+        def set_param(name: str, value: str) -> None:
+            field = driver.find_element(By.NAME, f"element_{name}")
+            field.send_keys(Keys.CONTROL + "a", Keys.DELETE)
+            field.send_keys(value)
+
+        def submit() -> None:
+            button = [b for b in driver.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == "Trigger"][-1]
+            driver.execute_script("arguments[0].scrollIntoView()", button)
+            driver.execute_script("arguments[0].click()", button)  # a toast may cover it
+
+        set_param("window_days", "3")
+        set_param("epochs", "2")
+        set_param("stream_stop", "soon")  # neither 'caught_up' nor seconds
+        submit()
+        refusal = wait.until(lambda d: [l for l in d.find_element(By.TAG_NAME, "body").text.splitlines()
+                                        if "Invalid input for param stream_stop" in l])
+        assert "does not match" in refusal[0]
+        driver.save_screenshot(str(tmp_path / "refused.png"))
+
+        set_param("stream_stop", "20")
+        submit()
+        wait.until(lambda d: "/runs/" in d.current_url)
+        driver.save_screenshot(str(tmp_path / "triggered.png"))
+    finally:
+        driver.quit()
+    assert (tmp_path / "refused.png").stat().st_size > 10_000 and (tmp_path / "triggered.png").stat().st_size > 10_000
+
+    runs = _api(info, "/api/v2/dags/daily_retrain/dagRuns", token)["dag_runs"]
+    manual = [r for r in runs if r["run_type"] == "manual"]
+    assert len(manual) == 1, runs  # the refused trigger created nothing
+    conf = manual[0]["conf"]
+    assert conf["window_days"] == 3 and conf["epochs"] == 2 and conf["stream_stop"] == "20"
+    if run_for_real:
+        run_id = manual[0]["dag_run_id"]
+        for other in runs:  # unpausing also scheduled the latest interval: it would queue ours behind it
+            if other["run_type"] == "scheduled":
+                _api(info, f"/api/v2/dags/daily_retrain/dagRuns/{other['dag_run_id']}", token, {"state": "failed"}, "PATCH")
+        state = _wait("the triggered run to finish", lambda: (s := _api(
+            info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
+        assert state == "success"
