@@ -38,7 +38,7 @@ class DemoOptions:
     start_day: date = date(2026, 11, 1)
     days: int = 3
     impressions_per_day: int = 20_000
-    stream_minutes: float = 60.0
+    stream_minutes: float = 360.0
     drift: bool = True
     seed: int = 7
     epochs: int = 2
@@ -84,7 +84,8 @@ def run_dag(settings: Settings, logical_day: str, conf: dict[str, Any], log_path
                 out.write(line)
                 text = line.decode(errors="replace").rstrip()
                 if _worth_showing(text):
-                    print(f"  | {text[:200]}", flush=True)
+                    # stderr: stdout carries only the summary (`--json` output stays parseable)
+                    print(f"  | {text[:200]}", file=sys.stderr, flush=True)
             rc = proc.wait()
         except BaseException:
             stack.stop_process(proc.pid)
@@ -155,6 +156,10 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         run_dag(settings, t_handoff.isoformat(), conf, settings.home / "daily_retrain.log")
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = json.loads((run_dir / "metrics.json").read_text())
+        # what the DAG's publish and report tasks decided lives in the run summary
+        from slipstream.runlayout import SUMMARY_FILE
+
+        run_summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).exists() else {}
         snapshot_id, per_day = rows_per_day(settings)
         summary = {
             "rows_per_day": per_day,
@@ -166,10 +171,13 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "auc_after_t": metrics.get("auc_after_t"),
             "auc_after_t_batch_only": metrics.get("auc_after_t_batch_only"),
             "best_auc": manifest.get("best_auc"),
+            "quality_passed": (run_summary.get("quality") or {}).get("passed"),
+            "warmup_files": (run_summary.get("warmup") or {}).get("planned_files"),
+            "cache_hit_ratio": (metrics.get("cache") or {}).get("hit_ratio"),
             "checkpoint": metrics.get("checkpoint"),
             "metrics": str(run_dir / "metrics.json"),
-            "report": str(run_dir / "report.html") if (run_dir / "report.html").exists() else None,
-            "publish": metrics.get("publish"),
+            "report": (run_summary.get("report") or {}).get("html"),
+            "publish": run_summary.get("publish"),
             "seconds": round(time.monotonic() - started, 1),
             "home": str(settings.home),
         }
@@ -195,8 +203,12 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"held-out AUC (all):      {_f(s['auc'])}   best achievable {_f(best.get('holdout_before_t'))}")
     lines.append(f"held-out AUC after T:    {_f(s['auc_after_t'])}   batch-only model {_f(s['auc_after_t_batch_only'])}"
                  f"   best achievable {_f(best.get('holdout_after_t'))}")
+    lines.append(f"quality gate:            {'passed' if s.get('quality_passed') else s.get('quality_passed')}")
+    lines.append(f"cache warmup:            {s.get('warmup_files')} files; trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
     if s.get("publish"):
-        lines.append(f"model registry:          {s['publish']}")
+        p = s["publish"]
+        verdict = "promoted" if p.get("promoted") else "not promoted"
+        lines.append(f"model registry:          {verdict} ({p.get('reason')}) in {p.get('registry')}")
     lines.append(f"checkpoint:              {s['checkpoint']}")
     lines.append(f"metrics:                 {s['metrics']}")
     if s.get("report"):

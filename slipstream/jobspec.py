@@ -87,8 +87,8 @@ KNOBS: tuple[Knob, ...] = (
          "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64),
     Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16),
     Knob("batch_size", "integer", 1024, "Samples per step per process.", minimum=8, maximum=65_536),
-    Knob("lr", "number", 0.001, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
-    Knob("replay_share", "number", 0.1, "Share of each stream-phase batch replayed from the Iceberg "
+    Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
+    Knob("replay_share", "number", 0.2, "Share of each stream-phase batch replayed from the Iceberg "
          "window (guards against forgetting).", minimum=0.0, maximum=0.9),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
          "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
@@ -107,8 +107,8 @@ class TrainRequest:
     nnodes: int = 1
     cpu_processes: int = 2
     batch_size: int = 1024
-    lr: float = 0.001
-    replay_share: float = 0.1
+    lr: float = 0.003
+    replay_share: float = 0.2
     backend: str = "local"
     dry_run: bool = False
 

@@ -63,7 +63,9 @@ def window_bounds(end: datetime, window_days: int) -> tuple[datetime, datetime]:
         raise ConfigError(f"window_days must be >= 1, got {window_days}")
     if end.tzinfo is None:
         raise ConfigError(f"window end must be timezone-aware (UTC), got {end.isoformat()}")
-    end = end.astimezone(timezone.utc)
+    # a plain datetime: pendulum's DateTime (Airflow's data intervals) drops a stdlib tzinfo on
+    # subtraction, which would hand a naive start to the gate and the planner
+    end = datetime.fromtimestamp(end.timestamp(), tz=timezone.utc)
     return end - timedelta(days=window_days), end
 
 

@@ -141,8 +141,7 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     dc = tr.cfg.data
     c = dict(zip(sorted(tr.c), (int(x) for x in counters)))
     merge_parts(tr.run_dir / "audit")
-    profile = stream_profile.merge(profiles)
-    atomic_write_text(tr.run_dir / "stream_profile.json", json.dumps(stream_profile.summarize(profile), indent=2))
+    stream_profile.merge(profiles).write(tr.run_dir / "stream_profile.json")
     lat = np.concatenate(tr.latencies_ms).tolist() if tr.latencies_ms else []
     summary: dict[str, Any] = {
         "run_id": tr.cfg.run.run_id, "snapshot_id": dc.snapshot_id, "t_handoff": dc.handoff_time.isoformat(),

@@ -1,98 +1,58 @@
-"""A per-feature summary of the fresh samples read from Kafka (`stream_profile.json`).
+"""The feature profile of the fresh samples read from Kafka (`stream_profile.json`).
 
-TODO(quality): switch to `slipstream.quality.profiles.profile_table` (mergeable FeatureProfile)
-once it is on main; until then this writes count/mean/std/min/max per dense feature, distinct
-hashed values seen per categorical (capped), label rate and history length, which the insight
-report can compare with the batch window. Accumulators are sums, so ranks and resumes merge.
+It is the same mergeable `FeatureProfile` the quality gate keeps per day of the Iceberg window,
+so the insight report compares batch and stream column by column (skew) with one code path.
+Each rank profiles what it consumed; profiles merge exactly, so ranks and resumed runs add up.
+In checkpoint metadata the profile travels as its JSON dict.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 import numpy as np
+import pyarrow as pa
 
+from slipstream.quality.profiles import FeatureProfile, merge_profiles
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from trainers.rows import Rows
 
-_MAX_DISTINCT = 1000
+
+def new_profile() -> FeatureProfile:
+    return FeatureProfile()
 
 
-def new_profile() -> dict[str, Any]:
-    return {
-        "rows": 0,
-        "label_sum": 0.0,
-        "hist_len_sum": 0.0,
-        "dense": {c: {"sum": 0.0, "sumsq": 0.0, "min": None, "max": None} for c in DENSE_COLUMNS},
-        "categorical": {c: [] for c in CATEGORICAL_COLUMNS},
-        "event_us_min": None,
-        "event_us_max": None,
+def rows_table(rows: Rows) -> pa.Table:
+    """The sample columns of `rows` as Arrow (what the batch side profiles)."""
+    hist = pa.ListArray.from_arrays(pa.array(rows.hist_offsets - rows.hist_offsets[0], pa.int32()),
+                                    pa.array(rows.hist_values[rows.hist_offsets[0]:rows.hist_offsets[-1]], pa.int64()))
+    cols: dict[str, Any] = {
+        "event_time": pa.array(rows.event_us, pa.timestamp("us", tz="UTC")),
+        "user_id": pa.array(rows.user, pa.int64()),
+        "item_id": pa.array(rows.item, pa.int64()),
     }
+    cols.update({c: pa.array(rows.dense[:, j], pa.float32()) for j, c in enumerate(DENSE_COLUMNS)})
+    cols.update({c: pa.array(rows.cats[:, j], pa.int64()) for j, c in enumerate(CATEGORICAL_COLUMNS)})
+    cols["hist_items"] = hist
+    cols["label"] = pa.array(rows.label.astype(np.int32), pa.int32())
+    return pa.table(cols)
 
 
-def _mn(a: Any, b: float) -> float:
-    return b if a is None else min(a, b)
+def add_rows(profile: FeatureProfile, rows: Rows) -> None:
+    if len(rows):
+        profile.update(rows_table(rows))
 
 
-def _mx(a: Any, b: float) -> float:
-    return b if a is None else max(a, b)
+def as_profile(p: FeatureProfile | dict[str, Any] | None) -> FeatureProfile:
+    if p is None:
+        return FeatureProfile()
+    return p if isinstance(p, FeatureProfile) else FeatureProfile.from_dict(p)
 
 
-def add_rows(p: dict[str, Any], rows: Rows) -> None:
-    n = len(rows)
-    if not n:
-        return
-    p["rows"] += n
-    p["label_sum"] += float(rows.label.sum())
-    p["hist_len_sum"] += float(rows.hist_offsets[-1] - rows.hist_offsets[0])
-    for j, c in enumerate(DENSE_COLUMNS):
-        x = rows.dense[:, j].astype(np.float64)
-        d = p["dense"][c]
-        d["sum"] += float(x.sum())
-        d["sumsq"] += float((x * x).sum())
-        d["min"], d["max"] = _mn(d["min"], float(x.min())), _mx(d["max"], float(x.max()))
-    for j, c in enumerate(CATEGORICAL_COLUMNS):
-        seen = p["categorical"][c]
-        if len(seen) < _MAX_DISTINCT:
-            p["categorical"][c] = sorted(set(seen) | set(np.unique(rows.cats[:, j])[:_MAX_DISTINCT].tolist()))[:_MAX_DISTINCT]
-    p["event_us_min"] = _mn(p["event_us_min"], int(rows.event_us.min()))
-    p["event_us_max"] = _mx(p["event_us_max"], int(rows.event_us.max()))
+def merge(profiles: Iterable[FeatureProfile | dict[str, Any] | None]) -> FeatureProfile:
+    return merge_profiles(as_profile(p) for p in profiles)
 
 
-def merge(profiles: list[dict[str, Any]]) -> dict[str, Any]:
-    out = new_profile()
-    for p in profiles:
-        out["rows"] += p["rows"]
-        out["label_sum"] += p["label_sum"]
-        out["hist_len_sum"] += p["hist_len_sum"]
-        for c in DENSE_COLUMNS:
-            a, b = out["dense"][c], p["dense"][c]
-            a["sum"] += b["sum"]
-            a["sumsq"] += b["sumsq"]
-            if b["min"] is not None:
-                a["min"], a["max"] = _mn(a["min"], b["min"]), _mx(a["max"], b["max"])
-        for c in CATEGORICAL_COLUMNS:
-            out["categorical"][c] = sorted(set(out["categorical"][c]) | set(p["categorical"][c]))[:_MAX_DISTINCT]
-        for k, f in (("event_us_min", _mn), ("event_us_max", _mx)):
-            if p[k] is not None:
-                out[k] = f(out[k], p[k])
-    return out
-
-
-def summarize(p: dict[str, Any]) -> dict[str, Any]:
-    n = max(p["rows"], 1)
-    dense = {}
-    for c, d in p["dense"].items():
-        mean = d["sum"] / n
-        dense[c] = {"mean": mean, "std": max(d["sumsq"] / n - mean * mean, 0.0) ** 0.5, "min": d["min"], "max": d["max"]}
-    return {
-        "source": "kafka",
-        "profiler": "trainers.stream_profile (simple summary; quality profiles not available)",
-        "rows": p["rows"],
-        "label_rate": p["label_sum"] / n,
-        "hist_len_mean": p["hist_len_sum"] / n,
-        "dense": dense,
-        "categorical_distinct": {c: len(v) for c, v in p["categorical"].items()},
-        "event_time_min_us": p["event_us_min"],
-        "event_time_max_us": p["event_us_max"],
-    }
+def write(profile: FeatureProfile, path: Path) -> Path:
+    return profile.write(path)

@@ -140,7 +140,7 @@ class Trainer:
         for k, v in rp.counters.items():
             self.c[k] = v
         if rp.profile:
-            self.profile = rp.profile
+            self.profile = stream_profile.as_profile(rp.profile)
         if rp.replay_rows is not None and rp.replay_keys is not None:
             self.replay.load(rp.replay_rows, rp.replay_keys, rp.replay_rng)
         if rp.stream_rows is not None:
@@ -365,7 +365,7 @@ class Trainer:
             "snapshot_id": dc.snapshot_id, "t_handoff": dc.handoff_time.isoformat(), "window_days": dc.window_days,
             "topic": dc.topic, "positions": positions or self.handoff_offsets or {},
             "handoff_offsets": self.handoff_offsets, "handoff_methods": self.handoff_methods,
-            "counters": dict(zip(COUNTERS, totals)), "profile": stream_profile.merge(profiles),
+            "counters": dict(zip(COUNTERS, totals)), "profile": stream_profile.merge(profiles).to_dict(),
             "stream_elapsed_s": self.stream_elapsed_s, "time": time.time(),
         }
         self.audit.write_part(self.step)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, is_dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,7 +30,9 @@ def interval(context: Mapping[str, Any]) -> tuple[datetime, datetime]:
             f"DAG run {context['dag_run'].run_id} has no data interval: trigger it with a logical date "
             "(the daily timetable gives scheduled and manual runs one)"
         )
-    return start, end
+    # plain UTC datetimes, not pendulum's: arithmetic on those can lose the zone
+    return (datetime.fromtimestamp(start.timestamp(), tz=timezone.utc),
+            datetime.fromtimestamp(end.timestamp(), tz=timezone.utc))
 
 
 def run_id_of(context: Mapping[str, Any], kind: str = "daily") -> str:

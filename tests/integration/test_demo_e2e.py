@@ -21,16 +21,16 @@ def test_demo_runs_daily_retrain_end_to_end(tmp_path: Path) -> None:
     env = dict(os.environ, SLIPSTREAM_HOME=str(tmp_path / "home"),
                PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "plugins")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "slipstream.cli", "demo", "--json", "--days", "2",
-         "--impressions-per-day", "4000", "--stream-minutes", "30", "--epochs", "2"],
+        [sys.executable, "-m", "slipstream.cli", "demo", "--json", "--days", "3",
+         "--impressions-per-day", "20000", "--stream-minutes", "120", "--epochs", "2"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
 
-    # Both days were preprocessed into Iceberg with about the generated number of impressions.
-    assert sorted(summary["rows_per_day"]) == ["2026-11-01", "2026-11-02"]
-    assert all(3000 < n <= 4000 for n in summary["rows_per_day"].values()), summary["rows_per_day"]
+    # All three days were preprocessed into Iceberg with about the generated number of impressions.
+    assert sorted(summary["rows_per_day"]) == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert all(15_000 < n <= 20_000 for n in summary["rows_per_day"].values()), summary["rows_per_day"]
     assert isinstance(summary["snapshot_id"], int)
 
     # The trainer read the whole window from Iceberg (every epoch) and the stream after T from Kafka.
@@ -41,6 +41,13 @@ def test_demo_runs_daily_retrain_end_to_end(tmp_path: Path) -> None:
     # It learned something real: held-out AUC well above chance and not above the best achievable.
     best = summary["best_auc"]["holdout_before_t"]
     assert 0.6 < summary["auc"] <= best + 0.02, (summary["auc"], best)
+
+    # The gate passed the window, warmup cached it and the trainer read it from the cache; the
+    # first model of a fresh registry is promoted; the insight report was written.
+    assert summary["quality_passed"] is True
+    assert summary["warmup_files"] >= 2 and summary["cache_hit_ratio"] == 1.0
+    assert summary["publish"]["promoted"] is True
+    assert "exactly once: 0 lost, 0 duplicated" in Path(summary["report"]).read_text()
 
     assert Path(summary["checkpoint"]).exists()
     metrics = json.loads(Path(summary["metrics"]).read_text())
