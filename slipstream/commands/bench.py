@@ -27,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
     if args.name not in names:
         print(f"slipstream bench: no benchmark {args.name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
+    # `--json` may come after the name (`slipstream bench loader --json`): it is ours, not the bench's
+    rest = [a for a in args.rest if a != "--json"]
+    compact = args.json or len(rest) != len(args.rest)
     module = importlib.import_module(f"bench.{args.name}")
-    result = module.main(args.rest)
-    print(json.dumps(result, indent=None if args.json else 2, default=str))
+    result = module.main(rest)
+    print(json.dumps(result, indent=None if compact else 2, default=str))
     return 0
