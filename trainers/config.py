@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from slipstream.errors import ConfigError
-from slipstream.schema import DLQ_TOPIC, SAMPLES_TABLE, TOPIC
+from slipstream.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
 
 STOP_MODES = ("caught_up", "duration", "samples", "continuous")
@@ -85,10 +85,11 @@ class DataConfig:
     from the offsets of T - max_lateness and records before T are dropped."""
     bootstrap: str = ""
     """Kafka bootstrap.servers (empty: SLIPSTREAM_KAFKA_BOOTSTRAP)."""
-    topic: str = TOPIC
-    """Kafka topic of the sample stream."""
-    dlq_topic: str = DLQ_TOPIC
-    """Dead-letter topic for records that cannot be trained on (reason and origin in headers)."""
+    topic: str = ""
+    """Kafka topic of the sample stream (empty: SLIPSTREAM_TOPIC)."""
+    dlq_topic: str = ""
+    """Dead-letter topic for records that cannot be trained on, reason and origin in headers
+    (empty: `<topic>.dlq`, the one `slipstream stack up` creates)."""
     stream: bool = True
     """Tail Kafka after the batch phase (false: batch phase only)."""
     stop: StopConfig = field(default_factory=StopConfig)
@@ -140,7 +141,6 @@ class DataConfig:
         _require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
         _require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
         _require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
-        _require(bool(self.topic), "data.topic must not be empty")
         _require(not self.exchange, "data.exchange (all-to-all mixing of fresh rows across ranks) is not implemented "
                  "yet: leave it false (each rank's batches mix its own partitions through the shuffle buffer)")
         self.handoff_time  # parse now so a bad value fails at start
@@ -366,6 +366,8 @@ def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
     d.catalog = d.catalog or settings.catalog
     d.namespace = d.namespace or settings.namespace
     d.bootstrap = d.bootstrap or settings.kafka_bootstrap
+    d.topic = d.topic or settings.topic
+    d.dlq_topic = d.dlq_topic or f"{d.topic}.dlq"
     r.runs_dir = r.runs_dir or settings.runs_dir
     d.generator_manifest = d.generator_manifest or str(settings.home / "generator" / "manifest.json")
     return cfg
