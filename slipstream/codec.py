@@ -97,12 +97,30 @@ def _to_samples(t: pa.Table) -> pa.Table:
     return t.select(list(SAMPLE_COLUMNS)).cast(ARROW_SCHEMA)
 
 
+def _join_if_all_plain(values: Sequence[bytes | None]) -> bytes | None:
+    """The values joined by newlines when none is empty, None, over MAX_VALUE_BYTES or holds a
+    newline (what the per-record screen in decode_samples checks); else None."""
+    if not values:
+        return None
+    try:
+        buf = b"\n".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a None value
+        return None
+    lengths = list(map(len, values))  # type: ignore[arg-type]
+    if min(lengths) == 0 or max(lengths) > MAX_VALUE_BYTES or buf.count(b"\n") != len(values) - 1:
+        return None
+    return buf
+
+
 def decode_samples(values: Sequence[bytes | None]) -> DecodedBatch:
     """Decode a batch of Kafka values into sample columns, separating dead letters."""
     n = len(values)
     bad: list[tuple[int, str]] = []
     keep: list[int] = []
-    for i, v in enumerate(values):
+    buf = _join_if_all_plain(values)
+    if buf is not None:  # the common case, screened with C-level calls only
+        keep = list(range(n))
+    for i, v in enumerate(values if buf is None else ()):
         if v is None or len(v) == 0:
             bad.append((i, "empty value"))
         elif len(v) > MAX_VALUE_BYTES:
@@ -115,7 +133,9 @@ def decode_samples(values: Sequence[bytes | None]) -> DecodedBatch:
     if len(keep) == 0:
         return DecodedBatch(ARROW_SCHEMA.empty_table(), idx, bad)
     try:
-        parsed = _parse(b"\n".join(values[i] for i in keep))  # type: ignore[misc]
+        if buf is None:
+            buf = b"\n".join(values[i] for i in keep)  # type: ignore[misc]
+        parsed = _parse(buf)
         if parsed.num_rows != len(keep):
             raise pa.ArrowInvalid("row count mismatch")
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -75,3 +75,13 @@ def test_dense_transform_clips_and_scales() -> None:
     out = f.apply(np.array([-5.0, 0.0, 1e9]))
     assert out.dtype == np.float32
     assert out[0] == 0.0 and out[1] == 0.0 and out[2] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("odd", [b"", b"x" * (codec.MAX_VALUE_BYTES + 1), b'{"a":1}\n{"b":2}', None])
+def test_codec_screens_each_odd_value_alone(day: pa.Table, odd: bytes | None) -> None:
+    # the batch fast path (one join, C-level checks) must fall back for each kind on its own
+    good = codec.encode_samples(day.slice(0, 2))
+    out = codec.decode_samples([good[0], odd, good[1]])
+    assert out.good_index.tolist() == [0, 2]
+    assert [i for i, _ in out.bad] == [1]
+    assert out.table.equals(day.slice(0, 2))

@@ -102,32 +102,48 @@ class KafkaSource:
         started = time.perf_counter()
         msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s if block else 0.0)
         self.wait_s += time.perf_counter() - started
-        values: list[bytes | None] = []
-        parts: list[int] = []
-        offs: list[int] = []
-        stamps: list[int] = []
-        keys: list[bytes | None] = []
-        for m in msgs:
-            err = m.error()
-            if err is not None:
+        good = [m for m in msgs if m.error() is None]
+        if len(good) != len(msgs):
+            for m in msgs:
+                err = m.error()
+                if err is None:
+                    continue
                 if err.fatal():
                     raise KafkaException(err)
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error on %s: %s (retrying)", self.topic, err)
-                continue
-            p, o = m.partition(), m.offset()
-            if o < self.positions.get(p, 1 << 62):  # a re-fetch after reconnect: already read
-                continue
-            self.positions[p] = o + 1
-            values.append(m.value())
-            parts.append(p)
-            offs.append(o)
-            stamps.append(m.timestamp()[1])
-            keys.append(m.key())
+        parts = np.asarray([m.partition() for m in good], dtype=np.int64)
+        offs = np.asarray([m.offset() for m in good], dtype=np.int64)
+        if not self._all_new(parts, offs):
+            # a re-fetch after reconnect re-delivers records already read: keep the first reading
+            keep = []
+            for i, m in enumerate(good):
+                p, o = int(parts[i]), int(offs[i])
+                if o < self.positions.get(p, 1 << 62):
+                    continue
+                self.positions[p] = o + 1
+                keep.append(i)
+            good = [good[i] for i in keep]
+            parts, offs = parts[keep], offs[keep]
+        values: list[bytes | None] = [m.value() for m in good]
+        stamps = np.asarray([m.timestamp()[1] for m in good], dtype=np.int64)
+        keys: list[bytes | None] = [m.key() for m in good]
         self.idle = len(msgs) < self.consume_batch
         if not values:
             return Rows.empty()
-        return self._decode(values, np.asarray(parts), np.asarray(offs), np.asarray(stamps), keys)
+        return self._decode(values, parts, offs, stamps, keys)
+
+    def _all_new(self, parts: np.ndarray, offs: np.ndarray) -> bool:
+        """True (and positions advanced) when, per partition, the offsets rise strictly from at
+        least the position: every record is new, as the one-by-one check would find."""
+        ends: dict[int, int] = {}
+        for p in np.unique(parts).tolist():
+            o = offs[parts == p]
+            if p not in self.positions or o[0] < self.positions[p] or (len(o) > 1 and not (np.diff(o) > 0).all()):
+                return False
+            ends[p] = int(o[-1]) + 1
+        self.positions.update(ends)
+        return True
 
     def _decode(self, values: list[bytes | None], parts: np.ndarray, offs: np.ndarray, stamps: np.ndarray,
                 keys: list[bytes | None]) -> Rows:
