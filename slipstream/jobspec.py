@@ -90,6 +90,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
     Knob("replay_share", "number", 0.2, "Share of each stream-phase batch replayed from the Iceberg "
          "window (guards against forgetting).", minimum=0.0, maximum=0.9),
+    Knob("exchange", "boolean", False, "Stream phase: exchange fresh rows between training processes "
+         "(all-to-all) so every process's batches mix all Kafka partitions, not only the ones it reads."),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
          "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
     Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, the "
@@ -109,6 +111,7 @@ class TrainRequest:
     batch_size: int = 1024
     lr: float = 0.003
     replay_share: float = 0.2
+    exchange: bool = False
     backend: str = "local"
     dry_run: bool = False
 
@@ -147,6 +150,8 @@ def trainer_overrides(
         "data.replay_share": repr(request.replay_share),
         "optim.lr": repr(request.lr),
     }
+    if request.exchange:
+        out["data.exchange"] = "true"
     seconds = request.stream_seconds
     if seconds is None:
         out["data.stop.mode"] = "caught_up"

@@ -116,7 +116,9 @@ class DataConfig:
     prefetch_chunks: int = 2
     """Shuffle chunks read ahead by the background reader thread."""
     exchange: bool = False
-    """Stream phase: exchange fresh rows across ranks so every rank's batch mixes all partitions."""
+    """Stream phase: deal every rank's fresh rows to all ranks (an all-to-all each stream-loop
+    iteration) so every rank's batch mixes all partitions, not only the ones it reads. Costs two
+    collectives per iteration and sends (world-1)/world of the stream across the network."""
     consume_batch: int = 10_000
     """Kafka records fetched per consume call."""
     consume_timeout_s: float = 0.2
@@ -141,8 +143,6 @@ class DataConfig:
         _require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
         _require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
         _require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
-        _require(not self.exchange, "data.exchange (all-to-all mixing of fresh rows across ranks) is not implemented "
-                 "yet: leave it false (each rank's batches mix its own partitions through the shuffle buffer)")
         self.handoff_time  # parse now so a bad value fails at start
 
     @property

@@ -132,7 +132,7 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     final = tr.global_positions()
     profiles = tr.d.gather(tr.profile)
-    waits = tr.d.sum([tr.wait_s, tr.train_s])
+    waits = tr.d.sum([tr.wait_s, tr.train_s, tr.exchange_s, float(tr.exchanged_rows)])
     counters = tr.d.sum([float(tr.c[k]) for k in sorted(tr.c)])
     newest = tr.d.max([float(tr.kafka.counters.newest_event_us if tr.kafka else -1)])[0]
     ev = evaluate(tr, units, final)
@@ -157,6 +157,7 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
         "kafka_lag_at_stop": getattr(tr, "lag_at_stop", None),
         "latency_consume_to_train_ms_p50": percentile(lat, 50),
         "latency_consume_to_train_ms_p99": percentile(lat, 99),
+        "exchange": dc.exchange, "exchange_s": waits[2] / tr.d.world, "exchanged_rows": int(waits[3]),
         "stop_reason": tr.stop_reason, "step": tr.step, "epochs": dc.epochs, "world_size": tr.d.world,
         "device": str(tr.d.device), "backend": tr.d.backend, "amp": tr.amp, "wall_s": wall_s,
         "trained_this_process": tr.trained_global,

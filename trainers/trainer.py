@@ -28,7 +28,7 @@ from trainers.checkpoint import Checkpointer, atomic_torch_save
 from trainers.config import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.kafka_source import KafkaSource, assigned_partitions, topic_partitions
-from trainers.data.mixer import ReplayReservoir, StreamShuffle, replay_count
+from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange_split, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.distributed import Dist
 from trainers.metrics import MetricsLogger
@@ -78,6 +78,8 @@ class Trainer:
         self.train_s = 0.0
         self.wait_s = 0.0
         self.trained_global = 0
+        self.exchange_s = 0.0
+        self.exchanged_rows = 0
         self.latencies_ms: list[np.ndarray] = []
         self.stop_reason = ""
         self._last_ckpt_t = time.monotonic()
@@ -266,6 +268,8 @@ class Trainer:
                 fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty()
                 self._absorb(src)
                 stream_profile.add_rows(self.profile, fresh)
+                if dc.exchange:
+                    fresh = self._exchange(fresh)
                 self.shuffle.add(fresh)
                 batch = self.shuffle.take(fresh_target, idle=src.idle)
                 lag = src.lag(refresh=src.idle)
@@ -315,6 +319,30 @@ class Trainer:
                     self.checkpoint()
         finally:
             src.close()
+
+    def _exchange(self, fresh: Rows) -> Rows:
+        """data.exchange: deal this rank's fresh rows to every rank and return the rows dealt to it.
+
+        Collective, called exactly once per stream-loop iteration on every rank (with no rows
+        too): all ranks run the same iterations, since every loop exit and checkpoint is decided
+        from the same all-reduced values. It runs between the poll and the shuffle buffer, never
+        across a checkpoint: the rows a rank's advanced offsets cover are, by the next
+        checkpoint, in the buffer of exactly one rank (or trained and audited), and every rank's
+        buffer is saved at that same step, so the checkpoint stays exactly-once. A resume gives
+        buffered rows back to the rank owning their partition (trainers.state.resume_point)."""
+        if self.d.world <= 1:
+            return fresh
+        t0 = time.perf_counter()
+        pieces = exchange_split(fresh, self.d.world, self.cfg.data.seed, self.d.rank, self.step)
+        mine = pieces[self.d.rank]
+        send: list[Rows | None] = [p if len(p) else None for p in pieces]
+        send[self.d.rank] = None  # keep our own piece; pickling it to ourselves would be waste
+        got = self.d.all_to_all_object(send)
+        got[self.d.rank] = mine
+        self.exchanged_rows += len(fresh) - len(mine)
+        self.exchange_s += time.perf_counter() - t0
+        parts = [g for g in got if g is not None and len(g)]
+        return Rows.concat(parts) if len(parts) > 1 else (parts[0] if parts else Rows.empty())
 
     def global_positions(self) -> dict[int, int]:
         """Every partition's next offset: each rank reports the partitions it reads."""

@@ -61,6 +61,9 @@ def test_request_from_params_renders_trainer_overrides() -> None:
     assert sets["data.stream"] == "false" and "data.stop.mode" not in sets
     assert sets["data.window_days"] == "3" and sets["optim.lr"] == "0.01" and sets["data.snapshot_id"] == "5"
     assert sets["run.run_id"] == "r1"
+    assert "data.exchange" not in sets  # off by default: the trainer's default applies
+    on = trainer_overrides(TrainRequest.from_params({"exchange": True}), run_id="r1", snapshot_id=5, t_handoff=T_HANDOFF)
+    assert on["data.exchange"] == "true"
 
 
 def test_local_backend_refuses_many_nodes() -> None:

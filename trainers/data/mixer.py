@@ -6,7 +6,10 @@
   the batch window; each stream batch draws `replay_share` of its rows from it, so a fresh
   stream of one hour does not wash out what the model learned from days.
 
-Both are part of the checkpoint (their rows and RNG state), so a stream-phase resume neither
+- `exchange_split` deals a rank's fresh rows into one piece per rank for `data.exchange` (the
+  all-to-all that makes every rank's batch mix all partitions, not only its own).
+
+The shuffle and the reservoir are part of the checkpoint (their rows and RNG state), so a stream-phase resume neither
 loses the rows buffered but not yet trained nor replays differently.
 """
 
@@ -94,6 +97,22 @@ class ReplayReservoir:
         self.rows, self.keys, self.replayed = rows, keys, replayed
         if rng_state is not None:
             self.rng.bit_generator.state = rng_state
+
+
+def exchange_split(rows: Rows, world: int, seed: int, rank: int, step: int) -> list[Rows]:
+    """Deal `rows` into `world` pieces of sizes differing by at most one, at random.
+
+    The permutation is seeded by (seed, rank, step) and the larger pieces rotate with rank and
+    step, so the split is a pure function of its arguments (no state to checkpoint): given the
+    same polled rows a resumed run deals them the same way, and over many steps every rank gets
+    the same share of every sender's rows."""
+    if world <= 1 or not len(rows):
+        return [rows] + [Rows.empty() for _ in range(world - 1)]
+    rng = np.random.default_rng([seed, rank, step, 53])
+    chunks = np.array_split(rng.permutation(len(rows)), world)
+    shift = (rank + step) % world
+    chunks = chunks[-shift:] + chunks[:-shift] if shift else chunks
+    return [rows.take(np.sort(c)) if len(c) else Rows.empty() for c in chunks]
 
 
 def replay_count(batch_size: int, share: float) -> int:
