@@ -119,6 +119,11 @@ def test_holdout_mask_matches_schema_rule() -> None:
     ids = pa.array([f"imp-{i % 13:04d}-{i}" for i in range(5000)] + ["", "x" * 40])
     assert np.array_equal(holdout_mask(ids), is_holdout(ids))
     assert np.array_equal(holdout_mask(ids.slice(100, 300)), is_holdout(ids.slice(100, 300)))
+    # varied lengths, embedded NUL bytes (skipped, like schema.id_hash), a chunked and sliced array
+    odd = pa.array([f"s{i}" + "\0" * (i % 3) + "ab"[: i % 3] for i in range(3000)] + ["", "\0"])
+    assert np.array_equal(holdout_mask(odd), is_holdout(odd))
+    chunked = pa.chunked_array([odd.slice(5, 100), ids.slice(7, 900)])
+    assert np.array_equal(holdout_mask(chunked), is_holdout(chunked.to_pylist()))
 
 
 def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
