@@ -67,15 +67,29 @@ def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
-def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[pa.Table, pa.Table]:
-    """(training rows, held-out rows) of the table inside [start, end)."""
+def _window_and_holdout(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[np.ndarray, np.ndarray]:
+    """(rows inside [start, end), held-out rows) as boolean masks, counted into stats."""
     stats.rows_read += table.num_rows
     ts = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
     inside = (ts >= start_us) & (ts < end_us)
     hold = holdout_mask(table.column("sample_id"))
-    stats.rows_outside_window += int((~inside).sum())
-    stats.rows_holdout += int((inside & hold).sum())
+    stats.rows_outside_window += int(table.num_rows - np.count_nonzero(inside))
+    stats.rows_holdout += int(np.count_nonzero(inside & hold))
+    return inside, hold
+
+
+def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[pa.Table, pa.Table]:
+    """(training rows, held-out rows) of the table inside [start, end)."""
+    inside, hold = _window_and_holdout(table, start_us, end_us, stats)
     return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
+
+
+def training_indices(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> np.ndarray:
+    """Ascending indices of the table's training rows: inside [start, end) and not held out
+    (the rows of `select_rows(...)[0]`, without building the filtered tables)."""
+    inside, hold = _window_and_holdout(table, start_us, end_us, stats)
+    inside &= ~hold
+    return np.flatnonzero(inside)
 
 
 class _End:
@@ -128,10 +142,11 @@ class IcebergSource:
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
         table = read_units([self.units[i] for i in idx], self.open_file)
-        train, _ = select_rows(table, *self.window_us, self.stats)
-        rows = Rows.from_arrow(train, source=SOURCE_ICEBERG, epoch=epoch)
-        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(rows))
-        return rows.take(perm)
+        train = training_indices(table, *self.window_us, self.stats)
+        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
+        # row i of the chunk is training row perm[i]: one gather per column straight from the read
+        # table (no filtered copy, no second permuted copy)
+        return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
