@@ -46,17 +46,31 @@ def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.
     return (a if idx is None else a[idx]).astype(dtype, copy=False)
 
 
+_TAKE_BLOCK = 4096
+"""Rows gathered per step of `_take_lists`: its index and output blocks stay in the CPU cache."""
+
+
 def _take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of the lists at `idx` (int64) of a flat values + offsets list column."""
     starts = offsets[idx]
     lengths = offsets[idx + 1] - starts
-    new_offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+    m = len(idx)
+    new_offsets = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    # position of every output value in the input: its row's start + rank inside the row
-    gather = np.repeat(starts - new_offsets[:-1], lengths)
-    gather += np.arange(total, dtype=np.int64)
-    return values[gather], new_offsets
+    out = np.empty(int(new_offsets[-1]), dtype=values.dtype)
+    if not len(out):
+        return out, new_offsets
+    edges = new_offsets[::_TAKE_BLOCK] if m % _TAKE_BLOCK == 0 else np.append(new_offsets[::_TAKE_BLOCK], new_offsets[-1])
+    rank = np.arange(int(np.diff(edges).max()), dtype=np.int64)
+    shift = starts - new_offsets[:-1]
+    for k, b in enumerate(range(0, m, _TAKE_BLOCK)):
+        a, z = int(edges[k]), int(edges[k + 1])
+        # position of every output value in the input: its row's start + rank inside the row
+        gather = np.repeat(shift[b : b + _TAKE_BLOCK], lengths[b : b + _TAKE_BLOCK])
+        gather += a
+        gather += rank[: z - a]
+        np.take(values, gather, out=out[a:z], mode="clip")  # in range by construction; "clip" is unbuffered
+    return out, new_offsets
 
 
 @dataclass
