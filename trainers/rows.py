@@ -212,9 +212,13 @@ class Features:
     @classmethod
     def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
         def t(a: np.ndarray) -> torch.Tensor:
-            with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
-                warnings.simplefilter("ignore", UserWarning)
-                x = torch.from_numpy(np.ascontiguousarray(a))
+            a = np.ascontiguousarray(a)
+            if a.flags.writeable:
+                x = torch.from_numpy(a)
+            else:
+                with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
+                    warnings.simplefilter("ignore", UserWarning)
+                    x = torch.from_numpy(a)
             return x.pin_memory() if pin else x
 
         return cls(

@@ -24,7 +24,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> SamplesFixture:
 
 
 def _source(fx: SamplesFixture, rank: int = 0, world: int = 1, seed: int = 3, window_days: int = 2,
-            shuffle_rows: int = 1500, batch_size: int = 256) -> IcebergSource:
+            shuffle_rows: int = 1500, batch_size: int = 256, **kw: int) -> IcebergSource:
     t = fx.t_handoff
     start = t.replace(day=t.day - window_days)
     plan = plan_window_files(fx.table, fx.snapshot_id, start, t)
@@ -32,7 +32,7 @@ def _source(fx: SamplesFixture, rank: int = 0, world: int = 1, seed: int = 3, wi
     units = plan_units(plan, open_file)
     us = (int(start.timestamp() * 1e6), int(t.timestamp() * 1e6))
     return IcebergSource(units, open_file, rank=rank, world=world, seed=seed, batch_size=batch_size,
-                         shuffle_rows=shuffle_rows, window_us=us)
+                         shuffle_rows=shuffle_rows, window_us=us, **kw)
 
 
 def _epoch_ids(src: IcebergSource, epoch: int) -> list[str]:
@@ -65,6 +65,14 @@ def test_the_shuffle_differs_by_epoch_and_repeats_with_the_seed(samples: Samples
     assert set(e0) == set(e1) and e0 != e1
     # the rows are mixed inside chunks too, not only the units: neighbours change
     assert sum(a == b for a, b in zip(e0, e1)) < len(e0) // 20
+
+
+@pytest.mark.parametrize("kw", [{"read_threads": 1}, {"prefetch_chunks": 1}, {"prefetch_chunks": 4, "read_threads": 3}])
+def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str, int]) -> None:
+    default = _source(samples)
+    other = _source(samples, **kw)
+    assert _epoch_ids(other, 1) == _epoch_ids(default, 1)
+    assert other.stats == default.stats
 
 
 def test_ranks_split_the_window_disjointly(samples: SamplesFixture) -> None:
