@@ -158,7 +158,7 @@ class Rows:
         return cls.from_arrow(ARROW_SCHEMA.empty_table(), source=SOURCE_ICEBERG)
 
     def _plain(self) -> list[str]:
-        return [f.name for f in fields(self) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
+        return _PLAIN_FIELDS
 
     def slice(self, start: int, stop: int) -> "Rows":
         stop = min(stop, len(self))
@@ -194,6 +194,10 @@ class Rows:
             hist_offsets=offsets,
             sample_id=pa.concat_arrays([p.sample_id for p in parts]),
         )
+
+
+_PLAIN_FIELDS = [f.name for f in fields(Rows) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
+"""Per-row numpy columns of Rows (sliced, taken and concatenated alike)."""
 
 
 @dataclass

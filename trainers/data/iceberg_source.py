@@ -57,7 +57,8 @@ def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
     for path in order:
         with open_file(path) as fh:
             pf = pq.ParquetFile(fh)
-            names = [c for c in READ_COLUMNS if c in pf.schema_arrow.names]
+            present = set(pf.schema_arrow.names)
+            names = [c for c in READ_COLUMNS if c in present]
             missing = set(READ_COLUMNS) - set(names)
             if missing:
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
