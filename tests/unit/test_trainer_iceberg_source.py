@@ -75,6 +75,25 @@ def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str,
     assert other.stats == default.stats
 
 
+def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture) -> None:
+    src = _source(samples)
+    good = src.open_file
+    bad = src.units[int(src.epoch_plan(0)[0][-1])].path  # read in the last chunk
+
+    def opener(path: str):  # type: ignore[no-untyped-def]
+        if path == bad:
+            raise OSError(f"cannot read {path}")
+        return good(path)
+
+    src.open_file = opener
+    src.start_epoch(0)
+    with pytest.raises(OSError, match="cannot read"):
+        while src.next_batch() is not None:
+            pass
+    src.close()
+    assert src._thread is None
+
+
 def test_ranks_split_the_window_disjointly(samples: SamplesFixture) -> None:
     r0 = _epoch_ids(_source(samples, rank=0, world=2), 0)
     r1 = _epoch_ids(_source(samples, rank=1, world=2), 0)
