@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,15 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     want = table.column("hist_items").take(pa.array(idx)).to_pylist()
     got = [taken.hist_values[taken.hist_offsets[i]:taken.hist_offsets[i + 1]].tolist() for i in range(len(idx))]
     assert got == want
+    # gathering while converting is the same as converting then gathering (a null history included)
+    hist = table.column("hist_items").combine_chunks()
+    with_null = table.set_column(table.schema.get_field_index("hist_items"), "hist_items",
+                                 pa.array([None] + hist.to_pylist()[1:], hist.type))
+    direct = Rows.from_arrow(with_null, source=0, epoch=4, take=np.array([0, 5, 3, 499, 0]))
+    later = Rows.from_arrow(with_null, source=0, epoch=4).take(np.array([0, 5, 3, 499, 0]))
+    for f in fields(Rows):
+        a, b = getattr(direct, f.name), getattr(later, f.name)
+        assert a.equals(b) if f.name == "sample_id" else (np.array_equal(a, b) and a.dtype == b.dtype), f.name
     both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
     assert np.array_equal(both.hist_values, rows.hist_values)
     assert np.array_equal(both.hist_offsets, rows.hist_offsets)
