@@ -41,8 +41,36 @@ def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
     return values[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
-def _np(col: pa.ChunkedArray, dtype: type) -> np.ndarray:
-    return col.to_numpy().astype(dtype, copy=False)
+def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
+    a = col.to_numpy()
+    return (a if idx is None else a[idx]).astype(dtype, copy=False)
+
+
+_TAKE_BLOCK = 4096
+"""Rows gathered per step of `_take_lists`: its index and output blocks stay in the CPU cache."""
+
+
+def _take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of the lists at `idx` (int64) of a flat values + offsets list column."""
+    starts = offsets[idx]
+    lengths = offsets[idx + 1] - starts
+    m = len(idx)
+    new_offsets = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    out = np.empty(int(new_offsets[-1]), dtype=values.dtype)
+    if not len(out):
+        return out, new_offsets
+    edges = new_offsets[::_TAKE_BLOCK] if m % _TAKE_BLOCK == 0 else np.append(new_offsets[::_TAKE_BLOCK], new_offsets[-1])
+    rank = np.arange(int(np.diff(edges).max()), dtype=np.int64)
+    shift = starts - new_offsets[:-1]
+    for k, b in enumerate(range(0, m, _TAKE_BLOCK)):
+        a, z = int(edges[k]), int(edges[k + 1])
+        # position of every output value in the input: its row's start + rank inside the row
+        gather = np.repeat(shift[b : b + _TAKE_BLOCK], lengths[b : b + _TAKE_BLOCK])
+        gather += a
+        gather += rank[: z - a]
+        np.take(values, gather, out=out[a:z], mode="clip")  # in range by construction; "clip" is unbuffered
+    return out, new_offsets
 
 
 @dataclass
@@ -83,28 +111,44 @@ class Rows:
         offset: np.ndarray | None = None,
         record_ms: np.ndarray | None = None,
         consumed_ms: np.ndarray | None = None,
+        take: np.ndarray | None = None,
     ) -> "Rows":
-        n = table.num_rows
+        """The table's rows, or with `take` only the rows at those indices in that order (the same
+        as `from_arrow(table.take(take))` or `from_arrow(table).take(take)`, in one gather per
+        column). `partition` ... `consumed_ms` are per row of `table`."""
+        idx = None if take is None else np.asarray(take, dtype=np.int64)
+        n = table.num_rows if idx is None else len(idx)
         values, offs = _flat_list(table.column("hist_items"))
+        if idx is not None:
+            values, offs = _take_lists(values, offs, idx)
         minus = np.full(n, -1, dtype=np.int64)
         sid = table.column("sample_id")
         sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
+        if idx is not None:
+            sid_arr = sid_arr.take(pa.array(idx))
+
+        def per_row(a: np.ndarray | None, dtype: type) -> np.ndarray | None:
+            return None if a is None else (a if idx is None else a[idx]).astype(dtype)
+
+        partition, offset, record_ms, consumed_ms = (per_row(partition, np.int32), per_row(offset, np.int64),
+                                                     per_row(record_ms, np.int64), per_row(consumed_ms, np.int64))
+        event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
         return cls(
-            user=_np(table.column("user_id"), np.int64),
-            item=_np(table.column("item_id"), np.int64),
-            cats=np.stack([_np(table.column(c), np.int64) for c in CATEGORICAL_COLUMNS], axis=1).reshape(n, len(CATEGORICAL_COLUMNS)),
-            dense=np.stack([_np(table.column(c), np.float32) for c in DENSE_COLUMNS], axis=1).reshape(n, len(DENSE_COLUMNS)),
+            user=_np(table.column("user_id"), np.int64, idx),
+            item=_np(table.column("item_id"), np.int64, idx),
+            cats=np.stack([_np(table.column(c), np.int64, idx) for c in CATEGORICAL_COLUMNS], axis=1).reshape(n, len(CATEGORICAL_COLUMNS)),
+            dense=np.stack([_np(table.column(c), np.float32, idx) for c in DENSE_COLUMNS], axis=1).reshape(n, len(DENSE_COLUMNS)),
             hist_values=values,
             hist_offsets=offs,
-            label=_np(table.column("label"), np.float32),
-            event_us=pc.cast(table.column("event_time"), pa.int64()).to_numpy(),
+            label=_np(table.column("label"), np.float32, idx),
+            event_us=event_us if idx is None else event_us[idx],
             sample_id=sid_arr,
             source=np.full(n, source, dtype=np.int8),
             epoch=np.full(n, epoch, dtype=np.int32),
-            partition=np.full(n, -1, dtype=np.int32) if partition is None else partition.astype(np.int32),
-            offset=minus.copy() if offset is None else offset.astype(np.int64),
-            record_ms=minus.copy() if record_ms is None else record_ms.astype(np.int64),
-            consumed_ms=minus.copy() if consumed_ms is None else consumed_ms.astype(np.int64),
+            partition=np.full(n, -1, dtype=np.int32) if partition is None else partition,
+            offset=minus.copy() if offset is None else offset,
+            record_ms=minus.copy() if record_ms is None else record_ms,
+            consumed_ms=minus.copy() if consumed_ms is None else consumed_ms,
         )
 
     @classmethod
@@ -114,7 +158,7 @@ class Rows:
         return cls.from_arrow(ARROW_SCHEMA.empty_table(), source=SOURCE_ICEBERG)
 
     def _plain(self) -> list[str]:
-        return [f.name for f in fields(self) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
+        return _PLAIN_FIELDS
 
     def slice(self, start: int, stop: int) -> "Rows":
         stop = min(stop, len(self))
@@ -129,20 +173,9 @@ class Rows:
 
     def take(self, idx: np.ndarray) -> "Rows":
         idx = np.asarray(idx, dtype=np.int64)
-        starts = self.hist_offsets[idx]
-        lengths = self.hist_offsets[idx + 1] - starts
-        new_offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=new_offsets[1:])
-        total = int(new_offsets[-1])
-        # position of every output history value in the input: its row's start + rank inside the row
-        gather = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+        values, offsets = _take_lists(self.hist_values, self.hist_offsets, idx)
         kw = {name: getattr(self, name)[idx] for name in self._plain()}
-        return Rows(
-            **kw,
-            hist_values=self.hist_values[gather],
-            hist_offsets=new_offsets,
-            sample_id=self.sample_id.take(pa.array(idx)),
-        )
+        return Rows(**kw, hist_values=values, hist_offsets=offsets, sample_id=self.sample_id.take(pa.array(idx)))
 
     def mask(self, keep: np.ndarray) -> "Rows":
         return self if keep.all() else self.take(np.flatnonzero(keep))
@@ -163,6 +196,10 @@ class Rows:
         )
 
 
+_PLAIN_FIELDS = [f.name for f in fields(Rows) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
+"""Per-row numpy columns of Rows (sliced, taken and concatenated alike)."""
+
+
 @dataclass
 class Features:
     """Model inputs as tensors (on the training device once `to` has run)."""
@@ -179,9 +216,13 @@ class Features:
     @classmethod
     def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
         def t(a: np.ndarray) -> torch.Tensor:
-            with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
-                warnings.simplefilter("ignore", UserWarning)
-                x = torch.from_numpy(np.ascontiguousarray(a))
+            a = np.ascontiguousarray(a)
+            if a.flags.writeable:
+                x = torch.from_numpy(a)
+            else:
+                with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
+                    warnings.simplefilter("ignore", UserWarning)
+                    x = torch.from_numpy(a)
             return x.pin_memory() if pin else x
 
         return cls(

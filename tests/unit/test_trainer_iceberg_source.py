@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> SamplesFixture:
 
 
 def _source(fx: SamplesFixture, rank: int = 0, world: int = 1, seed: int = 3, window_days: int = 2,
-            shuffle_rows: int = 1500, batch_size: int = 256) -> IcebergSource:
+            shuffle_rows: int = 1500, batch_size: int = 256, **kw: int) -> IcebergSource:
     t = fx.t_handoff
     start = t.replace(day=t.day - window_days)
     plan = plan_window_files(fx.table, fx.snapshot_id, start, t)
@@ -32,7 +33,7 @@ def _source(fx: SamplesFixture, rank: int = 0, world: int = 1, seed: int = 3, wi
     units = plan_units(plan, open_file)
     us = (int(start.timestamp() * 1e6), int(t.timestamp() * 1e6))
     return IcebergSource(units, open_file, rank=rank, world=world, seed=seed, batch_size=batch_size,
-                         shuffle_rows=shuffle_rows, window_us=us)
+                         shuffle_rows=shuffle_rows, window_us=us, **kw)
 
 
 def _epoch_ids(src: IcebergSource, epoch: int) -> list[str]:
@@ -65,6 +66,33 @@ def test_the_shuffle_differs_by_epoch_and_repeats_with_the_seed(samples: Samples
     assert set(e0) == set(e1) and e0 != e1
     # the rows are mixed inside chunks too, not only the units: neighbours change
     assert sum(a == b for a, b in zip(e0, e1)) < len(e0) // 20
+
+
+@pytest.mark.parametrize("kw", [{"read_threads": 1}, {"prefetch_chunks": 1}, {"prefetch_chunks": 4, "read_threads": 3}])
+def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str, int]) -> None:
+    default = _source(samples)
+    other = _source(samples, **kw)
+    assert _epoch_ids(other, 1) == _epoch_ids(default, 1)
+    assert other.stats == default.stats
+
+
+def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture) -> None:
+    src = _source(samples)
+    good = src.open_file
+    bad = src.units[int(src.epoch_plan(0)[0][-1])].path  # read in the last chunk
+
+    def opener(path: str):  # type: ignore[no-untyped-def]
+        if path == bad:
+            raise OSError(f"cannot read {path}")
+        return good(path)
+
+    src.open_file = opener
+    src.start_epoch(0)
+    with pytest.raises(OSError, match="cannot read"):
+        while src.next_batch() is not None:
+            pass
+    src.close()
+    assert src._thread is None
 
 
 def test_ranks_split_the_window_disjointly(samples: SamplesFixture) -> None:
@@ -119,6 +147,11 @@ def test_holdout_mask_matches_schema_rule() -> None:
     ids = pa.array([f"imp-{i % 13:04d}-{i}" for i in range(5000)] + ["", "x" * 40])
     assert np.array_equal(holdout_mask(ids), is_holdout(ids))
     assert np.array_equal(holdout_mask(ids.slice(100, 300)), is_holdout(ids.slice(100, 300)))
+    # varied lengths, embedded NUL bytes (skipped, like schema.id_hash), a chunked and sliced array
+    odd = pa.array([f"s{i}" + "\0" * (i % 3) + "ab"[: i % 3] for i in range(3000)] + ["", "\0"])
+    assert np.array_equal(holdout_mask(odd), is_holdout(odd))
+    chunked = pa.chunked_array([odd.slice(5, 100), ids.slice(7, 900)])
+    assert np.array_equal(holdout_mask(chunked), is_holdout(chunked.to_pylist()))
 
 
 def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
@@ -129,7 +162,32 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     want = table.column("hist_items").take(pa.array(idx)).to_pylist()
     got = [taken.hist_values[taken.hist_offsets[i]:taken.hist_offsets[i + 1]].tolist() for i in range(len(idx))]
     assert got == want
+    # gathering while converting is the same as converting then gathering (a null history included)
+    hist = table.column("hist_items").combine_chunks()
+    with_null = table.set_column(table.schema.get_field_index("hist_items"), "hist_items",
+                                 pa.array([None] + hist.to_pylist()[1:], hist.type))
+    direct = Rows.from_arrow(with_null, source=0, epoch=4, take=np.array([0, 5, 3, 499, 0]))
+    later = Rows.from_arrow(with_null, source=0, epoch=4).take(np.array([0, 5, 3, 499, 0]))
+    for f in fields(Rows):
+        a, b = getattr(direct, f.name), getattr(later, f.name)
+        assert a.equals(b) if f.name == "sample_id" else (np.array_equal(a, b) and a.dtype == b.dtype), f.name
     both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
     assert np.array_equal(both.hist_values, rows.hist_values)
     assert np.array_equal(both.hist_offsets, rows.hist_offsets)
     assert both.sample_id.to_pylist() == table.column("sample_id").to_pylist()
+
+
+def test_rows_take_across_gather_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainers.rows as rows_mod
+
+    monkeypatch.setattr(rows_mod, "_TAKE_BLOCK", 7)
+    rng = np.random.default_rng(0)
+    hist = [list(range(i, i + int(k))) for i, k in enumerate(rng.integers(0, 5, 100))]
+    hist[3] = hist[40] = []
+    values = np.asarray([v for h in hist for v in h], dtype=np.int64)
+    offsets = np.cumsum([0] + [len(h) for h in hist]).astype(np.int64)
+    for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([], dtype=np.int64)):
+        got_v, got_o = rows_mod._take_lists(values, offsets, idx)
+        assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(len(idx))] == [hist[i] for i in idx]
+        assert got_o[0] == 0 and got_o[-1] == len(got_v)
+

@@ -28,15 +28,25 @@ def holdout_mask(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ids = ids.fill_null("")
     bufs = ids.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int32, count=ids.offset + n + 1)[ids.offset :].astype(np.int64)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, dtype=np.uint8)
+    first, last = int(offsets[0]), int(offsets[-1])
     lengths = offsets[1:] - offsets[:-1]
-    width = int(lengths.max()) if n else 0
+    width, shortest = int(lengths.max()), int(lengths.min())
+    data = np.frombuffer(bufs[2], dtype=np.uint8)[first:last] if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+    # zero padding, so that (start of a row + j) is a valid index for every row and every j < width
+    data = np.concatenate([data, np.zeros(width + 1, dtype=np.uint8)])
+    has_nul = bool((data[: last - first] == 0).any())
+    pos = offsets[:-1] - first  # position of byte j of every row
     h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(width):
-            inside = j < lengths
-            pos = np.where(inside, offsets[:-1] + j, 0)
-            byte = np.where(inside, data[pos], 0).astype(np.uint64)
-            nxt = (h ^ byte) * _FNV_PRIME
-            h = np.where(byte != 0, nxt, h)  # schema.id_hash skips NUL bytes (its padding)
+            byte = data[pos]
+            if j >= shortest:  # rows shorter than j + 1 bytes read padding or the next row: no byte
+                byte[lengths <= j] = 0
+            if has_nul or j >= shortest:
+                nxt = (h ^ byte) * _FNV_PRIME
+                h = np.where(byte != 0, nxt, h)  # schema.id_hash skips NUL bytes (its padding)
+            else:  # every row has byte j and none is NUL: update in place
+                np.bitwise_xor(h, byte, out=h)
+                np.multiply(h, _FNV_PRIME, out=h)
+            pos += 1
     return h % np.uint64(HOLDOUT_MODULO) == 0

@@ -8,7 +8,8 @@ Order of samples on rank r in epoch e, fully determined by (seed, e, r, world si
 
 The cursor (epoch, chunk, offset) is therefore the whole shuffle state: a resume re-reads one
 chunk, re-derives its permutation and skips `offset` rows, reproducing the same order without
-saving buffer contents. A background thread reads and permutes chunks ahead of training.
+saving buffer contents. A background thread reads and permutes chunks ahead of training, up to
+`read_threads` chunks at a time (pyarrow and numpy release the GIL), and hands them over in order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +57,8 @@ def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
     for path in order:
         with open_file(path) as fh:
             pf = pq.ParquetFile(fh)
-            names = [c for c in READ_COLUMNS if c in pf.schema_arrow.names]
+            present = set(pf.schema_arrow.names)
+            names = [c for c in READ_COLUMNS if c in present]
             missing = set(READ_COLUMNS) - set(names)
             if missing:
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
@@ -67,15 +70,29 @@ def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
-def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[pa.Table, pa.Table]:
-    """(training rows, held-out rows) of the table inside [start, end)."""
+def _window_and_holdout(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[np.ndarray, np.ndarray]:
+    """(rows inside [start, end), held-out rows) as boolean masks, counted into stats."""
     stats.rows_read += table.num_rows
     ts = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
     inside = (ts >= start_us) & (ts < end_us)
     hold = holdout_mask(table.column("sample_id"))
-    stats.rows_outside_window += int((~inside).sum())
-    stats.rows_holdout += int((inside & hold).sum())
+    stats.rows_outside_window += int(table.num_rows - np.count_nonzero(inside))
+    stats.rows_holdout += int(np.count_nonzero(inside & hold))
+    return inside, hold
+
+
+def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> tuple[pa.Table, pa.Table]:
+    """(training rows, held-out rows) of the table inside [start, end)."""
+    inside, hold = _window_and_holdout(table, start_us, end_us, stats)
     return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
+
+
+def training_indices(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> np.ndarray:
+    """Ascending indices of the table's training rows: inside [start, end) and not held out
+    (the rows of `select_rows(...)[0]`, without building the filtered tables)."""
+    inside, hold = _window_and_holdout(table, start_us, end_us, stats)
+    inside &= ~hold
+    return np.flatnonzero(inside)
 
 
 class _End:
@@ -97,6 +114,7 @@ class IcebergSource:
         shuffle_rows: int,
         window_us: tuple[int, int],
         prefetch_chunks: int = 2,
+        read_threads: int = 2,
     ) -> None:
         self.units = units
         self.open_file = open_file
@@ -105,6 +123,9 @@ class IcebergSource:
         self.shuffle_rows = shuffle_rows
         self.window_us = window_us
         self.prefetch_chunks = prefetch_chunks
+        # chunks read at the same time; at most prefetch_chunks + 1 are ever held ahead of the
+        # consumer (queued, being read or waiting for the queue), as with one reader thread
+        self.read_threads = max(1, min(read_threads, prefetch_chunks))
         self.digest = units_digest(units)
         self.stats = ChunkStats()
         self.wait_s = 0.0
@@ -125,13 +146,14 @@ class IcebergSource:
         rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
         return order, chunk_bounds(rows, self.shuffle_rows)
 
-    def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int) -> Rows:
+    def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
         table = read_units([self.units[i] for i in idx], self.open_file)
-        train, _ = select_rows(table, *self.window_us, self.stats)
-        rows = Rows.from_arrow(train, source=SOURCE_ICEBERG, epoch=epoch)
-        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(rows))
-        return rows.take(perm)
+        train = training_indices(table, *self.window_us, self.stats if stats is None else stats)
+        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
+        # row i of the chunk is training row perm[i]: one gather per column straight from the read
+        # table (no filtered copy, no second permuted copy)
+        return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
@@ -141,7 +163,7 @@ class IcebergSource:
         self._skip = offset
         order, bounds = self.epoch_plan(epoch)
         self._n_chunks = len(bounds) - 1
-        self._queue = queue.Queue(maxsize=self.prefetch_chunks)
+        self._queue = queue.Queue(maxsize=self.prefetch_chunks + 1 - self.read_threads)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
@@ -151,9 +173,24 @@ class IcebergSource:
         self._thread.start()
 
     def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any], stop: threading.Event) -> None:
+        pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
+
+        def read(c: int) -> tuple[Rows, ChunkStats]:
+            stats = ChunkStats()
+            return self.read_chunk(epoch, order, bounds, c, stats), stats
+
         try:
-            for c in range(first, len(bounds) - 1):
-                rows = self.read_chunk(epoch, order, bounds, c)
+            pending: deque[Future[tuple[Rows, ChunkStats]]] = deque()
+            nxt, end = first, len(bounds) - 1
+            for c in range(first, end):
+                # keep read_threads chunks being read: this one and the next ones, in order
+                while pool is not None and nxt < end and len(pending) < self.read_threads:
+                    pending.append(pool.submit(read, nxt))
+                    nxt += 1
+                rows, stats = pending.popleft().result() if pool is not None else read(c)
+                self.stats.rows_read += stats.rows_read
+                self.stats.rows_outside_window += stats.rows_outside_window
+                self.stats.rows_holdout += stats.rows_holdout
                 while not stop.is_set():
                     try:
                         q.put((c, rows), timeout=0.1)
@@ -165,6 +202,9 @@ class IcebergSource:
             q.put(_End())
         except BaseException as e:  # surfaced in the training thread
             q.put(e)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _next_chunk(self) -> bool:
         started = time.perf_counter()
