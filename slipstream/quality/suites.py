@@ -130,6 +130,11 @@ def _cached_batch_definition() -> Any:
     )
 
 
+def _view(class_name: str) -> dict[str, str]:
+    """GX's page views with compiled templates shared across builds (`gx_views`): same HTML."""
+    return {"module_name": "slipstream.quality.gx_views", "class_name": class_name}
+
+
 def validate(checks: list[Check], agg: Aggregates, docs_dir: Path | None = None, name: str = "samples") -> list[CheckResult]:
     """Run the suite with Great Expectations over the one-row frame of aggregates.
 
@@ -181,9 +186,12 @@ def validate(checks: list[Check], agg: Aggregates, docs_dir: Path | None = None,
             site_config={
                 "class_name": "SiteBuilder",
                 "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder", "view": _view("CachedJinjaIndexPageView")},
                 # the validation page already lists every expectation with its result
-                "site_section_builders": {"expectations": "0", "profiling": "0"},
+                "site_section_builders": {
+                    "expectations": "0", "profiling": "0",
+                    "validations": {"view": _view("CachedJinjaPageView")},
+                },
             },
         )
         suite = context.suites.add(suite)
