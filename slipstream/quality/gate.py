@@ -182,18 +182,24 @@ def run_gate(
     docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
     if docs_dir is not None and docs_dir.exists():
         shutil.rmtree(docs_dir)  # a re-run replaces its docs, like its rows in quality_results
-    mark = time.monotonic()
-    results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
-    timings["validate"] = time.monotonic() - mark
-    mark = time.monotonic()
-
-    if the_day is not None:
-        write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
-    else:
+    def store_profiles() -> None:
+        if the_day is not None:
+            write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
+            return
         have = read_profiles(catalog, settings.namespace, start.date(), end.date() + timedelta(days=1))
         for d, part in _split_days(data, start, end).items():
             if d not in have and part.num_rows:
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-persist") as pool:
+        # The profile's Iceberg commit does not depend on the validation: it runs meanwhile.
+        # Only this thread writes to the catalog until it is joined.
+        stored_profiles = pool.submit(store_profiles)
+        mark = time.monotonic()
+        results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
+        timings["validate"] = time.monotonic() - mark
+        mark = time.monotonic()
+        stored_profiles.result()
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
 
     timings["persist"] = time.monotonic() - mark
