@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,15 +120,35 @@ def _new_context() -> Any:
     return context
 
 
-@functools.lru_cache(maxsize=1)
+_CACHE_LOCK = threading.Lock()
+
+
 def _cached_batch_definition() -> Any:
     """One ephemeral GX context per process for validations without Data Docs: creating a
-    context and data source per gate costs more than validating."""
+    context and data source per gate costs more than validating. Built once, under a lock
+    (`warm_up` may be building it in another thread)."""
+    with _CACHE_LOCK:
+        return _build_cached_batch_definition()
+
+
+@functools.lru_cache(maxsize=1)
+def _build_cached_batch_definition() -> Any:
     return (
         _new_context().data_sources.add_pandas("aggregates")
         .add_dataframe_asset("samples_aggregates")
         .add_batch_definition_whole_dataframe("whole")
     )
+
+
+def warm_up() -> None:
+    """Import Great Expectations and build the cached context and pandas data source: the first
+    validation in a process otherwise pays for them (seconds). `run_gate` calls this in a thread
+    while it reads and profiles the data."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations  # noqa: F401
+    import slipstream.quality.gx_views  # noqa: F401  (GX's Data Docs renderers and views)
+
+    _cached_batch_definition()
 
 
 def _view(class_name: str) -> dict[str, str]:
