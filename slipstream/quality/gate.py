@@ -32,7 +32,7 @@ from slipstream.quality.metrics import compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
 from slipstream.quality.store import read_profiles, write_profile, write_results
-from slipstream.quality.suites import CheckResult, build_checks, validate
+from slipstream.quality.suites import CheckResult, build_checks, validate, warm_up
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,10 @@ def run_gate(
     config = config or GateConfig()
     scope, start, end, the_day = _interval(day, window)
     t0 = time.monotonic()
+    # Importing GX and building its context (seconds, once per process) overlaps with the read.
+    warm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-gx")
+    warm = warm_pool.submit(warm_up)
+    warm_pool.shutdown(wait=False)
     timings: dict[str, float] = {}
     catalog = get_catalog(settings)
     table = load_samples(catalog, settings.namespace)
@@ -182,18 +186,25 @@ def run_gate(
     docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
     if docs_dir is not None and docs_dir.exists():
         shutil.rmtree(docs_dir)  # a re-run replaces its docs, like its rows in quality_results
-    mark = time.monotonic()
-    results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
-    timings["validate"] = time.monotonic() - mark
-    mark = time.monotonic()
-
-    if the_day is not None:
-        write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
-    else:
+    def store_profiles() -> None:
+        if the_day is not None:
+            write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
+            return
         have = read_profiles(catalog, settings.namespace, start.date(), end.date() + timedelta(days=1))
         for d, part in _split_days(data, start, end).items():
             if d not in have and part.num_rows:
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-persist") as pool:
+        # The profile's Iceberg commit does not depend on the validation: it runs meanwhile.
+        # Only this thread writes to the catalog until it is joined.
+        stored_profiles = pool.submit(store_profiles)
+        mark = time.monotonic()
+        warm.result()
+        results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
+        timings["validate"] = time.monotonic() - mark
+        mark = time.monotonic()
+        stored_profiles.result()
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
 
     timings["persist"] = time.monotonic() - mark

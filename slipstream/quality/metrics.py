@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -102,7 +102,14 @@ def compute_aggregates(
             v[f"min.{name}"] = float(pc.min(table.column(name)).as_py() or 0)
     if LABEL_COLUMN in names:
         lab = table.column(LABEL_COLUMN)
-        bad = pc.sum(pc.invert(pc.is_in(pc.drop_null(lab), pa.array([0, 1], lab.type)))).as_py() or 0
+        prof = profile.columns.get(LABEL_COLUMN)
+        if (
+            pa.types.is_integer(lab.type) and prof is not None and prof.rows == table.num_rows
+            and (prof.count == 0 or (prof.min is not None and prof.min >= 0 and prof.max is not None and prof.max <= 1))
+        ):
+            bad = 0  # the profile's exact min/max of an integer label already bound it to {0, 1}
+        else:
+            bad = pc.sum(pc.invert(pc.is_in(pc.drop_null(lab), pa.array([0, 1], lab.type)))).as_py() or 0
         v["label_not_binary"] = float(bad)
         v["ctr"] = profile.ctr if table.num_rows else math.nan
     if "sample_id" in names:
@@ -112,9 +119,16 @@ def compute_aggregates(
             agg.details["duplicate_sample_ids"] = "e.g. " + ", ".join(examples)
     if "event_time" in names:
         ts = table.column("event_time")
-        lo = pa.scalar(start, ts.type)
-        hi = pa.scalar(end, ts.type)
-        outside = pc.sum(pc.or_(pc.less(ts, lo), pc.greater_equal(ts, hi))).as_py() or 0
+        t = profile.columns.get("event_time")
+        if (
+            t is not None and t.kind == "time" and t.rows == table.num_rows
+            and pa.types.is_timestamp(ts.type) and ts.type.unit == "us" and _inside(t, start, end)
+        ):
+            outside = 0  # the profile's exact min/max (non-null rows) both lie in [start, end)
+        else:
+            lo = pa.scalar(start, ts.type)
+            hi = pa.scalar(end, ts.type)
+            outside = pc.sum(pc.or_(pc.less(ts, lo), pc.greater_equal(ts, hi))).as_py() or 0
         v["events_outside_interval"] = float(outside)
         if outside:
             t = profile.columns["event_time"]
@@ -131,6 +145,21 @@ def compute_aggregates(
         rows = max(seq.rows - seq.nulls, 1)
         v["empty_history_fraction"] = seq.lengths.get(0, 0) / rows
     return agg
+
+
+def _inside(t: Any, start: datetime, end: datetime) -> bool:
+    """Whether a time profile's min and max (µs since the epoch) lie in [start, end): then so
+    does every non-null value, and the row-level comparison can be skipped."""
+    if t.count == 0:
+        return True
+    if t.min is None or t.max is None:
+        return False
+    lo = (start - EPOCH) // timedelta(microseconds=1)
+    hi = (end - EPOCH) // timedelta(microseconds=1)
+    return lo <= t.min and t.max < hi
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _us_iso(us: Any) -> str:

@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,15 +120,40 @@ def _new_context() -> Any:
     return context
 
 
-@functools.lru_cache(maxsize=1)
+_CACHE_LOCK = threading.Lock()
+
+
 def _cached_batch_definition() -> Any:
     """One ephemeral GX context per process for validations without Data Docs: creating a
-    context and data source per gate costs more than validating."""
+    context and data source per gate costs more than validating. Built once, under a lock
+    (`warm_up` may be building it in another thread)."""
+    with _CACHE_LOCK:
+        return _build_cached_batch_definition()
+
+
+@functools.lru_cache(maxsize=1)
+def _build_cached_batch_definition() -> Any:
     return (
         _new_context().data_sources.add_pandas("aggregates")
         .add_dataframe_asset("samples_aggregates")
         .add_batch_definition_whole_dataframe("whole")
     )
+
+
+def warm_up() -> None:
+    """Import Great Expectations and build the cached context and pandas data source: the first
+    validation in a process otherwise pays for them (seconds). `run_gate` calls this in a thread
+    while it reads and profiles the data."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations  # noqa: F401
+    import slipstream.quality.gx_views  # noqa: F401  (GX's Data Docs renderers and views)
+
+    _cached_batch_definition()
+
+
+def _view(class_name: str) -> dict[str, str]:
+    """GX's page views with compiled templates shared across builds (`gx_views`): same HTML."""
+    return {"module_name": "slipstream.quality.gx_views", "class_name": class_name}
 
 
 def validate(checks: list[Check], agg: Aggregates, docs_dir: Path | None = None, name: str = "samples") -> list[CheckResult]:
@@ -181,9 +207,12 @@ def validate(checks: list[Check], agg: Aggregates, docs_dir: Path | None = None,
             site_config={
                 "class_name": "SiteBuilder",
                 "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder", "view": _view("CachedJinjaIndexPageView")},
                 # the validation page already lists every expectation with its result
-                "site_section_builders": {"expectations": "0", "profiling": "0"},
+                "site_section_builders": {
+                    "expectations": "0", "profiling": "0",
+                    "validations": {"view": _view("CachedJinjaPageView")},
+                },
             },
         )
         suite = context.suites.add(suite)

@@ -209,3 +209,26 @@ def test_schema_problems_name_column_and_types() -> None:
     bad = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("label"))
     bad = bad.set(bad.get_field_index("price_log"), pa.field("price_log", pa.float64()))
     assert schema_problems(bad) == ["price_log: double (expected float)", "label: missing"]
+
+
+def test_aggregates_from_profile_match_row_level_counts() -> None:
+    # compute_aggregates skips the label and event_time row passes when the profile's exact
+    # min/max already bound them; planted bad rows must still be counted exactly.
+    from slipstream.quality.metrics import compute_aggregates
+
+    start = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc)
+    end = start + timedelta(days=1)
+    good = _last()
+    agg = compute_aggregates(good, profile_table(good), start, end)
+    assert agg.values["label_not_binary"] == 0 and agg.values["events_outside_interval"] == 0
+
+    lab = good.column("label").to_numpy().copy()
+    lab[:3] = 2
+    ts = pc.cast(good.column("event_time"), pa.int64()).to_numpy().copy()
+    ts[5] = int((start - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 - 1  # the day before's last µs
+    ts[6] = int((end - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000  # end is exclusive
+    bad = replace_column(replace_column(good, "label", pa.array(lab, pa.int32())), "event_time",
+                         pa.array(ts, pa.timestamp("us", tz="UTC")))
+    agg = compute_aggregates(bad, profile_table(bad), start, end)
+    assert agg.values["label_not_binary"] == 3
+    assert agg.values["events_outside_interval"] == 2
