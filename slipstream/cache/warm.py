@@ -5,8 +5,8 @@ table metadata).
 `warm_window` plans, then `warm_files` does the work under the cache lock: clear dead temporary
 files, evict what left the window, make room under the budget (least recently used first), copy
 the missing files in parallel (each through `copy_atomic`: temp name, verify, rename) with
-retries, and record every placed file in the index as it lands, so an interrupted warmup resumes
-where it stopped.
+retries, and record placed files in the index as they land (in batches), so an interrupted warmup
+resumes where it stopped.
 """
 
 from __future__ import annotations
