@@ -21,6 +21,7 @@ from typing import Any
 from pyarrow import fs as pafs
 
 from slipstream.cache.remote import etag_checkable, etag_matches, filesystem_for
+from slipstream.cache.s3get import getter_for
 from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
@@ -47,6 +48,8 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     try:
         if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
             size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
+        elif isinstance(fs, pafs.S3FileSystem) and (getter := getter_for(io_properties)) is not None:
+            size, etag, checked = _copy_get(getter, inner, tmp)
         else:
             size, etag, checked = _copy_stream(fs, inner, tmp, expected_size)
         if expected_size is not None and size != expected_size:
@@ -56,12 +59,28 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
             )
         if checked is False:
             raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, local)
+        try:
+            os.replace(tmp, local)
+        except FileNotFoundError:  # the first file of its folder (not a stat + mkdir per file)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, local)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return Placed(remote, local, size, etag)
+
+
+def _copy_get(getter: Any, inner: str, tmp: Path) -> tuple[int, str | None, bool | None]:
+    """One plain GET (no HEAD: its response carries the ETag) streamed into the temporary file; the
+    MD5 is computed when the ETag can be checked, which the response says before the body."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        size, etag, md5 = getter.get_to_fd(
+            inner, fd, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
+    finally:
+        os.close(fd)
+    checked = etag_matches(etag, md5) if etag and md5 is not None else None
+    return size, etag, checked
 
 
 def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int | None

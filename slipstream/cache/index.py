@@ -111,8 +111,11 @@ class CacheIndex:
 
     def put_many(self, entries: Iterable[Entry], *, replace: bool = True) -> None:
         with self.transaction():
-            for e in entries:
-                self.put(e, replace=replace)
+            self.db.executemany(
+                f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(e.key, e.remote, e.size, e.etag, e.table_name, e.snapshot, e.added, e.last_access)
+                 for e in entries],
+            )
 
     def mark_planned(self, keys: Iterable[str], table_name: str, snapshot: int) -> None:
         """Files already cached that this warmup planned again now belong to its snapshot."""

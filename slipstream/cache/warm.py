@@ -5,15 +5,16 @@ table metadata).
 `warm_window` plans, then `warm_files` does the work under the cache lock: clear dead temporary
 files, evict what left the window, make room under the budget (least recently used first), copy
 the missing files in parallel (each through `copy_atomic`: temp name, verify, rename) with
-retries, and record every placed file in the index as it lands, so an interrupted warmup resumes
-where it stopped.
+retries, and record placed files in the index as they land (in batches), so an interrupted warmup
+resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from queue import Empty, SimpleQueue
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 DATA_KINDS = ("data", "delete")
 RETRIES = 4
 PROGRESS_EVERY_S = 2.0
+INDEX_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -251,8 +253,10 @@ def _fit_budget(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheI
 def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_properties: dict[str, str],
               table_name: str, snapshot_id: int | None, concurrency: int
               ) -> tuple[list[Placed], list[tuple[str, str]]]:
-    """Copy with at most `concurrency` transfers in flight; index rows are written by this thread
-    as files land (batched), so a crash loses at most the last batch, which the next run adopts."""
+    """Copy with `concurrency` worker threads, each taking the next file when its last one is
+    done (no future per file: on small files the bookkeeping showed in the profile); index rows
+    are written by this thread as files land, in batches of INDEX_BATCH, so a crash loses at most
+    the last batch, which the next run adopts (a file under files/ is whole by construction)."""
     placed: list[Placed] = []
     failed: list[tuple[str, str]] = []
     if not todo:
@@ -261,37 +265,53 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_
     pending_rows: list[Entry] = []
     t0 = last_log = time.monotonic()
     done_bytes = 0
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="warm") as pool:
-        queue = iter(todo)
-        running: dict[Future[Placed], CacheItem] = {}
+    queue = iter(todo)
+    queue_lock = threading.Lock()
+    results: SimpleQueue[tuple[CacheItem, Placed | None, BaseException | None]] = SimpleQueue()
+    stop = threading.Event()
 
-        def submit_next() -> None:
-            item = next(queue, None)
-            if item is not None:
-                running[pool.submit(_copy_with_retries, layout, item, io_properties)] = item
+    def worker() -> None:
+        while not stop.is_set():
+            with queue_lock:
+                item = next(queue, None)
+            if item is None:
+                return
+            try:
+                results.put((item, _copy_with_retries(layout, item, io_properties), None))
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                results.put((item, None, e))
 
-        for _ in range(concurrency * 2):
-            submit_next()
-        while running:
-            done, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
-            for fut in done:
-                item = running.pop(fut)
-                try:
-                    p = fut.result()
-                except Exception as e:  # noqa: BLE001 - reported per file, the run goes on
-                    failed.append((item.remote, str(e).splitlines()[0][:200]))
+    threads = [threading.Thread(target=worker, name=f"warm-{n}", daemon=True)
+               for n in range(min(concurrency, len(todo)))]
+    for t in threads:
+        t.start()
+    try:
+        got = 0
+        while got < len(todo):
+            try:
+                batch = [results.get(timeout=PROGRESS_EVERY_S)]
+                while not results.empty():
+                    batch.append(results.get_nowait())
+            except Empty:
+                batch = []
+            now = time.time()
+            for item, p, err in batch:
+                got += 1
+                if err is not None:
+                    if not isinstance(err, Exception):
+                        raise err
+                    failed.append((item.remote, str(err).splitlines()[0][:200]))
                 else:
+                    assert p is not None
                     placed.append(p)
                     done_bytes += p.size
-                    now = time.time()
                     pending_rows.append(Entry(cache_key(p.remote), p.remote, p.size, p.etag, table_name,
                                               snapshot_id, now, now))
-                submit_next()
-            if len(pending_rows) >= 256 or (pending_rows and not running):
+            if len(pending_rows) >= INDEX_BATCH or (pending_rows and got == len(todo)):
                 index.put_many(pending_rows)
                 pending_rows = []
             now_m = time.monotonic()
-            if now_m - last_log >= PROGRESS_EVERY_S or not running:
+            if now_m - last_log >= PROGRESS_EVERY_S or got == len(todo):
                 last_log = now_m
                 elapsed = max(now_m - t0, 1e-6)
                 rate = done_bytes / elapsed
@@ -299,8 +319,12 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_
                 log.info("warm %s: %d/%d files, %.1f/%.1f MB, %.1f MB/s, %.0f files/s, ETA %.0fs%s",
                          table_name, len(placed), len(todo), done_bytes / 1e6, total_bytes / 1e6, rate / 1e6,
                          len(placed) / elapsed, eta, f", {len(failed)} failed" if failed else "")
-    if pending_rows:
-        index.put_many(pending_rows)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        if pending_rows:  # an interrupted run still records what landed
+            index.put_many(pending_rows)
     return placed, failed
 
 

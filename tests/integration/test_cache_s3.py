@@ -194,3 +194,51 @@ def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.Mo
     finally:
         stop_process(svc.pid)
     assert not S3Server(settings.home).running()
+
+
+def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_endpoint: S3Endpoint,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small files take one signed GET each (no HEAD) over a kept-alive connection per thread; the
+    ETag from the GET is checked and recorded, and a body that does not match it is refused."""
+    import hashlib
+
+    from slipstream.cache import copy as copy_mod
+    from slipstream.cache.remote import etag_matches
+    from slipstream.cache.s3get import getter_for
+
+    uris = upload_files(s3_endpoint, "get", 6, 20 * 1024)
+    props = s3_endpoint.io_properties()
+    getter = getter_for(props)
+    assert getter is not None and getter_for({k: v for k, v in props.items() if k != "s3.endpoint"}) is None
+    fs, _ = filesystem_for(uris[0], props)
+    before = getter.connects
+    r = warm_files(tmp_path / "cache", [CacheItem(u, 20 * 1024) for u in uris], props, table_name="t", concurrency=1)
+    assert r.copied == len(uris)
+    layout = CacheLayout(tmp_path / "cache")
+    with CacheIndex(layout) as index:
+        for u in uris:
+            with fs.open_input_stream(u.removeprefix("s3://")) as f:
+                body = f.read()
+            assert layout.local_path(u).read_bytes() == body
+            entry = index.get(layout.local_path(u).relative_to(layout.files).as_posix())
+            assert entry is not None and entry.etag and etag_matches(entry.etag, hashlib.md5(body)) is True
+    assert getter.connects - before == 1, "one connection served all files of the thread"
+    # a kept-alive connection the server dropped while idle is replaced transparently
+    out = tmp_path / "direct"
+    for _ in range(2):
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            size, etag, md5 = getter.get_to_fd(uris[2].removeprefix("s3://"), fd, lambda e: hashlib.md5())
+        finally:
+            os.close(fd)
+        assert size == 20 * 1024 and etag_matches(etag, md5) is True
+        getter._local.conns[getter.netloc].sock.shutdown(2)
+    # a missing object is a FileNotFoundError (retried, then reported); a wrong body is refused
+    with pytest.raises(CacheWarmError, match="HTTP 404"):
+        monkeypatch.setattr("slipstream.cache.warm.RETRIES", 1)
+        warm_files(tmp_path / "cache_c", [CacheItem(uris[0] + ".missing", 10)], props, table_name="t")
+    monkeypatch.setattr(copy_mod, "etag_matches", lambda etag, md5: False)
+    with pytest.raises(CacheWarmError, match="does not match its ETag"):
+        warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t")
+    assert not list((tmp_path / "cache_d" / "files").rglob("*.bin"))
+    assert not list((tmp_path / "cache_d" / "tmp").iterdir())
