@@ -175,10 +175,20 @@ def add_history(samples: DataFrame, hist_len: int = HIST_LEN) -> DataFrame:
     first = ["event_time", "sample_id"]
     rest = [c for c in samples.columns if c not in first and c != "user_id"]
     per_user = samples.groupBy("user_id").agg(F.array_sort(F.collect_list(F.struct(*first, *rest))).alias("rows"))
-    exploded = per_user.select("user_id", F.posexplode("rows").alias("pos", "row"), F.col("rows.item_id").alias("items"))
-    # posexplode counts from 0 and slice from 1: the rows before position p are items[max(1, p-K+1) .. p]
-    hist = F.slice("items", F.greatest(F.col("pos") - hist_len + 1, F.lit(1)), F.least(F.col("pos"), F.lit(hist_len)))
-    return exploded.select("user_id", "row.*", hist.alias("hist_items"))
+    per_user = per_user.select("user_id", "rows", F.col("rows.item_id").alias("items"))
+    # The history is sliced inside the array (transform), before exploding: slicing after a
+    # posexplode made every output row carry (and copy) its user's whole array, O(rows^2) per user.
+    # transform counts from 0 and slice from 1: the rows before position i are items[max(1, i-K+1) .. i]
+    items = F.col("items")
+    with_hist = F.transform(
+        "rows",
+        lambda row, i: F.struct(
+            row.alias("row"),
+            F.slice(items, F.greatest(i - hist_len + 1, F.lit(1)), F.least(i, F.lit(hist_len))).alias("hist_items"),
+        ),
+    )
+    exploded = per_user.select("user_id", F.explode(with_hist).alias("x"))
+    return exploded.select("user_id", "x.row.*", F.col("x.hist_items").alias("hist_items"))
 
 
 def add_history_window(samples: DataFrame, hist_len: int = HIST_LEN) -> DataFrame:
