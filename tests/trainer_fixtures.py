@@ -3,17 +3,21 @@ private Kafka broker that a test may stop and restart (the session broker must s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 from slipstream.datagen import GeneratorConfig, generate, reference_samples
@@ -170,3 +174,76 @@ def run_torchrun(home: Path, config_path: Path, nproc: int = 2, overrides: tuple
                  timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(torchrun_command(config_path, nproc, overrides), env=trainer_env(home), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout_s)
+
+
+# --- kill -9 and resume ---------------------------------------------------------------------
+def checkpoint_meta(run_dir: Path) -> dict[str, object] | None:
+    latest = run_dir / "checkpoint" / "latest"
+    try:
+        return json.loads((run_dir / "checkpoint" / latest.read_text().strip() / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kill_run(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the torchrun launcher and its workers (they run in sessions of their own)."""
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for pid in children:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def start_and_kill(home: Path, cfg_path: Path, run_dir: Path, when: Callable[[dict[str, object]], bool],
+                    timeout_s: float = 120) -> dict[str, object]:
+    """Start a 2-rank run and SIGKILL the whole process group once a checkpoint satisfies `when`."""
+    log = open(home / "killed-run.log", "w")
+    proc = subprocess.Popen(torchrun_command(cfg_path, 2), env=trainer_env(home), cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            meta = checkpoint_meta(run_dir)
+            if meta is not None and when(meta):
+                kill_run(proc)
+                after = checkpoint_meta(run_dir)  # the run went on while we looked: what it left is what counts
+                assert after is not None
+                return after
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended (rc {proc.returncode}) before it could be killed; see {log.name}")
+            time.sleep(0.01)
+        raise AssertionError(f"no checkpoint matched within {timeout_s}s; see {log.name}")
+    finally:
+        if proc.poll() is None:
+            kill_run(proc)
+        log.close()
+
+
+def assert_trained_once(audit: pa.Table, source: str, expected: set[str], per_epoch: bool = False) -> None:
+    """Every expected sample id of `source` in the audit exactly once (per epoch, if asked)."""
+    t = audit.filter(pc.equal(audit.column("source"), source))
+    keys = list(zip(t.column("sample_id").to_pylist(), t.column("epoch").to_pylist())) if per_epoch \
+        else t.column("sample_id").to_pylist()
+    dupes = [k for k, n in Counter(keys).items() if n > 1]
+    assert not dupes, f"{source}: trained twice in committed progress: {dupes[:5]}"
+    if per_epoch:
+        for e in sorted(set(t.column("epoch").to_pylist())):
+            got = {k for k, ep in keys if ep == e}
+            assert got == expected, f"epoch {e}: lost {len(expected - got)}, unexpected {len(got - expected)}"
+    else:
+        got = set(keys)
+        assert got == expected, f"{source}: lost {len(expected - got)}, unexpected {len(got - expected)}"
+
+
+def in_stream_with_progress(m: dict[str, object]) -> bool:
+    """A checkpoint predicate for `start_and_kill`: in the stream phase, past the handoff offsets."""
+    if m["phase"] != "stream" or not m["handoff_offsets"]:
+        return False
+    pos, start = m["positions"], m["handoff_offsets"]
+    return sum(pos.values()) > sum(start.values()) and int(m["counters"]["samples_kafka"]) > 0  # type: ignore[union-attr]

@@ -20,9 +20,12 @@ import torch
 from slipstream.kafka import create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
+    assert_trained_once,
     generated,
+    in_stream_with_progress,
     make_samples,
     run_torchrun,
+    start_and_kill,
     stream_ids,
     train_config,
     training_ids,
@@ -68,13 +71,6 @@ def _kafka_partitions(run_dir: Path, rank: int) -> set[int]:
     return set(t.column("partition").to_pylist())
 
 
-def _assert_exactly_once(audit, source: str, expected: set[str]) -> None:  # type: ignore[no-untyped-def]
-    ids = audit.filter(pc.equal(audit.column("source"), source)).column("sample_id").to_pylist()
-    assert len(ids) == len(set(ids)), f"{source}: {len(ids) - len(set(ids))} trained twice"
-    got = set(ids)
-    assert got == expected, f"{source}: lost {len(expected - got)}, unexpected {len(got - expected)}"
-
-
 def test_with_exchange_every_rank_trains_rows_of_every_partition(runs: Runs) -> None:
     on, off = runs.home / "runs" / "on", runs.home / "runs" / "off"
     for rank in (0, 1):
@@ -92,8 +88,8 @@ def test_with_exchange_every_rank_trains_rows_of_every_partition(runs: Runs) -> 
 def test_with_exchange_the_stream_is_trained_exactly_once_and_offsets_are_final(runs: Runs) -> None:
     run_dir = runs.home / "runs" / "on"
     audit = read_audit(run_dir)
-    _assert_exactly_once(audit, "kafka", runs.expected_stream)
-    _assert_exactly_once(audit, "iceberg", training_ids(runs.fx, window_days=1))
+    assert_trained_once(audit, "kafka", runs.expected_stream)
+    assert_trained_once(audit, "iceberg", training_ids(runs.fx, window_days=1))
     s = json.loads((run_dir / "metrics.json").read_text())
     assert s["samples_kafka"] == len(runs.expected_stream)
     assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
@@ -105,7 +101,6 @@ def test_with_exchange_the_stream_is_trained_exactly_once_and_offsets_are_final(
 
 
 def test_kill_in_the_stream_phase_with_exchange_then_resume(tmp_path: Path, kafka_bootstrap: str) -> None:
-    from tests.integration.test_trainer_resume import _start_and_kill
 
     fx = make_samples(tmp_path, days=1, per_day=2000, row_group_rows=500, stream_minutes=720.0)
     data = generated(tmp_path, fx)
@@ -122,13 +117,7 @@ def test_kill_in_the_stream_phase_with_exchange_then_resume(tmp_path: Path, kafk
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "kx"
 
-    def in_stream_with_progress(m: dict[str, object]) -> bool:
-        if m["phase"] != "stream" or not m["handoff_offsets"]:
-            return False
-        pos, start = m["positions"], m["handoff_offsets"]
-        return sum(pos.values()) > sum(start.values()) and int(m["counters"]["samples_kafka"]) > 0  # type: ignore[union-attr]
-
-    killed = _start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
+    killed = start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
     assert killed["phase"] == "stream"
     # the committed checkpoint holds rows of a partition in a rank that does not read it (they were
     # exchanged): the resume must give them back to the partition's reader, once
@@ -144,8 +133,8 @@ def test_kill_in_the_stream_phase_with_exchange_then_resume(tmp_path: Path, kafk
     done = run_torchrun(tmp_path, cfg_path, nproc=2, overrides=("data.stop.mode=caught_up",))
     assert done.returncode == 0, done.stderr[-4000:]
     audit = read_audit(run_dir)
-    _assert_exactly_once(audit, "iceberg", training_ids(fx, window_days=1))
-    _assert_exactly_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
+    assert_trained_once(audit, "iceberg", training_ids(fx, window_days=1))
+    assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["kafka_lag_at_stop"] == 0 and summary["exchanged_rows"] > 0
     assert summary["final_offsets"] == {str(p): o for p, o in end_offsets(kafka_bootstrap, topic).items()}

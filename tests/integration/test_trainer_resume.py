@@ -9,13 +9,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,9 +20,14 @@ import pytest
 from slipstream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import (
     REPO,
+    assert_trained_once,
+    checkpoint_meta,
     generated,
+    in_stream_with_progress,
+    kill_run,
     make_samples,
     run_torchrun,
+    start_and_kill,
     stream_ids,
     torchrun_command,
     train_config,
@@ -36,69 +37,6 @@ from tests.trainer_fixtures import (
 from trainers.audit import read_audit
 
 pytestmark = pytest.mark.integration
-
-
-def _meta(run_dir: Path) -> dict[str, object] | None:
-    latest = run_dir / "checkpoint" / "latest"
-    try:
-        return json.loads((run_dir / "checkpoint" / latest.read_text().strip() / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _kill_run(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the torchrun launcher and its workers (they run in sessions of their own)."""
-    try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    except OSError:
-        children = []
-    for pid in children:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
-def _start_and_kill(home: Path, cfg_path: Path, run_dir: Path, when: Callable[[dict[str, object]], bool],
-                    timeout_s: float = 120) -> dict[str, object]:
-    """Start a 2-rank run and SIGKILL the whole process group once a checkpoint satisfies `when`."""
-    log = open(home / "killed-run.log", "w")
-    proc = subprocess.Popen(torchrun_command(cfg_path, 2), env=trainer_env(home), cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            meta = _meta(run_dir)
-            if meta is not None and when(meta):
-                _kill_run(proc)
-                after = _meta(run_dir)  # the run went on while we looked: what it left is what counts
-                assert after is not None
-                return after
-            if proc.poll() is not None:
-                raise AssertionError(f"the run ended (rc {proc.returncode}) before it could be killed; see {log.name}")
-            time.sleep(0.01)
-        raise AssertionError(f"no checkpoint matched within {timeout_s}s; see {log.name}")
-    finally:
-        if proc.poll() is None:
-            _kill_run(proc)
-        log.close()
-
-
-def _assert_once(audit: pa.Table, source: str, expected: set[str], per_epoch: bool = False) -> None:
-    t = audit.filter(pc.equal(audit.column("source"), source))
-    keys = list(zip(t.column("sample_id").to_pylist(), t.column("epoch").to_pylist())) if per_epoch \
-        else t.column("sample_id").to_pylist()
-    dupes = [k for k, n in Counter(keys).items() if n > 1]
-    assert not dupes, f"{source}: trained twice in committed progress: {dupes[:5]}"
-    if per_epoch:
-        for e in sorted(set(t.column("epoch").to_pylist())):
-            got = {k for k, ep in keys if ep == e}
-            assert got == expected, f"epoch {e}: lost {len(expected - got)}, unexpected {len(got - expected)}"
-    else:
-        got = set(keys)
-        assert got == expected, f"{source}: lost {len(expected - got)}, unexpected {len(got - expected)}"
 
 
 def _batch_order(audit: pa.Table) -> list[str]:
@@ -120,7 +58,7 @@ def test_kill_in_the_batch_phase_then_resume(tmp_path: Path, kafka_bootstrap: st
     cfg_path = tmp_path / "train.json"
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "kb"
-    killed = _start_and_kill(tmp_path, cfg_path, run_dir, lambda m: m["phase"] == "batch" and int(m["step"]) >= 14)
+    killed = start_and_kill(tmp_path, cfg_path, run_dir, lambda m: m["phase"] == "batch" and int(m["step"]) >= 14)
     assert killed["phase"] == "batch" and killed["epoch"] == 0  # mid-epoch 0 (an epoch has ~140 steps)
 
     refused = run_torchrun(tmp_path, cfg_path, nproc=1)
@@ -130,9 +68,9 @@ def test_kill_in_the_batch_phase_then_resume(tmp_path: Path, kafka_bootstrap: st
     done = run_torchrun(tmp_path, cfg_path, nproc=2)
     assert done.returncode == 0, done.stderr[-4000:]
     audit = read_audit(run_dir)
-    _assert_once(audit, "iceberg", training_ids(fx), per_epoch=True)
+    assert_trained_once(audit, "iceberg", training_ids(fx), per_epoch=True)
     assert set(audit.column("epoch").to_pylist()) >= {0, 1}
-    _assert_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
+    assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["samples_iceberg"] == 2 * len(training_ids(fx))
 
@@ -159,20 +97,14 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "ks"
 
-    def in_stream_with_progress(m: dict[str, object]) -> bool:
-        if m["phase"] != "stream" or not m["handoff_offsets"]:
-            return False
-        pos, start = m["positions"], m["handoff_offsets"]
-        return sum(pos.values()) > sum(start.values()) and int(m["counters"]["samples_kafka"]) > 0  # type: ignore[union-attr]
-
-    _start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
+    start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
     produce_samples(kafka_bootstrap, topic, data.stream.slice(half))  # the stream went on meanwhile
 
     done = run_torchrun(tmp_path, cfg_path, nproc=1, overrides=("data.stop.mode=caught_up",))
     assert done.returncode == 0, done.stderr[-4000:]
     audit = read_audit(run_dir)
-    _assert_once(audit, "iceberg", training_ids(fx, window_days=1))
-    _assert_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
+    assert_trained_once(audit, "iceberg", training_ids(fx, window_days=1))
+    assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
 
@@ -203,7 +135,7 @@ def test_broker_restart_during_the_tail_loses_and_repeats_nothing(tmp_path: Path
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                m = _meta(run_dir)
+                m = checkpoint_meta(run_dir)
                 if m is not None and m["phase"] == "stream" and int(m["counters"]["samples_kafka"]) > 0:  # type: ignore[index]
                     break
                 assert proc.poll() is None, f"run ended early; see {log.name}"
@@ -215,10 +147,10 @@ def test_broker_restart_during_the_tail_loses_and_repeats_nothing(tmp_path: Path
             assert proc.wait(150) == 0, (tmp_path / "run.log").read_text()[-3000:]
         finally:
             if proc.poll() is None:
-                _kill_run(proc)
+                kill_run(proc)
             log.close()
         audit = read_audit(run_dir)
-        _assert_once(audit, "kafka", expected)
-        _assert_once(audit, "iceberg", training_ids(fx, window_days=1))
+        assert_trained_once(audit, "kafka", expected)
+        assert_trained_once(audit, "iceberg", training_ids(fx, window_days=1))
     finally:
         broker.stop()
