@@ -157,9 +157,9 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = json.loads((run_dir / "metrics.json").read_text())
         # what the DAG's publish and report tasks decided lives in the run summary
-        from slipstream.runlayout import SUMMARY_FILE
+        from slipstream.runlayout import SUMMARY_FILE, read_summary
 
-        run_summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).exists() else {}
+        run_summary = read_summary(run_dir) if (run_dir / SUMMARY_FILE).exists() else {}
         snapshot_id, per_day = rows_per_day(settings)
         summary = {
             "rows_per_day": per_day,
