@@ -8,7 +8,6 @@ In checkpoint metadata the profile travels as its JSON dict.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -52,7 +51,3 @@ def as_profile(p: FeatureProfile | dict[str, Any] | None) -> FeatureProfile:
 
 def merge(profiles: Iterable[FeatureProfile | dict[str, Any] | None]) -> FeatureProfile:
     return merge_profiles(as_profile(p) for p in profiles)
-
-
-def write(profile: FeatureProfile, path: Path) -> Path:
-    return profile.write(path)

@@ -25,7 +25,7 @@ def test_stream_profile_matches_the_batch_profile_of_the_same_rows(tmp_path) -> 
     # ranks travel pickled (all_gather_object) and through checkpoint metadata as JSON
     gathered = [pickle.loads(pickle.dumps(ranks[0])), json.loads(json.dumps(ranks[1].to_dict()))]
     merged = stream_profile.merge(gathered)
-    path = stream_profile.write(merged, tmp_path / "stream_profile.json")
+    path = merged.write(tmp_path / "stream_profile.json")
 
     stream = FeatureProfile.read(path)
     batch = profile_table(table.drop_columns(["sample_id"]))
