@@ -100,6 +100,21 @@ def test_with_exchange_the_stream_is_trained_exactly_once_and_offsets_are_final(
     assert {str(k): v for k, v in meta["positions"].items()} == s["final_offsets"]
 
 
+def foreign_buffered_rows(run_dir: Path) -> int:
+    """Rows in the latest checkpoint's shuffle buffers held by a rank that does not read their partition."""
+    ckpt = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
+    foreign = 0
+    for rank in (0, 1):
+        try:
+            state = torch.load(ckpt / f"data-rank-{rank}.pt", map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError, EOFError):  # pruned by the live run while we read: look again
+            return 0
+        if state.get("shuffle"):
+            parts = np.asarray(state["shuffle"]["rows"]["partition"])
+            foreign += int((~np.isin(parts, assigned_partitions(list(range(PARTITIONS)), rank, 2))).sum())
+    return foreign
+
+
 def test_kill_in_the_stream_phase_with_exchange_then_resume(tmp_path: Path, kafka_bootstrap: str) -> None:
 
     fx = make_samples(tmp_path, days=1, per_day=2000, row_group_rows=500, stream_minutes=720.0)
@@ -117,17 +132,13 @@ def test_kill_in_the_stream_phase_with_exchange_then_resume(tmp_path: Path, kafk
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "kx"
 
-    killed = start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
+    # kill only once the committed checkpoint holds rows of a partition in a rank that does not read
+    # it (they were exchanged): the resume must give them back to the partition's reader, once.
+    # Waiting for that state (rather than hoping the kill lands in it) keeps the test off timing.
+    killed = start_and_kill(tmp_path, cfg_path, run_dir,
+                            lambda m: in_stream_with_progress(m) and foreign_buffered_rows(run_dir) > 0)
     assert killed["phase"] == "stream"
-    # the committed checkpoint holds rows of a partition in a rank that does not read it (they were
-    # exchanged): the resume must give them back to the partition's reader, once
-    ckpt = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
-    foreign = 0
-    for rank in (0, 1):
-        state = torch.load(ckpt / f"data-rank-{rank}.pt", map_location="cpu", weights_only=False)
-        if state.get("shuffle"):
-            parts = np.asarray(state["shuffle"]["rows"]["partition"])
-            foreign += int((~np.isin(parts, assigned_partitions(list(range(PARTITIONS)), rank, 2))).sum())
+    foreign = foreign_buffered_rows(run_dir)
     produce_samples(kafka_bootstrap, topic, data.stream.slice(half))  # the stream went on meanwhile
 
     done = run_torchrun(tmp_path, cfg_path, nproc=2, overrides=("data.stop.mode=caught_up",))
