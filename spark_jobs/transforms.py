@@ -140,25 +140,28 @@ def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATT
     """One row per sample_id, with `label` = 1 when a click on it happened within `window_s`
     seconds after the impression (clicks before it, or later, do not count).
 
-    Clicks are few next to impressions, so they are broadcast and joined to each impression
-    within its attribution window (no impression row moves for the label); an impression with
-    several clicks in its window comes out once per click, identical rows that the dedupe then
-    folds. Duplicate impressions are dropped in one shuffle by id: the smallest row (label last)
-    wins, so reruns pick the same one, and its label is that of its own event time.
+    Impressions and clicks are grouped together by id in ONE shuffle (a cogroup), which both
+    drops duplicate impressions and attaches their clicks. Among differing duplicates the
+    smallest row wins, so reruns pick the same one.
     """
     value_cols = [c for c in features.columns if c != "sample_id"]
-    clk = clicks.select(F.col("impression_id").alias("_click_id"), F.unix_micros(F.col("ts")).alias("_click_us"))
-    t0 = F.unix_micros(F.col("event_time"))
-    in_window = (
-        (F.col("sample_id") == F.col("_click_id"))
-        & (F.col("_click_us") >= t0)
-        & (F.col("_click_us") - t0 <= F.lit(window_s * US_PER_S))
+    imps = features.select("sample_id", F.struct(*value_cols).alias("imp"), F.lit(None).cast("timestamp").alias("click_ts"))
+    clk = clicks.select(
+        F.col("impression_id").alias("sample_id"),
+        F.lit(None).cast(imps.schema["imp"].dataType).alias("imp"),
+        F.col("ts").alias("click_ts"),
     )
-    labeled = features.join(F.broadcast(clk), in_window, "left").select(
-        "sample_id", *value_cols, F.col("_click_id").isNotNull().cast("int").alias("label")
+    grouped = (
+        imps.unionByName(clk)
+        .groupBy("sample_id")
+        .agg(F.min("imp").alias("imp"), F.collect_list("click_ts").alias("clicks"))
+        .where(F.col("imp").isNotNull())
     )
-    grouped = labeled.groupBy("sample_id").agg(F.min(F.struct(*value_cols, "label")).alias("imp"))
-    return grouped.select("sample_id", "imp.*")
+    t0 = F.unix_micros(F.col("imp.event_time"))
+    in_window = F.exists(
+        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
+    )
+    return grouped.select("sample_id", "imp.*", in_window.cast("int").alias("label"))
 
 
 def add_history(samples: DataFrame, hist_len: int = HIST_LEN) -> DataFrame:
