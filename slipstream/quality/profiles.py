@@ -126,15 +126,18 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
-    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray) -> None:
-        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy)."""
+    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray, min_max: tuple[float, float] | None = None) -> None:
+        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy);
+        `min_max` when the caller already knows them."""
         n_b = len(x)
         if n_b == 0:
             return
-        mm = pc.min_max(x).as_py()
+        if min_max is None:
+            mm = pc.min_max(x).as_py()
+            min_max = float(mm["min"]), float(mm["max"])
         mean_b = float(pc.mean(x).as_py())
         m2_b = float(pc.variance(x, ddof=0).as_py()) * n_b
-        lo, hi = float(mm["min"]), float(mm["max"])
+        lo, hi = min_max
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
@@ -152,10 +155,16 @@ class ColumnProfile:
                 if n_finite < len(valid):
                     self.nonfinite += len(valid) - n_finite
                     valid = pc.filter(valid, finite)
-            self._add_moments_arrow(valid)
-            x = valid.to_numpy() if isinstance(valid, pa.Array) else valid.to_numpy()
+            x = valid.to_numpy()
             assert self.hist is not None
-            self.hist.add(x)
+            if x.dtype.kind in "fiu" and x.dtype.itemsize <= 4 and len(x):
+                # float32 features and 32-bit labels: one sort gives min/max and the histogram
+                s = np.sort(x)
+                self._add_moments_arrow(valid, _sorted_min_max(valid, s))
+                self.hist.add_sorted(s)
+            else:
+                self._add_moments_arrow(valid)
+                self.hist.add(x)
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
@@ -165,8 +174,8 @@ class ColumnProfile:
                 self.hll.add_hashes(hash_column(vc.field("values")))
                 self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
             else:
-                # Ids repeat (users, items): Arrow's hash-unique is cheaper than sketching every row.
-                self.hll.add_hashes(hash_column(pc.unique(valid)))
+                # Ids repeat (users, items): sketching the distinct ids is cheaper than every row.
+                self.hll.add_hashes(hash_column(_distinct(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
             if len(lens) == 0:
@@ -248,6 +257,34 @@ class ColumnProfile:
             topk=TopK.from_dict(d["topk"]) if "topk" in d else None,
             lengths={int(k): int(c) for k, c in d.get("lengths", [])},
         )
+
+
+def _distinct(x: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The distinct non-null values of `x`, in any order. Dense non-negative integers (ids
+    below 8x the row count) are marked in a bitmap, one store per row; anything else goes to
+    Arrow's hash table, which costs several times more per row."""
+    if pa.types.is_integer(x.type) and len(x):
+        v = x.to_numpy()
+        lo, hi = int(v.min()), int(v.max())
+        if lo >= 0 and hi < 8 * len(v):
+            seen = np.zeros(hi + 1, dtype=bool)
+            seen[v] = True
+            return pa.array(np.flatnonzero(seen).astype(v.dtype, copy=False))
+    return pc.unique(x)
+
+
+def _sorted_min_max(x: pa.Array | pa.ChunkedArray, s: np.ndarray) -> tuple[float, float]:
+    """(min, max) of finite values from their sorted copy `s`, as `pc.min_max(x)` gives them.
+    Only the sign of a zero can differ: when the data mixes 0.0 and -0.0 and the min or max is
+    zero, Arrow's answer depends on the order of the rows, so Arrow is asked."""
+    lo, hi = s[0], s[-1]
+    if s.dtype.kind == "f" and (lo == 0 or hi == 0):
+        zeros = s[np.searchsorted(s, 0, "left"):np.searchsorted(s, 0, "right")]
+        negative = np.signbit(zeros)
+        if negative.any() and not negative.all():
+            mm = pc.min_max(x).as_py()
+            return float(mm["min"]), float(mm["max"])
+    return float(lo), float(hi)
 
 
 def _opt(fn: Any, a: Any, b: Any) -> Any:
