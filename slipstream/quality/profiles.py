@@ -170,9 +170,9 @@ class ColumnProfile:
             assert self.hll is not None
             if self.topk is not None:
                 # A sketch of a set depends only on its distinct values: hash those, not every row.
-                vc = pc.value_counts(valid)
-                self.hll.add_hashes(hash_column(vc.field("values")))
-                self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
+                values, counts = _value_counts(valid)
+                self.hll.add_hashes(hash_column(values))
+                self.topk.add_counts(values.to_pylist(), counts.tolist())
             else:
                 # Ids repeat (users, items): sketching the distinct ids is cheaper than every row.
                 self.hll.add_hashes(hash_column(_distinct(valid)))
@@ -259,6 +259,17 @@ class ColumnProfile:
         )
 
 
+def _value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """(distinct values, their counts) of a column without nulls, in any order. Integers are
+    sorted by numpy (a vectorised sort, ~20 ms for 5M rows, whatever the values); Arrow's hash
+    table costs 20-55 ms there, depending on how the 60-bit category hashes collide in it."""
+    if pa.types.is_integer(x.type) and len(x):
+        values, counts = np.unique(x.to_numpy(), return_counts=True)
+        return pa.array(values, x.type), counts
+    vc = pc.value_counts(x)
+    return vc.field("values"), vc.field("counts").to_numpy()
+
+
 def _distinct(x: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The distinct non-null values of `x`, in any order. Dense non-negative integers (ids
     below 8x the row count) are marked in a bitmap, one store per row; anything else goes to
@@ -333,12 +344,20 @@ class FeatureProfile:
             ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
             ts, label = pc.filter(ts, ok), pc.filter(label, ok)
         hours = pc.cast(ts, pa.int64()).to_numpy() // US_PER_HOUR
-        clicks = label.to_numpy().astype(np.float64)
         if len(hours) == 0:
             return
         lo = int(hours.min())
-        n = np.bincount(hours - lo)
-        k = np.bincount(hours - lo, weights=clicks)
+        hours -= lo
+        lab = label.to_numpy()
+        if pa.types.is_integer(label.type) and 0 <= lab.min() and lab.max() <= 1:
+            # 0/1 labels: one count over (hour, label) pairs instead of a plain and a weighted one
+            pairs = np.bincount(hours * 2 + lab)
+            pairs = np.pad(pairs, (0, len(pairs) % 2))
+            k = pairs[1::2]
+            n = pairs[0::2] + k
+        else:
+            n = np.bincount(hours)
+            k = np.bincount(hours, weights=lab.astype(np.float64))
         for i in np.flatnonzero(n):
             h = lo + int(i)
             rows, pos = self.ctr_by_hour.get(h, (0, 0))
