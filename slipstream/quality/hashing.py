@@ -39,7 +39,7 @@ def hash_numbers(values: np.ndarray) -> np.ndarray:
     return mix64(bits ^ _SEED)
 
 
-def _hash_string_array(arr: pa.Array) -> np.ndarray:
+def _hash_string_array(arr: pa.Array, finalise: bool = True) -> np.ndarray:
     """Hash each value of a (large_)string/binary array; nulls hash like the empty string."""
     n = len(arr)
     if n == 0:
@@ -54,7 +54,7 @@ def _hash_string_array(arr: pa.Array) -> np.ndarray:
     data = np.frombuffer(data_buf, dtype=np.uint8, count=end) if data_buf is not None and end else np.zeros(0, np.uint8)
     max_len = int(length.max())
     if arr.null_count == 0 and 0 < max_len <= PAD_MAX_BYTES and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        fast = _hash_padded(arr, length, 8 * -(-max_len // 8))
+        fast = _hash_padded(arr, length, 8 * -(-max_len // 8), finalise)
         if fast is not None:
             return fast
     # Pad so that an 8-byte read at any byte offset stays inside the buffer, then view the
@@ -77,7 +77,7 @@ def _hash_string_array(arr: pa.Array) -> np.ndarray:
                 rest = np.clip(length - j, 0, 8).astype(np.uint64)
                 word &= np.where(rest >= 8, _ALL_ONES, (np.uint64(1) << (rest * np.uint64(8))) - np.uint64(1))
             _mix_words(h, word)
-    return mix64(h)
+    return mix64(h) if finalise else h
 
 
 PAD_MAX_BYTES = 64
@@ -92,7 +92,7 @@ def _mix_words(h: np.ndarray, word: np.ndarray) -> None:
         h ^= h >> np.uint64(32)
 
 
-def _hash_padded(arr: pa.Array, length: np.ndarray, width: int) -> np.ndarray | None:
+def _hash_padded(arr: pa.Array, length: np.ndarray, width: int, finalise: bool) -> np.ndarray | None:
     """`_hash_string_array` for strings of at most `width` bytes (a multiple of 8), without
     gathers or masks: Arrow pads every value with zero bytes to `width` (the masked word the
     general path reads past a value's end), and the padded data is an (n, width / 8) matrix
@@ -110,13 +110,15 @@ def _hash_padded(arr: pa.Array, length: np.ndarray, width: int) -> np.ndarray | 
     h ^= _SEED
     for j in range(width // 8):
         _mix_words(h, words[:, j])
-    return mix64(h)
+    return mix64(h) if finalise else h
 
 
-def hash_strings(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """uint64 hash of every string in an Arrow (chunked) array, in order."""
+def hash_strings(values: pa.Array | pa.ChunkedArray, finalise: bool = True) -> np.ndarray:
+    """uint64 hash of every string in an Arrow (chunked) array, in order. `finalise=False` skips
+    the last mix64, a bijection: exactly the same strings collide, so a caller that only
+    compares hashes for equality (the duplicate-id check) can save its passes."""
     chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    parts = [_hash_string_array(c) for c in chunks]
+    parts = [_hash_string_array(c, finalise) for c in chunks]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 

@@ -39,10 +39,10 @@ profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes, and the ga
 runs the duplicate-id check in a second thread). Raise it on machines with cores to spare."""
 
 
-def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True) -> list[Any]:
-    """Run independent jobs on up to PROFILE_THREADS threads: numpy and Arrow kernels release
-    the GIL. Each job owns its own column state (no shared writes)."""
-    workers = min(len(jobs), PROFILE_THREADS, os.cpu_count() or 1)
+def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True, threads: int | None = None) -> list[Any]:
+    """Run independent jobs on up to `threads` (default PROFILE_THREADS) threads: numpy and
+    Arrow kernels release the GIL. Each job owns its own column state (no shared writes)."""
+    workers = min(len(jobs), PROFILE_THREADS if threads is None else threads, os.cpu_count() or 1)
     if not parallel or workers <= 1:
         return [job() for job in jobs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profile") as pool:
@@ -159,7 +159,9 @@ class ColumnProfile:
             assert self.hist is not None
             if x.dtype.kind in "fiu" and x.dtype.itemsize <= 4 and len(x):
                 # float32 features and 32-bit labels: one sort gives min/max and the histogram
-                s = np.sort(x)
+                # pyarrow hands out zero-copy views read-only: a writeable array is our own copy
+                s = x if x.flags.writeable else x.copy()
+                s.sort()
                 self._add_moments_arrow(valid, _sorted_min_max(valid, s))
                 self.hist.add_sorted(s)
             else:
@@ -326,6 +328,13 @@ class FeatureProfile:
 
     def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
         """Add a batch of rows (in place) and return self."""
+        run_parallel(self.update_jobs(batch), parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
+        return self
+
+    def update_jobs(self, batch: pa.RecordBatch | pa.Table) -> list[Callable[[], None]]:
+        """`update` as independent jobs (one per column, plus CTR), for a caller that runs them
+        next to its own work (the gate's duplicate-id check); the profile is complete once
+        every job has run."""
         self.rows += batch.num_rows
         jobs: list[Callable[[], None]] = []
         for name in batch.schema.names:
@@ -336,8 +345,7 @@ class FeatureProfile:
             jobs.append(functools.partial(prof.update, col))
         if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
             jobs.append(functools.partial(self._add_ctr, batch.column("event_time"), batch.column(LABEL_COLUMN)))
-        run_parallel(jobs, parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
-        return self
+        return jobs
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
         if ts.null_count or label.null_count:
