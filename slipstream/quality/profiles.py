@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slipstream.quality.column_kernels import distinct_values, sorted_min_max, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -35,8 +36,9 @@ PARALLEL_MIN_ROWS = 200_000
 """Below this, thread start-up costs more than profiling columns side by side saves."""
 PROFILE_THREADS = 1
 """Columns profiled side by side. 1 by default: on the 2-core dev machine, threads made a 5M-row
-profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes, and the gate already
-runs the duplicate-id check in a second thread). Raise it on machines with cores to spare."""
+profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes). The gate runs the
+column jobs next to its duplicate-id check on its own threads (`gate.GATE_THREADS`). Raise it
+on machines with cores to spare."""
 
 
 def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True, threads: int | None = None) -> list[Any]:
@@ -162,7 +164,7 @@ class ColumnProfile:
                 # pyarrow hands out zero-copy views read-only: a writeable array is our own copy
                 s = x if x.flags.writeable else x.copy()
                 s.sort()
-                self._add_moments_arrow(valid, _sorted_min_max(valid, s))
+                self._add_moments_arrow(valid, sorted_min_max(valid, s))
                 self.hist.add_sorted(s)
             else:
                 self._add_moments_arrow(valid)
@@ -172,12 +174,12 @@ class ColumnProfile:
             assert self.hll is not None
             if self.topk is not None:
                 # A sketch of a set depends only on its distinct values: hash those, not every row.
-                values, counts = _value_counts(valid)
+                values, counts = value_counts(valid)
                 self.hll.add_hashes(hash_column(values))
                 self.topk.add_counts(values.to_pylist(), counts.tolist())
             else:
                 # Ids repeat (users, items): sketching the distinct ids is cheaper than every row.
-                self.hll.add_hashes(hash_column(_distinct(valid)))
+                self.hll.add_hashes(hash_column(distinct_values(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
             if len(lens) == 0:
@@ -259,45 +261,6 @@ class ColumnProfile:
             topk=TopK.from_dict(d["topk"]) if "topk" in d else None,
             lengths={int(k): int(c) for k, c in d.get("lengths", [])},
         )
-
-
-def _value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
-    """(distinct values, their counts) of a column without nulls, in any order. Integers are
-    sorted by numpy (a vectorised sort, ~20 ms for 5M rows, whatever the values); Arrow's hash
-    table costs 20-55 ms there, depending on how the 60-bit category hashes collide in it."""
-    if pa.types.is_integer(x.type) and len(x):
-        values, counts = np.unique(x.to_numpy(), return_counts=True)
-        return pa.array(values, x.type), counts
-    vc = pc.value_counts(x)
-    return vc.field("values"), vc.field("counts").to_numpy()
-
-
-def _distinct(x: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """The distinct non-null values of `x`, in any order. Dense non-negative integers (ids
-    below 8x the row count) are marked in a bitmap, one store per row; anything else goes to
-    Arrow's hash table, which costs several times more per row."""
-    if pa.types.is_integer(x.type) and len(x):
-        v = x.to_numpy()
-        lo, hi = int(v.min()), int(v.max())
-        if lo >= 0 and hi < 8 * len(v):
-            seen = np.zeros(hi + 1, dtype=bool)
-            seen[v] = True
-            return pa.array(np.flatnonzero(seen).astype(v.dtype, copy=False))
-    return pc.unique(x)
-
-
-def _sorted_min_max(x: pa.Array | pa.ChunkedArray, s: np.ndarray) -> tuple[float, float]:
-    """(min, max) of finite values from their sorted copy `s`, as `pc.min_max(x)` gives them.
-    Only the sign of a zero can differ: when the data mixes 0.0 and -0.0 and the min or max is
-    zero, Arrow's answer depends on the order of the rows, so Arrow is asked."""
-    lo, hi = s[0], s[-1]
-    if s.dtype.kind == "f" and (lo == 0 or hi == 0):
-        zeros = s[np.searchsorted(s, 0, "left"):np.searchsorted(s, 0, "right")]
-        negative = np.signbit(zeros)
-        if negative.any() and not negative.all():
-            mm = pc.min_max(x).as_py()
-            return float(mm["min"]), float(mm["max"])
-    return float(lo), float(hi)
 
 
 def _opt(fn: Any, a: Any, b: Any) -> Any:
