@@ -160,8 +160,8 @@ class ColumnProfile:
             x = valid.to_numpy()
             assert self.hist is not None
             if x.dtype.kind in "fiu" and x.dtype.itemsize <= 4 and len(x):
-                # float32 features and 32-bit labels: one sort gives min/max and the histogram
-                # pyarrow hands out zero-copy views read-only: a writeable array is our own copy
+                # float32 features and 32-bit labels: one sort gives min/max and the histogram.
+                # pyarrow hands out zero-copy views read-only, so a writeable one is our own copy.
                 s = x if x.flags.writeable else x.copy()
                 s.sort()
                 self._add_moments_arrow(valid, sorted_min_max(valid, s))

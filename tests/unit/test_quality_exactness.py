@@ -53,6 +53,17 @@ def test_sorted_histogram_equals_per_value_histogram(sign: str) -> None:
         LogHistogram().add_sorted(np.sort(x.astype(np.float64)))
 
 
+def test_profiling_leaves_the_table_unchanged() -> None:
+    # the numeric path sorts the column's numpy copy in place: never Arrow's own buffers
+    rng = np.random.default_rng(4)
+    parts = [pa.array(rng.random(1_000).astype(np.float32)) for _ in range(3)]
+    for col in (pa.chunked_array(parts), pa.chunked_array(parts[:1]), parts[0]):
+        table = pa.table({"price_log": col, "label": pa.array(rng.integers(0, 2, len(col)), pa.int32())})
+        before = [c.to_pylist() for c in table.columns]
+        profile_table(table)
+        assert [c.to_pylist() for c in table.columns] == before
+
+
 def test_numeric_profile_min_max_keep_arrows_answer() -> None:
     # the sorted path takes min/max from the sort; Arrow's order-dependent sign of a zero min stays
     for values in ([0.0, -0.0, 0.5], [-0.0, 0.0, 0.5], [-0.0, 0.25], [0.75, 0.25]):
