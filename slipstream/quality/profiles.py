@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slipstream.quality.column_kernels import distinct_values, sorted_min_max, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -35,14 +36,15 @@ PARALLEL_MIN_ROWS = 200_000
 """Below this, thread start-up costs more than profiling columns side by side saves."""
 PROFILE_THREADS = 1
 """Columns profiled side by side. 1 by default: on the 2-core dev machine, threads made a 5M-row
-profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes, and the gate already
-runs the duplicate-id check in a second thread). Raise it on machines with cores to spare."""
+profile slower (0.8-1.3 s vs 0.6 s serial; memory-bound numpy passes). The gate runs the
+column jobs next to its duplicate-id check on its own threads (`gate.GATE_THREADS`). Raise it
+on machines with cores to spare."""
 
 
-def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True) -> list[Any]:
-    """Run independent jobs on up to PROFILE_THREADS threads: numpy and Arrow kernels release
-    the GIL. Each job owns its own column state (no shared writes)."""
-    workers = min(len(jobs), PROFILE_THREADS, os.cpu_count() or 1)
+def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True, threads: int | None = None) -> list[Any]:
+    """Run independent jobs on up to `threads` (default PROFILE_THREADS) threads: numpy and
+    Arrow kernels release the GIL. Each job owns its own column state (no shared writes)."""
+    workers = min(len(jobs), PROFILE_THREADS if threads is None else threads, os.cpu_count() or 1)
     if not parallel or workers <= 1:
         return [job() for job in jobs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profile") as pool:
@@ -126,15 +128,18 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
-    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray) -> None:
-        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy)."""
+    def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray, min_max: tuple[float, float] | None = None) -> None:
+        """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy);
+        `min_max` when the caller already knows them."""
         n_b = len(x)
         if n_b == 0:
             return
-        mm = pc.min_max(x).as_py()
+        if min_max is None:
+            mm = pc.min_max(x).as_py()
+            min_max = float(mm["min"]), float(mm["max"])
         mean_b = float(pc.mean(x).as_py())
         m2_b = float(pc.variance(x, ddof=0).as_py()) * n_b
-        lo, hi = float(mm["min"]), float(mm["max"])
+        lo, hi = min_max
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
@@ -152,21 +157,29 @@ class ColumnProfile:
                 if n_finite < len(valid):
                     self.nonfinite += len(valid) - n_finite
                     valid = pc.filter(valid, finite)
-            self._add_moments_arrow(valid)
-            x = valid.to_numpy() if isinstance(valid, pa.Array) else valid.to_numpy()
+            x = valid.to_numpy()
             assert self.hist is not None
-            self.hist.add(x)
+            if x.dtype.kind in "fiu" and x.dtype.itemsize <= 4 and len(x):
+                # float32 features and 32-bit labels: one sort gives min/max and the histogram.
+                # pyarrow hands out zero-copy views read-only, so a writeable one is our own copy.
+                s = x if x.flags.writeable else x.copy()
+                s.sort()
+                self._add_moments_arrow(valid, sorted_min_max(valid, s))
+                self.hist.add_sorted(s)
+            else:
+                self._add_moments_arrow(valid)
+                self.hist.add(x)
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
             if self.topk is not None:
                 # A sketch of a set depends only on its distinct values: hash those, not every row.
-                vc = pc.value_counts(valid)
-                self.hll.add_hashes(hash_column(vc.field("values")))
-                self.topk.add_counts(vc.field("values").to_pylist(), vc.field("counts").to_pylist())
+                values, counts = value_counts(valid)
+                self.hll.add_hashes(hash_column(values))
+                self.topk.add_counts(values.to_pylist(), counts.tolist())
             else:
-                # Ids repeat (users, items): Arrow's hash-unique is cheaper than sketching every row.
-                self.hll.add_hashes(hash_column(pc.unique(valid)))
+                # Ids repeat (users, items): sketching the distinct ids is cheaper than every row.
+                self.hll.add_hashes(hash_column(distinct_values(valid)))
         elif self.kind == "sequence":
             lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
             if len(lens) == 0:
@@ -278,6 +291,13 @@ class FeatureProfile:
 
     def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
         """Add a batch of rows (in place) and return self."""
+        run_parallel(self.update_jobs(batch), parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
+        return self
+
+    def update_jobs(self, batch: pa.RecordBatch | pa.Table) -> list[Callable[[], None]]:
+        """`update` as independent jobs (one per column, plus CTR), for a caller that runs them
+        next to its own work (the gate's duplicate-id check); the profile is complete once
+        every job has run."""
         self.rows += batch.num_rows
         jobs: list[Callable[[], None]] = []
         for name in batch.schema.names:
@@ -288,20 +308,27 @@ class FeatureProfile:
             jobs.append(functools.partial(prof.update, col))
         if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
             jobs.append(functools.partial(self._add_ctr, batch.column("event_time"), batch.column(LABEL_COLUMN)))
-        run_parallel(jobs, parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
-        return self
+        return jobs
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
         if ts.null_count or label.null_count:
             ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
             ts, label = pc.filter(ts, ok), pc.filter(label, ok)
         hours = pc.cast(ts, pa.int64()).to_numpy() // US_PER_HOUR
-        clicks = label.to_numpy().astype(np.float64)
         if len(hours) == 0:
             return
         lo = int(hours.min())
-        n = np.bincount(hours - lo)
-        k = np.bincount(hours - lo, weights=clicks)
+        hours -= lo
+        lab = label.to_numpy()
+        if pa.types.is_integer(label.type) and 0 <= lab.min() and lab.max() <= 1:
+            # 0/1 labels: one count over (hour, label) pairs instead of a plain and a weighted one
+            pairs = np.bincount(hours * 2 + lab)
+            pairs = np.pad(pairs, (0, len(pairs) % 2))
+            k = pairs[1::2]
+            n = pairs[0::2] + k
+        else:
+            n = np.bincount(hours)
+            k = np.bincount(hours, weights=lab.astype(np.float64))
         for i in np.flatnonzero(n):
             h = lo + int(i)
             rows, pos = self.ctr_by_hour.get(h, (0, 0))
