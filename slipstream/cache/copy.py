@@ -14,7 +14,9 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,21 @@ WHOLE_READ_MAX = 8 << 20
 RANGED_MIN = 16 << 20
 """Objects this large are fetched as parallel ranges of RANGE bytes."""
 RANGE = 4 << 20
+Write = Callable[[memoryview], object]
+"""Takes one chunk of a file's bytes (valid only during the call)."""
 
 
 @dataclass(frozen=True)
 class Placed:
     remote: str
     local: Path
+    """The cached file, or the block file that holds it."""
     size: int
     etag: str | None
+    block: str | None = None
+    """Name of the block (under `blocks/`) the file was packed into; None for a file of its own."""
+    offset: int | None = None
+    """Where the file starts in its block."""
 
 
 def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str, str],
@@ -48,17 +57,13 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     try:
         if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
             size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
-        elif isinstance(fs, pafs.S3FileSystem) and (getter := getter_for(io_properties)) is not None:
-            size, etag, checked = _copy_get(getter, inner, tmp)
         else:
-            size, etag, checked = _copy_stream(fs, inner, tmp, expected_size)
-        if expected_size is not None and size != expected_size:
-            raise CacheError(
-                f"copy of {remote} has {size} bytes but the table metadata says {expected_size}: "
-                "the file changed or the transfer was cut; re-run the warmup"
-            )
-        if checked is False:
-            raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                size, etag, checked = fetch_into(remote, io_properties, partial(write_all, fd), expected_size)
+            finally:
+                os.close(fd)
+        verify_copy(remote, size, expected_size, etag, checked)
         try:
             os.replace(tmp, local)
         except FileNotFoundError:  # the first file of its folder (not a stat + mkdir per file)
@@ -70,26 +75,49 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     return Placed(remote, local, size, etag)
 
 
-def _copy_get(getter: Any, inner: str, tmp: Path) -> tuple[int, str | None, bool | None]:
-    """One plain GET (no HEAD: its response carries the ETag) streamed into the temporary file; the
-    MD5 is computed when the ETag can be checked, which the response says before the body."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        size, etag, md5 = getter.get_to_fd(
-            inner, fd, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
-    finally:
-        os.close(fd)
+def fetch_into(remote: str, io_properties: dict[str, str], write: Write, expected_size: int | None
+               ) -> tuple[int, str | None, bool | None]:
+    """Hand the whole of `remote` to `write`, chunk by chunk. Returns (bytes, the store's ETag,
+    whether the bytes match it: None when the ETag cannot be checked)."""
+    if remote.startswith("s3://") and (getter := getter_for(io_properties)) is not None:
+        return _copy_get(getter, remote[5:], write)  # the common case, without the parse below
+    fs, inner = filesystem_for(remote, io_properties)
+    if isinstance(fs, pafs.S3FileSystem) and (getter := getter_for(io_properties)) is not None:
+        return _copy_get(getter, inner, write)
+    return _copy_stream(fs, inner, write, expected_size)
+
+
+def write_all(fd: int, chunk: memoryview | bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def verify_copy(remote: str, size: int, expected_size: int | None, etag: str | None, checked: bool | None) -> None:
+    if expected_size is not None and size != expected_size:
+        raise CacheError(
+            f"copy of {remote} has {size} bytes but the table metadata says {expected_size}: "
+            "the file changed or the transfer was cut; re-run the warmup"
+        )
+    if checked is False:
+        raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
+
+
+def _copy_get(getter: Any, inner: str, write: Write) -> tuple[int, str | None, bool | None]:
+    """One plain GET (no HEAD: its response carries the ETag) streamed into `write`; the MD5 is
+    computed when the ETag can be checked, which the response says before the body."""
+    size, etag, md5 = getter.get(inner, write, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
     checked = etag_matches(etag, md5) if etag and md5 is not None else None
     return size, etag, checked
 
 
-def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int | None
+def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: int | None
                  ) -> tuple[int, str | None, bool | None]:
     """One GET, written as it arrives; the MD5 is computed only when the ETag can be checked."""
     size = 0
     etag: str | None = None
     md5 = None
-    with fs.open_input_stream(inner) as src, open(tmp, "wb") as dst:
+    with fs.open_input_stream(inner) as src:
         if isinstance(fs, pafs.S3FileSystem):
             etag = _etag(src.metadata())
             if etag and etag_checkable(etag):
@@ -100,7 +128,7 @@ def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int 
         else:
             chunks = iter(lambda: src.read(CHUNK), b"")
         for chunk in chunks:
-            dst.write(chunk)
+            write(memoryview(chunk))
             if md5 is not None:
                 md5.update(chunk)
             size += len(chunk)

@@ -116,6 +116,17 @@ class S3Getter:
         """GET `bucket/key` and write its body to `fd`, feeding the hasher that `hasher_for(ETag)`
         returns (None: no hashing). Returns (bytes written, ETag, hasher). Raises
         FileNotFoundError / OSError."""
+        def write(chunk: memoryview) -> None:
+            while chunk:
+                chunk = chunk[os.write(fd, chunk):]
+
+        return self.get(inner, write, hasher_for)
+
+    def get(self, inner: str, write: Callable[[memoryview], object], hasher_for: Callable[[str | None], Any]
+            ) -> tuple[int, str | None, Any]:
+        """GET `bucket/key` and hand its body to `write` chunk by chunk (a chunk is only valid
+        during the call), feeding the hasher that `hasher_for(ETag)` returns (None: no hashing).
+        Returns (bytes, ETag, hasher). Raises FileNotFoundError / OSError."""
         bucket, _, key = inner.partition("/")
         if self.virtual:
             host, hostname, path = f"{bucket}.{self.netloc}", f"{bucket}.{self.host}", "/" + quote(key, safe="/~")
@@ -146,9 +157,7 @@ class S3Getter:
             buf = self._buffer()
             size = 0
             while n := resp.readinto(buf):
-                chunk = buf[:n]
-                while chunk:
-                    chunk = chunk[os.write(fd, chunk):]
+                write(buf[:n])
                 if md5 is not None:
                     md5.update(buf[:n])
                 size += n
