@@ -274,9 +274,9 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheIt
     """Copy with `concurrency` worker threads, each taking the next file when its last one is done
     (no future per file: on small files the bookkeeping showed in the profile) and packing small
     ones into a block of its own (`pack.BlockWriter`); index rows are written by this thread as
-    files and blocks land, in batches of INDEX_BATCH, so a crash loses at most the last batch: its
-    files of their own the next run adopts (whole under files/ by construction), its blocks it
-    deletes as orphans."""
+    files land, in batches of INDEX_BATCH (a crash loses at most the last batch, whose files the
+    next run adopts: whole under files/ by construction), and with each block as soon as it is
+    sealed (a block without rows is an orphan the next run deletes)."""
     placed: list[Placed] = []
     failed: list[tuple[str, str]] = []
     todo = list(missing.values())
@@ -359,7 +359,8 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheIt
                     done_bytes += p.size
                     pending_rows.append(Entry(key_of[p.remote], p.remote, p.size, p.etag, table_name,
                                               snapshot_id, now, now, p.block, p.offset))
-            if len(pending_rows) >= INDEX_BATCH or (pending_rows and got == len(todo)):
+            # a sealed block is committed at once: until then it is an orphan that a crash loses
+            if len(pending_rows) >= INDEX_BATCH or pending_blocks or (pending_rows and got == len(todo)):
                 index.put_many(pending_rows, blocks=pending_blocks)
                 pending_rows, pending_blocks = [], []
             now_m = time.monotonic()
