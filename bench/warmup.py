@@ -3,17 +3,23 @@ come to the store's best raw transfer rate? Everything runs against a real Seawe
 127.0.0.1 started for the run, and every ratio compares two measurements taken in this same run.
 
 - small window: `--files` files of `--file-kb` KB (default 10,000 x 20 KB, the Weibo case): time to
-  read all of them through `CacheReader` remote (cold cache) vs from the warm cache -> `small_speedup`
+  read all of them through `CacheReader` remote (cold cache) vs from the warm cache (small files
+  are packed into blocks) -> `small_speedup`
 - large window: `--large-files` files of `--large-mb` MB -> `large_speedup`
-- raw parallel GET (bytes into memory, nothing written) at several thread counts after one untimed
-  pass; the warmup runs at the best count; then, in 4 interleaved rounds over quarters of the
-  window (raw GET of a quarter, warmup of that quarter), `copy_vs_raw` = raw GET time / warmup
-  time on the small window (`copy_vs_raw_large` on the large one). Interleaving keeps the load of
-  this shared machine the same for both sides. `copy_vs_raw_copy` compares with a plain parallel
-  copy (GET + write a local file, no temp name, verification or index) timed in the same rounds.
-- the remote baseline of a speedup is the faster of the cold `CacheReader` read and the best raw GET;
-  the cached read is the best of 3 runs at 1 thread and at the remote's best thread count (each side
-  at its best configuration)
+- raw parallel GET (bytes into memory, nothing written, no checksum) with two clients: pyarrow
+  (HEAD + GET) and the one-GET client the warmup uses, at each `--threads` count after one untimed
+  pass; the fastest (client, threads) is the raw side. The warmup picks its concurrency from the
+  same candidates (on a tenth of the window, into a scratch cache). Then `--rounds` rounds over
+  1/rounds of the window each: raw GET, warmup, raw GET of the same files (the raw time is the
+  mean of the two, which cancels a load change during the round on this shared machine);
+  `copy_vs_raw` = the median over rounds of raw time / warmup time on the small window
+  (`copy_vs_raw_total`: of the sums; `copy_vs_raw_large` on the large one, whose rounds each copy
+  the whole window). `copy_vs_raw_copy` compares with a plain parallel copy (GET + write a local
+  file, no temp name, verification or index) timed in the same rounds.
+- reads go through `CacheReader.open_input_file`, the call the trainer's loader makes; the remote
+  baseline of a speedup is the faster of the cold reader and the best raw GET; the cached read is
+  the best of 3 runs at 1 thread and at the remote's best thread count (each side at its best
+  configuration)
 - incremental: an Iceberg `samples` table on the S3 warehouse, a 2-day window warmed, one new day
   appended, the re-run's copied bytes vs the new day's data bytes -> `incremental_only_new_files`
 """
@@ -148,8 +154,10 @@ def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cach
     reps = 1 if len(uris) > 100 else 3  # a small window is read 3 times to tame the machine's noise
     remote_s = min(_timed(lambda: _read_all(CacheReader(str(cache_dir), io), uris, best))[0] for _ in range(reps))
     # warmup vs raw GET in rounds, both at their best settings, over 1/rounds of the window each
-    # (or, for a window of a few files, over all of it, evicted again after each round); the order
-    # alternates so that neither side always runs first on this shared machine
+    # (or, for a window of a few files, over all of it, evicted again after each round). In a round
+    # the warmup is bracketed by two raw GETs of the same files (their mean is the round's raw
+    # time, which cancels a load change during the round on this shared machine); the plain copy
+    # runs first or last, alternately.
     whole = len(uris) < 4 * rounds
     per_round: list[dict[str, float]] = []
     copied = copied_bytes = packed = 0
@@ -157,19 +165,20 @@ def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cach
         part = uris if whole else uris[r::rounds]
         if whole and r:
             evict_cache(cache_dir)
-        sides = {
-            "raw": lambda: clients[client](part, best),
-            "raw_copy": lambda: _raw_copy(fs, part, best, size, cache_dir.parent / f"rawcopy-{name}"),
-            "warm": lambda: warm_files(cache_dir, [CacheItem(u, size) for u in part], io,
-                                       table_name=f"bench.{name}.{r}", concurrency=warm_best),
-        }
-        times = {}
-        for side in (sides if r % 2 == 0 else reversed(list(sides))):
-            times[side], out = _timed(sides[side])
-            if side == "warm":
-                copied += out.copied
-                copied_bytes += out.bytes
-                packed += getattr(out, "packed", 0)  # (0 where the library does not pack)
+        times: dict[str, float] = {}
+        plain_copy = lambda: _raw_copy(fs, part, best, size, cache_dir.parent / f"rawcopy-{name}")  # noqa: E731
+        if r % 2:
+            times["raw_copy"], _ = _timed(plain_copy)
+        raw_a, _ = _timed(lambda: clients[client](part, best))
+        times["warm"], out = _timed(lambda: warm_files(cache_dir, [CacheItem(u, size) for u in part], io,
+                                                       table_name=f"bench.{name}.{r}", concurrency=warm_best))
+        raw_b, _ = _timed(lambda: clients[client](part, best))
+        times["raw"] = (raw_a + raw_b) / 2
+        if not r % 2:
+            times["raw_copy"], _ = _timed(plain_copy)
+        copied += out.copied
+        copied_bytes += out.bytes
+        packed += getattr(out, "packed", 0)  # (0 where the library does not pack)
         per_round.append({k: round(v, 3) for k, v in times.items()})
     raw_s, warm_s, raw_copy_s = (sum(t[k] for t in per_round) for k in ("raw", "warm", "raw_copy"))
     # cached reads: the best of 3, each at 1 thread and at the remote's best count (local reads are

@@ -79,12 +79,25 @@ def fetch_into(remote: str, io_properties: dict[str, str], write: Write, expecte
                ) -> tuple[int, str | None, bool | None]:
     """Hand the whole of `remote` to `write`, chunk by chunk. Returns (bytes, the store's ETag,
     whether the bytes match it: None when the ETag cannot be checked)."""
-    if remote.startswith("s3://") and (getter := getter_for(io_properties)) is not None:
-        return _copy_get(getter, remote[5:], write)  # the common case, without the parse below
-    fs, inner = filesystem_for(remote, io_properties)
-    if isinstance(fs, pafs.S3FileSystem) and (getter := getter_for(io_properties)) is not None:
-        return _copy_get(getter, inner, write)
-    return _copy_stream(fs, inner, write, expected_size)
+    return fetcher(io_properties)(remote, write, expected_size)
+
+
+Fetch = Callable[[str, Write, "int | None"], "tuple[int, str | None, bool | None]"]
+
+
+def fetcher(io_properties: dict[str, str]) -> Fetch:
+    """`fetch_into` with the client looked up once (for a thread that fetches many files)."""
+    getter = getter_for(io_properties)
+
+    def fetch(remote: str, write: Write, expected_size: int | None) -> tuple[int, str | None, bool | None]:
+        if getter is not None and remote.startswith("s3://"):
+            return _copy_get(getter, remote[5:], write)
+        fs, inner = filesystem_for(remote, io_properties)
+        if isinstance(fs, pafs.S3FileSystem) and getter is not None:
+            return _copy_get(getter, inner, write)
+        return _copy_stream(fs, inner, write, expected_size)
+
+    return fetch
 
 
 def write_all(fd: int, chunk: memoryview | bytes) -> None:

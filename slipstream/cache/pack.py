@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from slipstream.cache.copy import Placed, fetch_into, verify_copy, write_all
+from slipstream.cache.copy import Placed, fetcher, verify_copy, write_all
 from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.errors import CacheError
 
@@ -82,10 +82,10 @@ class BlockWriter:
     the profile), always between members, so a failed member is simply dropped from memory."""
 
     def __init__(self, layout: CacheLayout, io_properties: dict[str, str], attempt: Attempt) -> None:
-        self.layout = layout
-        self.io_properties = io_properties
+        self.fetch = fetcher(io_properties)
         self.attempt = attempt
         self.name = f"{uuid.uuid4().hex}{BLOCK_SUFFIX}"
+        self.path = layout.block_path(self.name)
         self.tmp = layout.tmp / f"w-{uuid.uuid4().hex}.part"
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.folder: str | None = None
@@ -110,7 +110,7 @@ class BlockWriter:
 
         def fetch() -> tuple[int, str | None]:
             del self.buffer[keep:]  # what a failed attempt left
-            size, etag, checked = fetch_into(remote, self.io_properties, self.buffer.extend, expected_size)
+            size, etag, checked = self.fetch(remote, self.buffer.extend, expected_size)
             verify_copy(remote, size, expected_size, etag, checked)
             return size, etag
 
@@ -120,7 +120,7 @@ class BlockWriter:
             self.failed.append((remote, e))
             del self.buffer[keep:]
             return
-        self.placed.append(Placed(remote, self.layout.block_path(self.name), size, etag, self.name, self.offset))
+        self.placed.append(Placed(remote, self.path, size, etag, self.name, self.offset))
         self.offset += size
         if len(self.buffer) >= FLUSH_BYTES:
             self._flush()
@@ -138,7 +138,7 @@ class BlockWriter:
             if on_disk != self.offset:
                 raise CacheError(f"block {self.tmp} has {on_disk} bytes but its members add up to {self.offset}; "
                                  "re-run the warmup")
-            os.replace(self.tmp, self.layout.block_path(self.name))
+            os.replace(self.tmp, self.path)
         except BaseException:
             self.abort()
             raise

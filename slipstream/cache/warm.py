@@ -12,6 +12,7 @@ files in the index as they land (in batches), so an interrupted warmup resumes w
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -224,14 +225,14 @@ def _split_cached(layout: CacheLayout, index: CacheIndex, by_key: dict[str, Cach
     size matches the table metadata."""
     cached, missing, adopted = [], [], []
     now = time.time()
+    files = str(layout.files)
     for key, item in by_key.items():
         entry = entries.get(key)
         if entry is not None and entry.block is not None:
             (cached if item.size is None or entry.size == item.size else missing).append(key)
             continue
-        path = layout.files / key
         try:
-            size = path.stat().st_size
+            size = os.stat(f"{files}/{key}").st_size
         except FileNotFoundError:
             missing.append(key)
             continue
