@@ -41,7 +41,7 @@ def _disk_bytes(layout: CacheLayout) -> int:
     return sum(p.stat().st_size for d in (layout.files, layout.blocks) for p in d.rglob("*") if p.is_file())
 
 
-def test_packed_window_reads_back_byte_identical(tmp_path: Path) -> None:
+def test_packed_window_reads_back_byte_identical(tmp_path: Path, settings: object, capsys: pytest.CaptureFixture[str]) -> None:
     files = _small_files(tmp_path / "wh", days=2, per_day=PACK_MIN_FILES)
     layout = CacheLayout(tmp_path / "cache")
     r = warm_files(layout.root, _items(files), {}, table_name="t", concurrency=3)
@@ -66,6 +66,15 @@ def test_packed_window_reads_back_byte_identical(tmp_path: Path) -> None:
 
     again = warm_files(layout.root, _items(files), {}, table_name="t")  # incremental: nothing new
     assert again.copied == 0 and again.already_cached == len(files)
+
+    import json
+
+    from slipstream.cli import main
+
+    assert main(["cache", "status", "--cache-dir", str(layout.root)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["files"], status["packed_files"], status["blocks"], status["bytes"]) == (
+        len(files), len(files), r.blocks, r.bytes)
 
 
 def test_packed_parquet_reads_through_the_reader(tmp_path: Path) -> None:
