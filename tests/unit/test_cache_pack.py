@@ -162,3 +162,20 @@ def test_a_file_that_contradicts_its_metadata_is_named_and_left_out(tmp_path: Pa
     with CacheReader(str(layout.root), {}) as reader:  # the others were packed and read back whole
         assert all(reader.read_file(p) == b for p, b in files.items())
         assert (reader.stats()["hits"], reader.stats()["misses"]) == (len(files) - 1, 1)
+
+
+def test_an_index_from_before_packing_is_upgraded_in_place(tmp_path: Path) -> None:
+    import sqlite3
+
+    layout = CacheLayout(tmp_path / "cache")
+    layout.ensure()
+    old = sqlite3.connect(layout.index_path)
+    old.execute("CREATE TABLE entries (key TEXT PRIMARY KEY, remote TEXT NOT NULL, size INTEGER NOT NULL, etag TEXT,"
+                " table_name TEXT, snapshot INTEGER, added REAL NOT NULL, last_access REAL NOT NULL)")
+    old.execute("INSERT INTO entries VALUES ('file/a/b.bin', '/a/b.bin', 10, NULL, 't', 1, 0, 0)")
+    old.commit()
+    old.close()
+    with CacheIndex(layout) as index:
+        [entry] = index.entries()
+        assert (entry.key, entry.size, entry.block) == ("file/a/b.bin", 10, None)
+        assert index.total_bytes() == 10 and index.packed() == {}
