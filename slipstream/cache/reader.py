@@ -21,6 +21,7 @@ is what the warmup's least-recently-used eviction orders by.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ class CacheReader:
         self._populated: list[Entry] = []
         self._footers: dict[str, pq.FileMetaData] = {}
         self._index: CacheIndex | None = None
+        self._index_pid = 0
         self._index_version = -1
         self._packed: dict[str, tuple[str, int, int]] = {}
         self._blocks: dict[str, pa.Buffer] = {}
@@ -63,10 +65,12 @@ class CacheReader:
     def _packed_slice(self, key: str) -> pa.Buffer | None:
         """The bytes of a packed file (a slice of its memory-mapped block), or None."""
         with self._lock:
-            if self._index is None:
+            if self._index is None or self._index_pid != os.getpid():  # a forked child opens its own
                 if not self.layout.index_path.exists():
                     return None
                 self._index = CacheIndex(self.layout, any_thread=True)
+                self._index_pid = os.getpid()
+                self._index_version = -1
             version = self._index.data_version()
             if version != self._index_version:
                 self._packed = self._index.packed()
