@@ -133,7 +133,8 @@ def warm_window(settings: Settings, table: str, window_days: int, end: datetime,
     report = warm_files(
         cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
         budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
-        concurrency=cache.concurrency, pack_below=cache.pack_below_bytes, lock_timeout_s=cache.lock_timeout_s, window=(start, stop),
+        concurrency=cache.concurrency, pack_below=cache.pack_below_bytes, lock_timeout_s=cache.lock_timeout_s,
+        window=(start, stop),
     )
     return report
 
