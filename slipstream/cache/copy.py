@@ -14,7 +14,9 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,21 @@ WHOLE_READ_MAX = 8 << 20
 RANGED_MIN = 16 << 20
 """Objects this large are fetched as parallel ranges of RANGE bytes."""
 RANGE = 4 << 20
+Write = Callable[[memoryview], object]
+"""Takes one chunk of a file's bytes (valid only during the call)."""
 
 
 @dataclass(frozen=True)
 class Placed:
     remote: str
     local: Path
+    """The cached file, or the block file that holds it."""
     size: int
     etag: str | None
+    block: str | None = None
+    """Name of the block (under `blocks/`) the file was packed into; None for a file of its own."""
+    offset: int | None = None
+    """Where the file starts in its block."""
 
 
 def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str, str],
@@ -47,18 +56,17 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     tmp = tmp_dir / f"{tmp_prefix}{uuid.uuid4().hex}.part"
     try:
         if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
-            size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
-        elif isinstance(fs, pafs.S3FileSystem) and (getter := getter_for(io_properties)) is not None:
-            size, etag, checked = _copy_get(getter, inner, tmp)
+            if (getter := getter_for(io_properties)) is not None:
+                size, etag, checked = _copy_ranged_get(getter, inner, tmp, expected_size)
+            else:
+                size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
         else:
-            size, etag, checked = _copy_stream(fs, inner, tmp, expected_size)
-        if expected_size is not None and size != expected_size:
-            raise CacheError(
-                f"copy of {remote} has {size} bytes but the table metadata says {expected_size}: "
-                "the file changed or the transfer was cut; re-run the warmup"
-            )
-        if checked is False:
-            raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                size, etag, checked = fetch_into(remote, io_properties, partial(write_all, fd), expected_size)
+            finally:
+                os.close(fd)
+        verify_copy(remote, size, expected_size, etag, checked)
         try:
             os.replace(tmp, local)
         except FileNotFoundError:  # the first file of its folder (not a stat + mkdir per file)
@@ -70,26 +78,62 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     return Placed(remote, local, size, etag)
 
 
-def _copy_get(getter: Any, inner: str, tmp: Path) -> tuple[int, str | None, bool | None]:
-    """One plain GET (no HEAD: its response carries the ETag) streamed into the temporary file; the
-    MD5 is computed when the ETag can be checked, which the response says before the body."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        size, etag, md5 = getter.get_to_fd(
-            inner, fd, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
-    finally:
-        os.close(fd)
+def fetch_into(remote: str, io_properties: dict[str, str], write: Write, expected_size: int | None
+               ) -> tuple[int, str | None, bool | None]:
+    """Hand the whole of `remote` to `write`, chunk by chunk. Returns (bytes, the store's ETag,
+    whether the bytes match it: None when the ETag cannot be checked)."""
+    return fetcher(io_properties)(remote, write, expected_size)
+
+
+Fetch = Callable[[str, Write, "int | None"], "tuple[int, str | None, bool | None]"]
+
+
+def fetcher(io_properties: dict[str, str]) -> Fetch:
+    """`fetch_into` with the client looked up once (for a thread that fetches many files)."""
+    getter = getter_for(io_properties)
+
+    def fetch(remote: str, write: Write, expected_size: int | None) -> tuple[int, str | None, bool | None]:
+        if getter is not None and remote.startswith("s3://"):
+            return _copy_get(getter, remote[5:], write)
+        fs, inner = filesystem_for(remote, io_properties)
+        if isinstance(fs, pafs.S3FileSystem) and getter is not None:
+            return _copy_get(getter, inner, write)
+        return _copy_stream(fs, inner, write, expected_size)
+
+    return fetch
+
+
+def write_all(fd: int, chunk: memoryview | bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def verify_copy(remote: str, size: int, expected_size: int | None, etag: str | None, checked: bool | None) -> None:
+    if expected_size is not None and size != expected_size:
+        raise CacheError(
+            f"copy of {remote} has {size} bytes but the table metadata says {expected_size}: "
+            "the file changed or the transfer was cut; re-run the warmup"
+        )
+    if checked is False:
+        raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
+
+
+def _copy_get(getter: Any, inner: str, write: Write) -> tuple[int, str | None, bool | None]:
+    """One plain GET (no HEAD: its response carries the ETag) streamed into `write`; the MD5 is
+    computed when the ETag can be checked, which the response says before the body."""
+    size, etag, md5 = getter.get(inner, write, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
     checked = etag_matches(etag, md5) if etag and md5 is not None else None
     return size, etag, checked
 
 
-def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int | None
+def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: int | None
                  ) -> tuple[int, str | None, bool | None]:
     """One GET, written as it arrives; the MD5 is computed only when the ETag can be checked."""
     size = 0
     etag: str | None = None
     md5 = None
-    with fs.open_input_stream(inner) as src, open(tmp, "wb") as dst:
+    with fs.open_input_stream(inner) as src:
         if isinstance(fs, pafs.S3FileSystem):
             etag = _etag(src.metadata())
             if etag and etag_checkable(etag):
@@ -100,7 +144,7 @@ def _copy_stream(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int 
         else:
             chunks = iter(lambda: src.read(CHUNK), b"")
         for chunk in chunks:
-            dst.write(chunk)
+            write(memoryview(chunk))
             if md5 is not None:
                 md5.update(chunk)
             size += len(chunk)
@@ -126,14 +170,53 @@ def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
             os.close(fd)
     if written != size:
         raise CacheError(f"ranged copy of {inner} wrote {written} of {size} bytes; re-run the warmup")
-    checked = None
-    if etag and etag_checkable(etag):  # a single-part ETag: verify it
-        md5 = hashlib.md5()
-        with open(tmp, "rb") as fh:
-            for chunk in iter(lambda: fh.read(CHUNK), b""):
-                md5.update(chunk)
-        checked = etag_matches(etag, md5)
-    return size, etag, checked
+    return size, etag, _check_file(tmp, etag)
+
+
+def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int) -> tuple[int, str | None, bool | None]:
+    """`_copy_ranged` with the one-GET client: no HEAD first (the size is the table metadata's;
+    each range's Content-Range confirms the object's), each range written from the receive buffer
+    straight to its place in the file. Ranges from different versions of the object (their ETags
+    differ) are refused."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        def fetch(offset: int) -> tuple[int, int | None, str | None]:
+            pos = offset
+
+            def write(chunk: memoryview) -> None:
+                nonlocal pos
+                while chunk:
+                    n = os.pwrite(fd, chunk, pos)
+                    pos += n
+                    chunk = chunk[n:]
+
+            return getter.get_range(inner, offset, min(RANGE, expected_size - offset), write)
+
+        parts = list(_range_pool().map(fetch, range(0, expected_size, RANGE)))
+    finally:
+        os.close(fd)
+    etags = {etag for _, _, etag in parts}
+    if len(etags) > 1:
+        raise CacheError(f"s3://{inner} changed during its copy (ETags {sorted(map(str, etags))}); re-run the warmup")
+    totals = {total for _, total, _ in parts if total is not None}
+    written = sum(n for n, _, _ in parts)
+    size = max(totals) if totals else written  # a longer or shorter object fails the size check
+    if totals == {expected_size} and written != expected_size:
+        raise CacheError(f"ranged copy of s3://{inner} wrote {written} of {expected_size} bytes; re-run the warmup")
+    etag = etags.pop()
+    return size, etag, _check_file(tmp, etag)
+
+
+def _check_file(path: Path, etag: str | None) -> bool | None:
+    """Large objects are multipart uploads whose ETag cannot be checked without the part sizes;
+    a single-part ETag is checked by reading the file back."""
+    if not (etag and etag_checkable(etag)):
+        return None
+    md5 = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            md5.update(chunk)
+    return etag_matches(etag, md5)
 
 
 def _etag(meta: Any) -> str | None:

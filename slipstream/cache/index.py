@@ -2,14 +2,19 @@
 
 ```
 <cache_dir>/files/<scheme>/<bucket or path>/...   complete copies only (placed by atomic rename)
+<cache_dir>/blocks/<name>.blk                     small files packed end to end (complete blocks only)
 <cache_dir>/tmp/                                  copies in flight (`*.part`); cleared by the next warmup
-<cache_dir>/index.sqlite                          one row per cached file: remote path, size, snapshot, last access
+<cache_dir>/index.sqlite                          one row per cached file: remote path, size, snapshot,
+                                                  last access, and for a packed file its block and offset
 <cache_dir>/warm.lock                             flock held by a warmup; holds the holder's PID
 ```
 
 A file under `files/` is complete by construction (it appears only through `os.replace` after
-its size and checksum were verified), so a reader needs no index lookup to know a hit: it checks
-that the file exists. The index is for the warmup (what to copy, what to evict) and for `status`.
+its size and checksum were verified), so a reader needs no index lookup to know such a hit: it
+checks that the file exists. A packed file is known only through the index: its row is committed
+after its block was verified and renamed into `blocks/`, and a block is deleted only after its
+rows, so a row always points at complete bytes. Blocks are never rewritten (a name is used once).
+The index is also the warmup's record of what to copy and evict, and what `status` shows.
 SQLite in WAL mode lets readers record access times while a warmup writes.
 """
 
@@ -36,25 +41,39 @@ CREATE TABLE IF NOT EXISTS entries (
     table_name TEXT,           -- Iceberg table whose window planned it (NULL: populated by a reader)
     snapshot INTEGER,          -- snapshot of the last warmup that planned it
     added REAL NOT NULL,
-    last_access REAL NOT NULL
-)
+    last_access REAL NOT NULL,
+    block TEXT,                -- the block holding a packed file (NULL: a file of its own under files/)
+    block_offset INTEGER       -- where the packed file starts in its block
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    name TEXT PRIMARY KEY,     -- file name under blocks/
+    size INTEGER NOT NULL,     -- bytes on disk, members that left the index included
+    added REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_block ON entries(block) WHERE block IS NOT NULL;
 """
+_COLUMNS = "key, remote, size, etag, table_name, snapshot, added, last_access, block, block_offset"
 
 
 class CacheLayout:
     def __init__(self, cache_dir: str | Path) -> None:
         self.root = Path(cache_dir).resolve()
         self.files = self.root / "files"
+        self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp"
         self.index_path = self.root / "index.sqlite"
         self.lock_path = self.root / "warm.lock"
 
     def ensure(self) -> None:
         self.files.mkdir(parents=True, exist_ok=True)
+        self.blocks.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
 
     def local_path(self, remote: str) -> Path:
         return self.files / cache_key(remote)
+
+    def block_path(self, name: str) -> Path:
+        return self.blocks / name
 
 
 @dataclass(frozen=True)
@@ -67,18 +86,44 @@ class Entry:
     snapshot: int | None
     added: float
     last_access: float
+    block: str | None = None
+    """The block that holds this file (packed), or None (a file of its own under files/)."""
+    block_offset: int | None = None
+
+    def row(self) -> tuple[object, ...]:
+        return (self.key, self.remote, self.size, self.etag, self.table_name, self.snapshot, self.added,
+                self.last_access, self.block, self.block_offset)
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    size: int
+    added: float
 
 
 class CacheIndex:
-    """One SQLite connection to `<cache_dir>/index.sqlite` (use from one thread)."""
+    """One SQLite connection to `<cache_dir>/index.sqlite`: use it from one thread, or (with
+    `any_thread=True`) from several under the caller's own lock."""
 
-    def __init__(self, layout: CacheLayout) -> None:
+    def __init__(self, layout: CacheLayout, *, any_thread: bool = False) -> None:
         layout.ensure()
         self.layout = layout
-        self.db = sqlite3.connect(layout.index_path, timeout=30.0, isolation_level=None)
+        self.db = sqlite3.connect(layout.index_path, timeout=30.0, isolation_level=None,
+                                  check_same_thread=not any_thread)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(_SCHEMA)
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
+        if columns and "block" not in columns:  # an index written before packing existed
+            with self.transaction():
+                if "block" not in {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}:
+                    self.db.execute("ALTER TABLE entries ADD COLUMN block TEXT")
+                    self.db.execute("ALTER TABLE entries ADD COLUMN block_offset INTEGER")
+        self.db.executescript(_SCHEMA)
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (cheap: no file access)."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
 
     def close(self) -> None:
         self.db.close()
@@ -90,31 +135,32 @@ class CacheIndex:
         self.close()
 
     def entries(self) -> list[Entry]:
-        rows = self.db.execute(
-            "SELECT key, remote, size, etag, table_name, snapshot, added, last_access FROM entries"
-        ).fetchall()
-        return [Entry(*r) for r in rows]
+        return [Entry(*r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM entries")]
 
     def get(self, key: str) -> Entry | None:
-        row = self.db.execute(
-            "SELECT key, remote, size, etag, table_name, snapshot, added, last_access FROM entries WHERE key=?",
-            (key,),
-        ).fetchone()
+        row = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE key=?", (key,)).fetchone()
         return Entry(*row) if row else None
 
-    def put(self, entry: Entry, *, replace: bool = True) -> None:
-        self.db.execute(
-            f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (entry.key, entry.remote, entry.size, entry.etag, entry.table_name, entry.snapshot,
-             entry.added, entry.last_access),
-        )
+    def blocks(self) -> list[Block]:
+        return [Block(*r) for r in self.db.execute("SELECT name, size, added FROM blocks")]
 
-    def put_many(self, entries: Iterable[Entry], *, replace: bool = True) -> None:
+    def packed(self) -> dict[str, tuple[str, int, int]]:
+        """{key: (block, offset, size)} of every packed file (what a reader serves from blocks)."""
+        rows = self.db.execute("SELECT key, block, block_offset, size FROM entries WHERE block IS NOT NULL")
+        return {k: (b, o, n) for k, b, o, n in rows}
+
+    def put(self, entry: Entry, *, replace: bool = True) -> None:
+        self.put_many([entry], replace=replace)
+
+    def put_many(self, entries: Iterable[Entry], *, replace: bool = True, blocks: Iterable[Block] = ()) -> None:
+        """Insert rows in one transaction, with the blocks that hold packed ones (a block and its
+        members become visible to readers together)."""
         with self.transaction():
+            self.db.executemany("INSERT OR REPLACE INTO blocks VALUES (?, ?, ?)",
+                                [(b.name, b.size, b.added) for b in blocks])
             self.db.executemany(
-                f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(e.key, e.remote, e.size, e.etag, e.table_name, e.snapshot, e.added, e.last_access)
-                 for e in entries],
+                f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [e.row() for e in entries],
             )
 
     def mark_planned(self, keys: Iterable[str], table_name: str, snapshot: int) -> None:
@@ -134,12 +180,22 @@ class CacheIndex:
                     [(t, k) for k, t in accesses.items()],
                 )
 
-    def remove(self, keys: Iterable[str]) -> None:
+    def remove(self, keys: Iterable[str]) -> list[Block]:
+        """Delete rows; returns the blocks left without members, whose rows go in the same
+        transaction (the caller deletes their files after it: readers see no row first)."""
         with self.transaction():
             self.db.executemany("DELETE FROM entries WHERE key=?", [(k,) for k in keys])
+            empty = [Block(*r) for r in self.db.execute(
+                "SELECT name, size, added FROM blocks WHERE name NOT IN "
+                "(SELECT DISTINCT block FROM entries WHERE block IS NOT NULL)")]
+            self.db.executemany("DELETE FROM blocks WHERE name=?", [(b.name,) for b in empty])
+        return empty
 
     def total_bytes(self) -> int:
-        return int(self.db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
+        """Bytes on disk: files of their own plus whole blocks."""
+        loose = self.db.execute("SELECT COALESCE(SUM(size), 0) FROM entries WHERE block IS NULL").fetchone()[0]
+        packed = self.db.execute("SELECT COALESCE(SUM(size), 0) FROM blocks").fetchone()[0]
+        return int(loose) + int(packed)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

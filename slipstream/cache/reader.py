@@ -7,9 +7,12 @@ with reader.open_input_file(path) as f: ...      # a pyarrow NativeFile: local c
 reader.stats()  # {"hits", "misses", "bytes_local", "bytes_remote", "hit_ratio"}
 ```
 
-A hit is a file under `<cache_dir>/files/` (complete by construction, see `copy.py`); a miss reads
-the remote file and, with `populate=True`, copies it into the cache first (atomically) so the next
-read hits. Byte counters: `open_input_file` counts the file's size; `read_row_group` counts the
+A hit is a packed file the index lists in a block under `<cache_dir>/blocks/` (served as a
+zero-copy slice of the memory-mapped block, see `pack.py`) or a file under `<cache_dir>/files/`
+(complete by construction, see `copy.py`); a miss reads the remote file and, with `populate=True`,
+copies it into the cache first (atomically) so the next read hits. The reader keeps the index's
+map of packed files and reloads it whenever another connection committed (SQLite's
+`data_version`, checked on every lookup), so a file evicted or packed meanwhile is seen as such. Byte counters: `open_input_file` counts the file's size; `read_row_group` counts the
 compressed bytes of the column chunks it reads. Thread-safe; one reader per process is enough.
 Access times are kept in memory and written to the index by `flush()` (also on `close()`), which
 is what the warmup's least-recently-used eviction orders by.
@@ -18,6 +21,7 @@ is what the warmup's least-recently-used eviction orders by.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -44,22 +48,63 @@ class CacheReader:
         self._accesses: dict[str, float] = {}
         self._populated: list[Entry] = []
         self._footers: dict[str, pq.FileMetaData] = {}
+        self._index: CacheIndex | None = None
+        self._index_pid = 0
+        self._index_version = -1
+        self._packed: dict[str, tuple[str, int, int]] = {}
+        self._blocks: dict[str, pa.Buffer] = {}
+        """Memory-mapped blocks, whole (a slice of one is zero-copy)."""
 
     # -- lookups ---------------------------------------------------------------------------
     def local_path(self, path: str) -> str | None:
-        """The cached copy of `path`, or None when it is not cached."""
+        """The cached copy of `path` when it is a file of its own, or None (not cached, or packed
+        into a block: `open_input_file` serves both)."""
         local = self.layout.local_path(path)
         return str(local) if local.is_file() else None
 
+    def _packed_slice(self, key: str) -> pa.Buffer | None:
+        """The bytes of a packed file (a slice of its memory-mapped block), or None."""
+        with self._lock:
+            if self._index is None or self._index_pid != os.getpid():  # a forked child opens its own
+                if not self.layout.index_path.exists():
+                    return None
+                self._index = CacheIndex(self.layout, any_thread=True)
+                self._index_pid = os.getpid()
+                self._index_version = -1
+            version = self._index.data_version()
+            if version != self._index_version:
+                self._packed = self._index.packed()
+                self._index_version = version
+                live = {b for b, _, _ in self._packed.values()}
+                # a block evicted meanwhile: let it go (slices handed out keep its mapping alive)
+                self._blocks = {b: m for b, m in self._blocks.items() if b in live}
+            where = self._packed.get(key)
+            if where is None:
+                return None
+            block, offset, size = where
+            mapped = self._blocks.get(block)
+            if mapped is None:
+                try:
+                    with pa.memory_map(str(self.layout.block_path(block)), "r") as mm:
+                        mapped = self._blocks[block] = mm.read_buffer()  # the mapping outlives the file object
+                except FileNotFoundError:  # deleted after the map was read: a miss
+                    return None
+            self._accesses[key] = time.time()
+            return mapped.slice(offset, size)
+
     def _open(self, path: str) -> tuple[pa.NativeFile, bool]:
-        local = self.layout.local_path(path)
+        key = cache_key(path)
+        packed = self._packed_slice(key)
+        if packed is not None:
+            return pa.BufferReader(packed), True
+        local = self.layout.files / key
         try:
             f = pa.memory_map(str(local), "r")
         except FileNotFoundError:
             pass
         else:
             with self._lock:
-                self._accesses[cache_key(path)] = time.time()
+                self._accesses[key] = time.time()
             return f, True
         if self.populate and self._populate(path):
             try:  # the bytes came from remote: still a miss, but the next read hits
@@ -120,15 +165,20 @@ class CacheReader:
     def read_file(self, path: str) -> bytes:
         """The whole file's bytes (small files, benchmarks). A plain miss streams the object with
         one GET (no size request first)."""
-        local = str(self.layout.local_path(path))
-        try:  # the hit path of many small files: one open and one read, no memory map
+        key = cache_key(path)
+        packed = self._packed_slice(key)
+        if packed is not None:
+            self._count(True, packed.size)
+            return packed.to_pybytes()
+        local = str(self.layout.files / key)
+        try:  # a file of its own: one open and one read, no memory map
             with open(local, "rb") as fh:
                 data = fh.read()
         except FileNotFoundError:
             pass
         else:
             with self._lock:
-                self._accesses[cache_key(path)] = time.time()
+                self._accesses[key] = time.time()
             self._count(True, len(data))
             return data
         if not self.populate:
@@ -163,6 +213,11 @@ class CacheReader:
 
     def close(self) -> None:
         self.flush()
+        with self._lock:
+            index, self._index = self._index, None
+            self._blocks, self._packed, self._index_version = {}, {}, -1
+        if index is not None:
+            index.close()
 
     def __enter__(self) -> "CacheReader":
         return self

@@ -116,6 +116,34 @@ class S3Getter:
         """GET `bucket/key` and write its body to `fd`, feeding the hasher that `hasher_for(ETag)`
         returns (None: no hashing). Returns (bytes written, ETag, hasher). Raises
         FileNotFoundError / OSError."""
+        def write(chunk: memoryview) -> None:
+            while chunk:
+                chunk = chunk[os.write(fd, chunk):]
+
+        return self.get(inner, write, hasher_for)
+
+    def get(self, inner: str, write: Callable[[memoryview], object], hasher_for: Callable[[str | None], Any]
+            ) -> tuple[int, str | None, Any]:
+        """GET `bucket/key` and hand its body to `write` chunk by chunk (a chunk is only valid
+        during the call), feeding the hasher that `hasher_for(ETag)` returns (None: no hashing).
+        Returns (bytes, ETag, hasher). Raises FileNotFoundError / OSError."""
+        resp, host = self._request(inner, None)
+        etag = resp.getheader("ETag")
+        md5 = hasher_for(etag)
+        size = self._stream(inner, resp, host, write, md5)
+        return size, etag, md5
+
+    def get_range(self, inner: str, start: int, length: int, write: Callable[[memoryview], object]
+                  ) -> tuple[int, int | None, str | None]:
+        """GET `length` bytes of `bucket/key` from `start` into `write`. Returns (bytes, the
+        object's total size from Content-Range, ETag)."""
+        resp, host = self._request(inner, (start, start + length - 1))
+        etag = resp.getheader("ETag")
+        total = (resp.getheader("Content-Range") or "").rpartition("/")[2]
+        size = self._stream(inner, resp, host, write, None)
+        return size, int(total) if total.isdigit() else None, etag
+
+    def _request(self, inner: str, byte_range: tuple[int, int] | None) -> tuple[http.client.HTTPResponse, str]:
         bucket, _, key = inner.partition("/")
         if self.virtual:
             host, hostname, path = f"{bucket}.{self.netloc}", f"{bucket}.{self.host}", "/" + quote(key, safe="/~")
@@ -127,7 +155,10 @@ class S3Getter:
             except OSError as e:
                 raise OSError(f"GET s3://{inner}: cannot connect to {host}: {e}") from e
             try:
-                conn.request("GET", path, headers=self._headers(host, path))
+                headers = self._headers(host, path)
+                if byte_range is not None:
+                    headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+                conn.request("GET", path, headers=headers)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 self._drop(host)
@@ -135,26 +166,26 @@ class S3Getter:
                     continue  # the server closed an idle kept-alive connection: reconnect once
                 raise OSError(f"GET s3://{inner}: {type(e).__name__}: {e}") from e
             break
+        if resp.status != (200 if byte_range is None else 206):
+            body = resp.read(4096)
+            self._drop(host)
+            msg = f"GET s3://{inner}: HTTP {resp.status} {resp.reason}: {body[:300]!r}"
+            raise FileNotFoundError(msg) if resp.status == 404 else OSError(msg)
+        return resp, host
+
+    def _stream(self, inner: str, resp: http.client.HTTPResponse, host: str, write: Callable[[memoryview], object],
+                md5: Any) -> int:
         try:
-            if resp.status != 200:
-                body = resp.read(4096)
-                self._drop(host)
-                msg = f"GET s3://{inner}: HTTP {resp.status} {resp.reason}: {body[:300]!r}"
-                raise FileNotFoundError(msg) if resp.status == 404 else OSError(msg)
-            etag = resp.getheader("ETag")
-            md5 = hasher_for(etag)
             buf = self._buffer()
             size = 0
             while n := resp.readinto(buf):
-                chunk = buf[:n]
-                while chunk:
-                    chunk = chunk[os.write(fd, chunk):]
+                write(buf[:n])
                 if md5 is not None:
                     md5.update(buf[:n])
                 size += n
             if resp.will_close:
                 self._drop(host)
-            return size, etag, md5
+            return size
         except OSError:
             self._drop(host)
             raise

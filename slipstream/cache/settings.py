@@ -8,6 +8,7 @@ cache through this one object:
 | `SLIPSTREAM_CACHE_DIR` | `dir` | cache root on this node (default `<SLIPSTREAM_HOME>/cache`) |
 | `SLIPSTREAM_CACHE_BUDGET_BYTES` | `budget_bytes` | size cap, e.g. `50GiB`, `200000000`; empty/0 = no cap |
 | `SLIPSTREAM_CACHE_CONCURRENCY` | `concurrency` | parallel copies during a warmup (default 16) |
+| `SLIPSTREAM_CACHE_PACK_BELOW` | `pack_below_bytes` | files smaller than this are packed into cache blocks (default `128KiB`; `0` = never) |
 | `SLIPSTREAM_CACHE_LOCK_TIMEOUT_S` | `lock_timeout_s` | how long a warmup waits for another one on the same cache |
 | `SLIPSTREAM_CACHE_NODE_SELECTOR` | `node_selector` | `key=value[,key=value]` labels of the cache nodes (default `slipstream.io/cache=true`) |
 | `SLIPSTREAM_CACHE_VOLUME` | `volume` | `hostPath:/mnt/slipstream-cache` (default) or `pvc:CLAIM_NAME` |
@@ -89,6 +90,8 @@ class CacheSettings:
     """Upper bound of the cache's size; None = no cap (evicts only files that left the window)."""
     concurrency: int = 16
     """Parallel copies during a warmup (bounded: the store and the node's NIC set the best value)."""
+    pack_below_bytes: int = 128 << 10
+    """Files smaller than this are packed into cache blocks (when a warmup has many); 0 = never."""
     lock_timeout_s: float = 600.0
     """A warmup waits this long for another warmup of the same cache before failing."""
     node_selector: dict[str, str] = field(default_factory=lambda: parse_node_selector(DEFAULT_NODE_SELECTOR))
@@ -103,6 +106,8 @@ class CacheSettings:
             raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY must be >= 1, got {self.concurrency}")
         if self.budget_bytes is not None and self.budget_bytes < 1:
             raise ConfigError(f"SLIPSTREAM_CACHE_BUDGET_BYTES must be positive, got {self.budget_bytes}")
+        if self.pack_below_bytes < 0:
+            raise ConfigError(f"SLIPSTREAM_CACHE_PACK_BELOW must be >= 0, got {self.pack_below_bytes}")
         if self.lock_timeout_s < 0:
             raise ConfigError(f"SLIPSTREAM_CACHE_LOCK_TIMEOUT_S must be >= 0, got {self.lock_timeout_s}")
         if not self.mount_path.startswith("/"):
@@ -124,6 +129,7 @@ class CacheSettings:
             dir=settings.cache_dir,
             budget_bytes=parse_bytes(get("BUDGET_BYTES", "")),
             concurrency=concurrency,
+            pack_below_bytes=parse_bytes(get("PACK_BELOW", "128KiB"), "SLIPSTREAM_CACHE_PACK_BELOW") or 0,
             lock_timeout_s=lock_timeout,
             node_selector=parse_node_selector(get("NODE_SELECTOR", DEFAULT_NODE_SELECTOR)),
             volume=CacheVolume.parse(get("VOLUME", DEFAULT_VOLUME)),
@@ -135,6 +141,7 @@ class CacheSettings:
         return {
             "SLIPSTREAM_CACHE_BUDGET_BYTES": str(self.budget_bytes or ""),
             "SLIPSTREAM_CACHE_CONCURRENCY": str(self.concurrency),
+            "SLIPSTREAM_CACHE_PACK_BELOW": str(self.pack_below_bytes),
             "SLIPSTREAM_CACHE_LOCK_TIMEOUT_S": str(self.lock_timeout_s),
             "SLIPSTREAM_CACHE_NODE_SELECTOR": ",".join(f"{k}={v}" for k, v in self.node_selector.items()),
             "SLIPSTREAM_CACHE_VOLUME": str(self.volume),

@@ -4,25 +4,28 @@ table metadata).
 
 `warm_window` plans, then `warm_files` does the work under the cache lock: clear dead temporary
 files, evict what left the window, make room under the budget (least recently used first), copy
-the missing files in parallel (each through `copy_atomic`: temp name, verify, rename) with
-retries, and record placed files in the index as they land (in batches), so an interrupted warmup
-resumes where it stopped.
+the missing files in parallel (each through `copy_atomic`: temp name, verify, rename; many small
+files packed into blocks by `pack.BlockWriter`, built the same way) with retries, and record placed
+files in the index as they land (in batches), so an interrupted warmup resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from slipstream.cache.copy import Placed, clear_tmp, copy_atomic
 from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
-from slipstream.cache.index import CacheIndex, CacheLayout, Entry, cache_lock
+from slipstream.cache.index import Block, CacheIndex, CacheLayout, Entry, cache_lock
+from slipstream.cache.pack import PACK_BELOW, BlockWriter, SealedBlock, plan_packing, reconcile_blocks
 from slipstream.cache.remote import cache_key, filesystem_for
 from slipstream.cache.settings import CacheSettings
 from slipstream.errors import CacheWarmError
@@ -37,6 +40,7 @@ DATA_KINDS = ("data", "delete")
 RETRIES = 4
 PROGRESS_EVERY_S = 2.0
 INDEX_BATCH = 1024
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class WarmReport:
     planned_files: int = 0
     planned_bytes: int = 0
     copied: int = 0
+    packed: int = 0
+    """Of the copied files, how many were packed into blocks."""
+    blocks: int = 0
     already_cached: int = 0
     already_cached_bytes: int = 0
     evicted: int = 0
@@ -126,7 +133,8 @@ def warm_window(settings: Settings, table: str, window_days: int, end: datetime,
     report = warm_files(
         cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
         budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
-        concurrency=cache.concurrency, lock_timeout_s=cache.lock_timeout_s, window=(start, stop),
+        concurrency=cache.concurrency, pack_below=cache.pack_below_bytes, lock_timeout_s=cache.lock_timeout_s,
+        window=(start, stop),
     )
     return report
 
@@ -134,9 +142,10 @@ def warm_window(settings: Settings, table: str, window_days: int, end: datetime,
 def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,
                table_name: str, snapshot_id: int | None = None, budget_bytes: int | None = None,
                concurrency: int = 16, lock_timeout_s: float = 600.0,
-               window: tuple[datetime, datetime] | None = None) -> WarmReport:
+               window: tuple[datetime, datetime] | None = None, pack_below: int = PACK_BELOW) -> WarmReport:
     """Make `items` (a window's files) present in the cache; the building block of `warm_window`,
-    also usable with a plain file list (the benchmark's small-file window)."""
+    also usable with a plain file list (the benchmark's small-file window). Files under
+    `pack_below` bytes are packed into blocks when there are many (see `pack.py`; 0: never)."""
     layout = CacheLayout(cache_dir)
     report = WarmReport(table_name, snapshot_id, window[0].isoformat() if window else None,
                         window[1].isoformat() if window else None, str(layout.root), budget_bytes=budget_bytes)
@@ -147,11 +156,14 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
     report.planned_bytes = sum(i.size or 0 for i in items)
     with cache_lock(layout, lock_timeout_s), CacheIndex(layout) as index:
         report.stale_tmp_removed = clear_tmp(layout.tmp)
+        reconcile_blocks(layout, index)
         entries = {e.key: e for e in index.entries()}
-        gone = remove_entries(layout, index, out_of_window(entries.values(), table_name, by_key.keys()))
+        leaving = out_of_window(entries.values(), table_name, by_key.keys())
+        gone = remove_entries(layout, index, leaving)
+        for e in leaving:
+            del entries[e.key]
         report.evicted_out_of_window = gone.files
         evicted = Evicted(gone.files, gone.bytes)
-        entries = {e.key: e for e in index.entries()}
 
         cached, missing = _split_cached(layout, index, by_key, entries, table_name, snapshot_id)
         report.already_cached = len(cached)
@@ -165,13 +177,16 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
             report.skipped_over_budget = len(by_key) - len(cached) - len(missing)
         report.evicted, report.evicted_bytes = evicted.files, evicted.bytes
 
-        placed, failed = _copy_all(layout, index, [by_key[k] for k in missing], io_properties,
-                                   table_name, snapshot_id, concurrency)
+        placed, failed = _copy_all(layout, index, {k: by_key[k] for k in missing}, io_properties,
+                                   table_name, snapshot_id, concurrency, pack_below)
         report.copied = len(placed)
+        report.packed = sum(1 for p in placed if p.block is not None)
+        report.blocks = len({p.block for p in placed if p.block is not None})
         report.bytes = sum(p.size for p in placed)
         report.copied_paths = [p.remote for p in placed]
         report.cache_bytes = index.total_bytes()
-        present = {e.key for e in index.entries()}
+        key_of = {i.remote: k for k, i in by_key.items()}
+        present = {*cached, *(key_of[p.remote] for p in placed)}
     report.seconds = round(time.monotonic() - t0, 3)
     report.throughput_bytes_per_s = round(report.bytes / report.seconds, 1) if report.seconds else 0.0
     report.files_per_s = round(report.copied / report.seconds, 1) if report.seconds else 0.0
@@ -205,21 +220,26 @@ def _with_sizes(items: list[CacheItem], io_properties: dict[str, str]) -> list[C
 
 def _split_cached(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheItem], entries: dict[str, Entry],
                   table_name: str, snapshot_id: int | None) -> tuple[list[str], list[str]]:
-    """Which planned files are already whole in the cache. A file under files/ is whole by
-    construction; one the index lacks (a reader populated it, or the index write was cut) is
-    adopted when its size matches the table metadata."""
+    """Which planned files are already whole in the cache. A packed file is cached when its row
+    is (`reconcile_blocks` has checked the blocks); a file under files/ is whole by construction,
+    and one the index lacks (a reader populated it, or the index write was cut) is adopted when its
+    size matches the table metadata."""
     cached, missing, adopted = [], [], []
     now = time.time()
+    files = str(layout.files)
     for key, item in by_key.items():
-        path = layout.files / key
+        entry = entries.get(key)
+        if entry is not None and entry.block is not None:
+            (cached if item.size is None or entry.size == item.size else missing).append(key)
+            continue
         try:
-            size = path.stat().st_size
+            size = os.stat(f"{files}/{key}").st_size
         except FileNotFoundError:
             missing.append(key)
             continue
         if item.size is not None and size != item.size:
             missing.append(key)  # a different file under the same name: replace it
-        elif key in entries:
+        elif entry is not None:
             cached.append(key)
         else:
             adopted.append(Entry(key, item.remote, size, None, table_name, snapshot_id, now, now))
@@ -233,9 +253,9 @@ def _fit_budget(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheI
     """Evict least-recently-used files outside the window to make room; if the window alone is
     larger than the budget, copy what fits (metadata first, then data in plan order)."""
     entries = index.entries()
-    total = sum(e.size for e in entries)
+    total = index.total_bytes()
     need = sum(by_key[k].size or 0 for k in missing)
-    victims = lru_victims(entries, by_key.keys(), total + need - budget) if total + need > budget else []
+    victims = lru_victims(entries, by_key.keys(), total + need - budget, index.blocks()) if total + need > budget else []
     evicted = remove_entries(layout, index, victims)
     room = budget - (total - evicted.bytes)
     keep = []
@@ -250,39 +270,72 @@ def _fit_budget(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheI
     return keep, evicted
 
 
-def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_properties: dict[str, str],
-              table_name: str, snapshot_id: int | None, concurrency: int
+def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheItem], io_properties: dict[str, str],
+              table_name: str, snapshot_id: int | None, concurrency: int, pack_below: int = PACK_BELOW
               ) -> tuple[list[Placed], list[tuple[str, str]]]:
-    """Copy with `concurrency` worker threads, each taking the next file when its last one is
-    done (no future per file: on small files the bookkeeping showed in the profile); index rows
-    are written by this thread as files land, in batches of INDEX_BATCH, so a crash loses at most
-    the last batch, which the next run adopts (a file under files/ is whole by construction)."""
+    """Copy with `concurrency` worker threads, each taking the next file when its last one is done
+    (no future per file: on small files the bookkeeping showed in the profile) and packing small
+    ones into a block of its own (`pack.BlockWriter`); index rows are written by this thread as
+    files land, in batches of INDEX_BATCH (a crash loses at most the last batch, whose files the
+    next run adopts: whole under files/ by construction), and with each block as soon as it is
+    sealed (a block without rows is an orphan the next run deletes)."""
     placed: list[Placed] = []
     failed: list[tuple[str, str]] = []
+    todo = list(missing.values())
     if not todo:
         return placed, failed
+    key_of = {i.remote: k for k, i in missing.items()}
+    small, singles = plan_packing(todo, pack_below)
+    # the largest files first (so none starts last and runs alone), then the small ones in path
+    # order: a thread packs consecutive files of one folder into its block
+    singles.sort(key=lambda i: -(i.size or 0))
+    tasks = [*singles, *small]
+    packing = {id(i) for i in small}
     total_bytes = sum(i.size or 0 for i in todo)
     pending_rows: list[Entry] = []
+    pending_blocks: list[Block] = []
     t0 = last_log = time.monotonic()
     done_bytes = 0
-    queue = iter(todo)
+    queue = iter(tasks)
     queue_lock = threading.Lock()
-    results: SimpleQueue[tuple[CacheItem, Placed | None, BaseException | None]] = SimpleQueue()
+    results: SimpleQueue[SealedBlock] = SimpleQueue()
     stop = threading.Event()
 
     def worker() -> None:
-        while not stop.is_set():
-            with queue_lock:
-                item = next(queue, None)
-            if item is None:
-                return
-            try:
-                results.put((item, _copy_with_retries(layout, item, io_properties), None))
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                results.put((item, None, e))
+        writer: BlockWriter | None = None
+        try:
+            while not stop.is_set():
+                with queue_lock:
+                    item = next(queue, None)
+                if item is None:
+                    break
+                if id(item) not in packing:
+                    try:
+                        results.put(SealedBlock(None, [_copy_with_retries(layout, item, io_properties)], []))
+                    except Exception as e:  # noqa: BLE001 - reported with the file's name
+                        results.put(SealedBlock(None, [], [(item.remote, e)]))
+                    continue
+                if writer is not None and not writer.accepts(item.remote):
+                    results.put(writer.seal())
+                    writer = None
+                if writer is None:
+                    writer = BlockWriter(layout, io_properties, _with_retries)
+                writer.append(item.remote, item.size)
+            if writer is not None:
+                if stop.is_set():  # the warmup is being torn down: nobody would commit the block
+                    writer.abort()
+                else:
+                    results.put(writer.seal())
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            if writer is not None:
+                writer.abort()
+                results.put(SealedBlock(None, [], [(r, e) for r in writer.members]))
+            else:
+                results.put(SealedBlock(None, [], [("(warm worker)", e)]))
+            stop.set()
 
     threads = [threading.Thread(target=worker, name=f"warm-{n}", daemon=True)
-               for n in range(min(concurrency, len(todo)))]
+               for n in range(min(concurrency, len(tasks)))]
     for t in threads:
         t.start()
     try:
@@ -295,21 +348,23 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_
             except Empty:
                 batch = []
             now = time.time()
-            for item, p, err in batch:
-                got += 1
-                if err is not None:
+            for sealed in batch:
+                got += len(sealed.placed) + len(sealed.failed)
+                for remote, err in sealed.failed:
                     if not isinstance(err, Exception):
                         raise err
-                    failed.append((item.remote, str(err).splitlines()[0][:200]))
-                else:
-                    assert p is not None
+                    failed.append((remote, str(err).splitlines()[0][:200]))
+                if sealed.block is not None:
+                    pending_blocks.append(sealed.block)
+                for p in sealed.placed:
                     placed.append(p)
                     done_bytes += p.size
-                    pending_rows.append(Entry(cache_key(p.remote), p.remote, p.size, p.etag, table_name,
-                                              snapshot_id, now, now))
-            if len(pending_rows) >= INDEX_BATCH or (pending_rows and got == len(todo)):
-                index.put_many(pending_rows)
-                pending_rows = []
+                    pending_rows.append(Entry(key_of[p.remote], p.remote, p.size, p.etag, table_name,
+                                              snapshot_id, now, now, p.block, p.offset))
+            # a sealed block is committed at once: until then it is an orphan that a crash loses
+            if len(pending_rows) >= INDEX_BATCH or pending_blocks or (pending_rows and got == len(todo)):
+                index.put_many(pending_rows, blocks=pending_blocks)
+                pending_rows, pending_blocks = [], []
             now_m = time.monotonic()
             if now_m - last_log >= PROGRESS_EVERY_S or got == len(todo):
                 last_log = now_m
@@ -324,20 +379,25 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, todo: list[CacheItem], io_
         for t in threads:
             t.join()
         if pending_rows:  # an interrupted run still records what landed
-            index.put_many(pending_rows)
+            index.put_many(pending_rows, blocks=pending_blocks)
     return placed, failed
 
 
 def _copy_with_retries(layout: CacheLayout, item: CacheItem, io_properties: dict[str, str]) -> Placed:
+    return _with_retries(item.remote, lambda: copy_atomic(
+        item.remote, layout.local_path(item.remote), layout.tmp, io_properties, item.size))
+
+
+def _with_retries(remote: str, fn: Callable[[], T]) -> T:
     """Transient store errors (a restart, a dropped connection) are retried with backoff."""
     delay = 0.5
     for attempt in range(1, RETRIES + 1):
         try:
-            return copy_atomic(item.remote, layout.local_path(item.remote), layout.tmp, io_properties, item.size)
+            return fn()
         except OSError as e:
             if attempt == RETRIES:
                 raise
-            log.debug("copy of %s failed (attempt %d/%d): %s; retrying in %.1fs", item.remote, attempt, RETRIES, e, delay)
+            log.debug("copy of %s failed (attempt %d/%d): %s; retrying in %.1fs", remote, attempt, RETRIES, e, delay)
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")

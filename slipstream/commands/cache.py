@@ -65,13 +65,16 @@ def _status(args: argparse.Namespace) -> int:
     layout = CacheLayout(args.cache_dir or cache.dir)
     with CacheIndex(layout) as index:
         entries = index.entries()
+        on_disk = index.total_bytes()
+        blocks = len(index.blocks())
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"files": 0, "bytes": 0})
     for e in entries:
         g = groups[f"{e.table_name or '(read-populated)'}@{e.snapshot if e.snapshot is not None else '-'}"]
         g["files"] += 1
         g["bytes"] += e.size
     print(json.dumps({
-        "cache_dir": str(layout.root), "files": len(entries), "bytes": sum(e.size for e in entries),
+        "cache_dir": str(layout.root), "files": len(entries), "bytes": on_disk,
+        "packed_files": sum(1 for e in entries if e.block is not None), "blocks": blocks,
         "budget_bytes": cache.budget_bytes, "by_table_snapshot": dict(groups),
         "in_flight_tmp": len(list(layout.tmp.glob("*.part"))),
     }, indent=2))

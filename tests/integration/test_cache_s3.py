@@ -242,3 +242,59 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
         warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t")
     assert not list((tmp_path / "cache_d" / "files").rglob("*.bin"))
     assert not list((tmp_path / "cache_d" / "tmp").iterdir())
+
+
+def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+    """Small files are packed into blocks; a warmup killed mid-block leaves nothing a reader can
+    see but whole, verified files, and the re-run packs exactly the rest."""
+    import json
+
+    size = 8 * 1024
+    uris = upload_files(s3_endpoint, "killed-packed", 600, size)
+    props = s3_endpoint.io_properties()
+    layout = CacheLayout(tmp_path / "cache")
+    listing = tmp_path / "uris.txt"
+    listing.write_text("\n".join(uris))
+    code = (
+        "import json,sys\n"
+        "import slipstream.cache.pack as pack\n"
+        "from slipstream.cache.warm import CacheItem, warm_files\n"
+        "pack.BLOCK_BYTES = 64 * 1024  # many small blocks, so some land before the kill\n"
+        f"uris = open({str(listing)!r}).read().split()\n"
+        f"warm_files({str(layout.root)!r}, [CacheItem(u, {size}) for u in uris], json.loads(sys.argv[1]),"
+        " table_name='t', concurrency=2)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(props)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while (not layout.blocks.exists() or len(list(layout.blocks.glob("*.blk"))) < 4) \
+                and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-block: no cleanup of any kind runs
+    finally:
+        proc.wait(10)
+    fs, _ = filesystem_for(uris[0], props)
+    remote = {}
+    for u in uris:
+        with fs.open_input_stream(u.removeprefix("s3://")) as f:
+            remote[u] = f.read()
+    with CacheIndex(layout) as index:
+        committed = {e.remote for e in index.entries()}
+        assert all(e.block is not None for e in index.entries())
+    assert 0 < len(committed) < len(uris), "the warmup should have been killed mid-way"
+    with CacheReader(str(layout.root), props) as reader:  # every visible file is whole
+        for u in sorted(committed):
+            with reader.open_input_file(u) as f:
+                assert f.read() == remote[u]
+        assert (reader.stats()["hits"], reader.stats()["misses"]) == (len(committed), 0)
+
+    r = warm_files(layout.root, [CacheItem(u, size) for u in uris], props, table_name="t", concurrency=4)
+    assert r.already_cached == len(committed) and r.copied == r.packed == len(uris) - len(committed)
+    assert not list(layout.tmp.iterdir())
+    with CacheIndex(layout) as index:
+        assert {b.name for b in index.blocks()} == {p.name for p in layout.blocks.iterdir()}, "orphans deleted"
+        assert index.total_bytes() == sum(p.stat().st_size for p in layout.blocks.iterdir())
+    with CacheReader(str(layout.root), props) as reader:
+        assert all(reader.read_file(u) == remote[u] for u in uris)
+        assert reader.stats()["hits"] == len(uris)

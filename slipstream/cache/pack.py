@@ -1,0 +1,171 @@
+"""Pack many small files into a few cache blocks.
+
+A window of thousands of small files (the Weibo case; the files streaming commits produce) costs
+the node a create, a rename and an inode per file on the way in, and an open per file on every
+read. Files below `pack_below` bytes are instead appended end to end into block files.
+
+Each copy thread fills a block of its own: it appends the next small file (in path order) until
+the block holds `BLOCK_BYTES` or the next file is from another folder, then seals it and starts
+the next, so every thread stays busy to the end and consecutive files of one folder (a day
+partition) share blocks, which therefore leave the cache with their day.
+
+A block is built like a single file, so a reader never sees partial data: members are fetched one
+after the other into `tmp/w-<random>.part`, each verified (size from the table metadata, the ETag
+when the store gives a checkable one; a member that keeps failing is cut off again and reported),
+the block is renamed into `blocks/<random>.blk`, and only then are the block and its members'
+rows (block, offset, size) committed to the index, which is where readers look packed files up.
+A block renamed but never committed (the warmup died in between) is an orphan that
+`reconcile_blocks` deletes under the next warmup's lock; a block still being filled is a `.part`
+that the next warmup deletes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from slipstream.cache.copy import Placed, fetcher, verify_copy, write_all
+from slipstream.cache.index import Block, CacheIndex, CacheLayout
+from slipstream.errors import CacheError
+
+log = logging.getLogger(__name__)
+
+PACK_BELOW = 128 << 10
+"""Default: files smaller than this are packed (`SLIPSTREAM_CACHE_PACK_BELOW`)."""
+PACK_MIN_FILES = 32
+"""A warmup with fewer small files than this places them as files of their own."""
+BLOCK_BYTES = 16 << 20
+FLUSH_BYTES = 1 << 20
+BLOCK_SUFFIX = ".blk"
+
+T = TypeVar("T")
+
+
+class Sized(Protocol):
+    @property
+    def remote(self) -> str: ...
+    @property
+    def size(self) -> int | None: ...
+
+
+S = TypeVar("S", bound=Sized)
+Attempt = Callable[[str, Callable[[], T]], T]
+"""attempt(remote, fn): run fn with the warmup's retries of transient errors."""
+
+
+def plan_packing(items: Sequence[S], pack_below: int) -> tuple[list[S], list[S]]:
+    """(files to pack, sorted by path; files to place on their own). Nothing is packed when there
+    are fewer than PACK_MIN_FILES small files: a few files gain nothing from blocks."""
+    small = sorted((i for i in items if i.size is not None and i.size < pack_below), key=lambda i: i.remote)
+    if len(small) < PACK_MIN_FILES:
+        return [], list(items)
+    packed = {id(i) for i in small}
+    return small, [i for i in items if id(i) not in packed]
+
+
+@dataclass
+class SealedBlock:
+    block: Block | None
+    """None when no member could be fetched (nothing was placed)."""
+    placed: list[Placed]
+    failed: list[tuple[str, BaseException]]
+
+
+class BlockWriter:
+    """One block being filled by one thread: `append` members, then `seal` (or `abort`). Members
+    are collected in memory and written out about every FLUSH_BYTES (a write per file showed in
+    the profile), always between members, so a failed member is simply dropped from memory."""
+
+    def __init__(self, layout: CacheLayout, io_properties: dict[str, str], attempt: Attempt) -> None:
+        self.fetch = fetcher(io_properties)
+        self.attempt = attempt
+        self.name = f"{uuid.uuid4().hex}{BLOCK_SUFFIX}"
+        self.path = layout.block_path(self.name)
+        self.tmp = layout.tmp / f"w-{uuid.uuid4().hex}.part"
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.folder: str | None = None
+        self.offset = 0
+        """Bytes of the members placed so far (the block's size once flushed)."""
+        self.buffer = bytearray()
+        """Bytes not yet written: the block's tail, from `offset - len(buffer)`."""
+        self.members: list[str] = []
+        self.placed: list[Placed] = []
+        self.failed: list[tuple[str, BaseException]] = []
+
+    def accepts(self, remote: str) -> bool:
+        """Whether `remote` belongs in this block: same folder, and the block is not full yet."""
+        return self.folder in (None, remote.rpartition("/")[0]) and self.offset < BLOCK_BYTES
+
+    def append(self, remote: str, expected_size: int | None) -> None:
+        """Fetch `remote` onto the end of the block and verify it; a file that keeps failing is
+        dropped again and reported by `seal`."""
+        self.folder = remote.rpartition("/")[0]
+        self.members.append(remote)
+        keep = len(self.buffer)
+
+        def fetch() -> tuple[int, str | None]:
+            del self.buffer[keep:]  # what a failed attempt left
+            size, etag, checked = self.fetch(remote, self.buffer.extend, expected_size)
+            verify_copy(remote, size, expected_size, etag, checked)
+            return size, etag
+
+        try:
+            size, etag = self.attempt(remote, fetch)
+        except Exception as e:  # noqa: BLE001 - reported with the file's name; the block goes on
+            self.failed.append((remote, e))
+            del self.buffer[keep:]
+            return
+        self.placed.append(Placed(remote, self.path, size, etag, self.name, self.offset))
+        self.offset += size
+        if len(self.buffer) >= FLUSH_BYTES:
+            self._flush()
+
+    def seal(self) -> SealedBlock:
+        """Rename the complete block into `blocks/` (the caller then commits its index rows)."""
+        try:
+            self._flush()
+            os.close(self.fd)
+            self.fd = -1
+            if not self.placed:
+                self.tmp.unlink()
+                return SealedBlock(None, [], self.failed)
+            on_disk = self.tmp.stat().st_size
+            if on_disk != self.offset:
+                raise CacheError(f"block {self.tmp} has {on_disk} bytes but its members add up to {self.offset}; "
+                                 "re-run the warmup")
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return SealedBlock(Block(self.name, self.offset, time.time()), self.placed, self.failed)
+
+    def abort(self) -> None:
+        """Drop the unfinished block (nothing of it was visible)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.tmp.unlink(missing_ok=True)
+
+    def _flush(self) -> None:
+        if self.buffer:
+            write_all(self.fd, self.buffer)
+            self.buffer.clear()
+
+
+def reconcile_blocks(layout: CacheLayout, index: CacheIndex) -> int:
+    """Under the cache lock: delete block files the index does not know (a warmup died between the
+    rename and the commit) and forget blocks whose file is gone. Returns how many were dropped."""
+    known = {b.name for b in index.blocks()}
+    on_disk = {p.name for p in layout.blocks.glob(f"*{BLOCK_SUFFIX}")} if layout.blocks.exists() else set()
+    for name in on_disk - known:
+        layout.block_path(name).unlink(missing_ok=True)
+    lost = known - on_disk
+    if lost:
+        log.warning("%d cache blocks vanished from %s: their files will be copied again", len(lost), layout.blocks)
+        index.remove(e.key for e in index.entries() if e.block in lost)
+    return len(on_disk - known) + len(lost)
