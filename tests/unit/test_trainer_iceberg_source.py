@@ -177,16 +177,16 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     assert both.sample_id.to_pylist() == table.column("sample_id").to_pylist()
 
 
-def test_rows_take_across_gather_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_take_lists() -> None:
     import trainers.rows as rows_mod
 
-    monkeypatch.setattr(rows_mod, "_TAKE_BLOCK", 7)
     rng = np.random.default_rng(0)
     hist = [list(range(i, i + int(k))) for i, k in enumerate(rng.integers(0, 5, 100))]
     hist[3] = hist[40] = []
     values = np.asarray([v for h in hist for v in h], dtype=np.int64)
     offsets = np.cumsum([0] + [len(h) for h in hist]).astype(np.int64)
-    for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([], dtype=np.int64)):
+    for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([99, 98, 0]),
+                np.array([], dtype=np.int64)):
         got_v, got_o = rows_mod._take_lists(values, offsets, idx)
         assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(len(idx))] == [hist[i] for i in idx]
         assert got_o[0] == 0 and got_o[-1] == len(got_v)
