@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from slipstream.ragged import take_lists
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 SOURCE_ICEBERG = 0
@@ -44,25 +45,6 @@ def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
 def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
     a = col.to_numpy()
     return (a if idx is None else a[idx]).astype(dtype, copy=False)
-
-
-def _take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of the lists at `idx` (int64) of a flat values + offsets list column.
-
-    Each list is handed to Arrow as one binary value (its bytes in `values`, zero-copy), so the
-    gather is Arrow's binary `take`: one block copy per row instead of index arithmetic per value."""
-    if len(idx) == 0:
-        return np.empty(0, dtype=values.dtype), np.zeros(1, dtype=np.int64)
-    values = np.ascontiguousarray(values)
-    size = values.itemsize
-    blobs = pa.Array.from_buffers(pa.large_binary(), len(offsets) - 1,
-                                  [None, pa.py_buffer(offsets.astype(np.int64) * size), pa.py_buffer(values)])
-    taken = blobs.take(pa.array(idx, pa.int64()))
-    _, offs_buf, data_buf = taken.buffers()
-    new_offsets = np.frombuffer(offs_buf, dtype=np.int64, count=len(idx) + 1) // size
-    if data_buf is None or new_offsets[-1] == 0:
-        return np.empty(0, dtype=values.dtype), new_offsets
-    return np.frombuffer(data_buf, dtype=values.dtype, count=int(new_offsets[-1])), new_offsets
 
 
 @dataclass
@@ -112,7 +94,7 @@ class Rows:
         n = table.num_rows if idx is None else len(idx)
         values, offs = _flat_list(table.column("hist_items"))
         if idx is not None:
-            values, offs = _take_lists(values, offs, idx)
+            values, offs = take_lists(values, offs, idx)
         minus = np.full(n, -1, dtype=np.int64)
         sid = table.column("sample_id")
         sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
@@ -165,7 +147,7 @@ class Rows:
 
     def take(self, idx: np.ndarray) -> "Rows":
         idx = np.asarray(idx, dtype=np.int64)
-        values, offsets = _take_lists(self.hist_values, self.hist_offsets, idx)
+        values, offsets = take_lists(self.hist_values, self.hist_offsets, idx)
         kw = {name: getattr(self, name)[idx] for name in self._plain()}
         return Rows(**kw, hist_values=values, hist_offsets=offsets, sample_id=self.sample_id.take(pa.array(idx)))
 

@@ -11,6 +11,7 @@ import pytest
 
 from slipstream.errors import ResumeError
 from slipstream.planning import plan_window_files
+from slipstream.ragged import take_lists, take_ranges
 from slipstream.schema import is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
 from trainers.data.holdout import holdout_mask
@@ -177,9 +178,7 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     assert both.sample_id.to_pylist() == table.column("sample_id").to_pylist()
 
 
-def test_rows_take_lists() -> None:
-    import trainers.rows as rows_mod
-
+def test_take_lists_and_ranges() -> None:
     rng = np.random.default_rng(0)
     hist = [list(range(i, i + int(k))) for i, k in enumerate(rng.integers(0, 5, 100))]
     hist[3] = hist[40] = []
@@ -187,7 +186,11 @@ def test_rows_take_lists() -> None:
     offsets = np.cumsum([0] + [len(h) for h in hist]).astype(np.int64)
     for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([99, 98, 0]),
                 np.array([], dtype=np.int64)):
-        got_v, got_o = rows_mod._take_lists(values, offsets, idx)
+        got_v, got_o = take_lists(values, offsets, idx)
         assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(len(idx))] == [hist[i] for i in idx]
         assert got_o[0] == 0 and got_o[-1] == len(got_v)
+    # ranges in order with gaps between them (a field of each record of a joined buffer)
+    starts = offsets[:-1] + np.minimum(1, np.diff(offsets))
+    got_v, got_o = take_ranges(values, starts, offsets[1:])
+    assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(100)] == [h[1:] for h in hist]
 
