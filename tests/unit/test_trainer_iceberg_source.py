@@ -194,3 +194,14 @@ def test_take_lists_and_ranges() -> None:
     got_v, got_o = take_ranges(values, starts, offsets[1:])
     assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(100)] == [h[1:] for h in hist]
 
+
+
+def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) -> None:
+    # the second epoch of one source takes the kept per-unit masks; a fresh source computes them
+    src = _source(samples)
+    first, second = _epoch_ids(src, 0), _epoch_ids(src, 1)
+    assert len(src._unit_rows) == len(src.units)
+    fresh = _source(samples)
+    assert second == _epoch_ids(fresh, 1) and set(first) == set(second)
+    s, f = src.stats, fresh.stats
+    assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
