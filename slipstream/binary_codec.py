@@ -56,7 +56,7 @@ def encode_binary(table: pa.Table) -> list[bytes]:
     hist = table.column("hist_items").combine_chunks()
     hist_offsets = hist.offsets.to_numpy().astype(np.int64)
     sid = table.column("sample_id").combine_chunks().cast(pa.large_binary())
-    sid_offsets = np.frombuffer(sid.buffers()[1], dtype=np.int64, count=n + 1)[sid.offset:]
+    sid_offsets = np.frombuffer(sid.buffers()[1], dtype=np.int64, count=sid.offset + n + 1)[sid.offset :]
     for name, lengths in (("hist_items", np.diff(hist_offsets)), ("sample_id", np.diff(sid_offsets))):
         if n and lengths.max() > _LIMIT:
             raise ValueError(f"the binary codec holds at most {_LIMIT} {name} values/bytes per sample")
@@ -72,7 +72,8 @@ def encode_binary(table: pa.Table) -> list[bytes]:
     fixed = blobs(np.arange(n + 1, dtype=np.int64) * FIXED.itemsize, head)
     items = blobs((hist_offsets - hist_offsets[0]) * 8,
                   hist.values.to_numpy().astype("<i8")[hist_offsets[0] : hist_offsets[-1]])
-    ids = blobs(sid_offsets - sid_offsets[0], sid.buffers()[2] or pa.py_buffer(b""))
+    sid_data = np.frombuffer(sid.buffers()[2] or b"", dtype=np.uint8)[sid_offsets[0] : sid_offsets[-1]]
+    ids = blobs(sid_offsets - sid_offsets[0], sid_data)
     return pc.binary_join_element_wise(fixed, items, ids, pa.scalar(b"", pa.large_binary())).to_pylist()  # type: ignore[no-any-return]
 
 

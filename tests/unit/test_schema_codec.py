@@ -105,6 +105,8 @@ def test_binary_codec_round_trips_every_column(day: pa.Table) -> None:
     assert decoded.bad == []
     assert decoded.good_index.tolist() == list(range(day.num_rows))
     assert decoded.table.equals(day)
+    for part in (day.slice(100, 30), pa.concat_tables([day.slice(100, 30), day.slice(7, 5)])):  # sliced, chunked
+        assert codec.decode_samples(codec.encode_samples(part, "binary")).table.equals(part.combine_chunks())
 
 
 def test_binary_codec_names_each_bad_record_and_keeps_the_good(day: pa.Table) -> None:
