@@ -3,17 +3,19 @@ record→trained latency of the real stream loop at a fixed produce rate.
 
 On a noida-db broker started on a free 127.0.0.1 port for this run (stopped by its PID after):
 
-Throughput, on one topic of N generated samples (P partitions, event times after T), in the same
-run, best of `--repeat` alternating passes over the whole topic:
+Throughput, for each value codec of `--codecs` (default binary, then JSON) on a topic of its own
+holding the same N generated samples (P partitions, event times after T), in the same run, best of
+`--repeat` alternating passes over the whole topic:
 - `stream`: `trainers.data.kafka_source.KafkaSource`, the trainer's stream-phase source, from the
   handoff offsets (`slipstream.handoff.find_handoff`, as the trainer computes them) to the end, with
-  the trainer's default `consume_batch`/`consume_timeout_s`: consume, batch JSON decode, T and
+  the trainer's default `consume_batch`/`consume_timeout_s`: consume, batch decode, T and
   holdout filter, `Rows`, then `Features.from_rows` (model-ready tensors; `--no-tensors` skips it);
 - `raw`: a plain confluent-kafka `Consumer` (same client settings) assigned the same partitions and
   offsets, `consume(num_messages=..)` in a loop, taking each record's value bytes (the ceiling).
-`vs_raw` = stream / raw samples/s (goal >= 0.7). Both must read every record (counts are reported).
+`vs_raw` = stream / raw samples/s (goal >= 0.7) of the first codec, `vs_raw_<codec>` of each. Both
+read every record of the same topic (counts are reported), so smaller values speed up both sides.
 
-Latency, on a second topic: a producer thread produces at `--rate` records/s for `--seconds`
+Latency, on another topic: a producer thread produces (first codec) at `--rate` records/s for `--seconds`
 (record timestamp = wall clock at `produce()`), while the real `trainers.trainer.Trainer.stream_phase`
 tails it (default stream config: shuffle buffer, batch size, replay off, CPU or the default device).
 A row's latency is the wall clock right after the optimizer step that trained it minus its record
