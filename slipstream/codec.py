@@ -107,17 +107,19 @@ def _to_samples(t: pa.Table) -> pa.Table:
     return t.select(list(SAMPLE_COLUMNS)).cast(ARROW_SCHEMA)
 
 
-def _join_if_all_plain(values: Sequence[bytes | None]) -> bytes | None:
+def _join_if_all_plain(values: Sequence[bytes | None], joined: tuple[bytes, np.ndarray] | None = None) -> bytes | None:
     """The values joined by newlines when none is empty, None, over MAX_VALUE_BYTES or holds a
-    newline (what the per-record screen in decode_samples checks); else None."""
+    newline (what the per-record screen in decode_samples checks); else None. `joined`: that join
+    and the value lengths, when the caller has them."""
     if not values:
         return None
-    try:
-        buf = b"\n".join(values)  # type: ignore[arg-type]
-    except TypeError:  # a None value
-        return None
-    lengths = list(map(len, values))  # type: ignore[arg-type]
-    if min(lengths) == 0 or max(lengths) > MAX_VALUE_BYTES or buf.count(b"\n") != len(values) - 1:
+    if joined is None:
+        try:
+            joined = b"\n".join(values), np.fromiter(map(len, values), dtype=np.int64, count=len(values))  # type: ignore[arg-type]
+        except TypeError:  # a None value
+            return None
+    buf, lengths = joined
+    if lengths.min() == 0 or lengths.max() > MAX_VALUE_BYTES or buf.count(b"\n") != len(values) - 1:
         return None
     return buf
 
@@ -125,18 +127,18 @@ def _join_if_all_plain(values: Sequence[bytes | None]) -> bytes | None:
 def decode_samples(values: Sequence[bytes | None]) -> DecodedBatch:
     """Decode a batch of Kafka values (of either codec) into sample columns, separating dead letters."""
     n = len(values)
-    try:
-        buf = b"".join(values)  # type: ignore[arg-type]
+    try:  # one newline join serves both codecs: JSON parses it, binary records are read in place
+        buf = b"\n".join(values)  # type: ignore[arg-type]
     except TypeError:  # a None value (a tombstone): look at the values one by one
         binary = np.array([bool(v) and v[0] == MARKER for v in values], dtype=bool)  # type: ignore[index]
         buf, lengths = b"", np.zeros(n, dtype=np.int64)
     else:
         lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)  # type: ignore[arg-type]
-        starts = np.cumsum(lengths) - lengths
+        starts = np.cumsum(lengths + 1) - (lengths + 1)
         binary = lengths > 0
         binary[binary] = np.frombuffer(buf, dtype=np.uint8)[starts[binary]] == MARKER
     if not binary.any():
-        return _decode_json(values)
+        return _decode_json(values, (buf, lengths) if buf else None)
     if not binary.all() or not buf:  # a mixed batch: each codec decodes its records
         return _merge(n, [(np.flatnonzero(binary), decode_samples), (np.flatnonzero(~binary), _decode_json)], values)
     bad = [(int(i), _oversize(int(lengths[i]))) for i in np.flatnonzero(lengths > MAX_VALUE_BYTES)]
@@ -163,11 +165,11 @@ def _oversize(length: int) -> str:
     return f"value is {length} bytes, over the {MAX_VALUE_BYTES}-byte limit"
 
 
-def _decode_json(values: Sequence[bytes | None]) -> DecodedBatch:
+def _decode_json(values: Sequence[bytes | None], joined: tuple[bytes, np.ndarray] | None = None) -> DecodedBatch:
     n = len(values)
     bad: list[tuple[int, str]] = []
     keep: list[int] = []
-    buf = _join_if_all_plain(values)
+    buf = _join_if_all_plain(values, joined)
     if buf is not None:  # the common case, screened with C-level calls only
         keep = list(range(n))
     for i, v in enumerate(values if buf is None else ()):
