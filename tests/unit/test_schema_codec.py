@@ -154,3 +154,13 @@ def test_binary_codec_refuses_what_it_cannot_hold(day: pa.Table) -> None:
         codec.encode_samples(day.slice(0, 2).set_column(2, "user_id", pa.array([1, None], pa.int64())), "binary")
     with pytest.raises(ValueError, match="unknown sample codec 'avro'"):
         codec.encode_samples(day, "avro")
+
+
+def test_the_codec_setting_is_checked_at_the_edge() -> None:
+    from slipstream.errors import ConfigError
+    from slipstream.settings import Settings
+
+    assert Settings.from_env({"SLIPSTREAM_KAFKA_CODEC": "binary"}).kafka_codec == "binary"
+    assert Settings.from_env({}).kafka_codec == "json"
+    with pytest.raises(ConfigError, match="SLIPSTREAM_KAFKA_CODEC must be one of json, binary, got 'avro'"):
+        Settings.from_env({"SLIPSTREAM_KAFKA_CODEC": "avro"})
