@@ -151,9 +151,9 @@ class IcebergSource:
 
     def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
         """Ascending indices of the training rows (inside the window, not held out) of a chunk's
-        table (its units' rows, in `unit_ids` order). Which rows
-        of a unit train depends only on the unit's data, so it is worked out on the unit's first
-        read and kept (one bit per row): later epochs skip the window check and the id hash."""
+        table (its units' rows, in `unit_ids` order). Which rows of a unit train depends only on
+        the unit's data, so it is worked out on the unit's first read and kept (one bit per row):
+        later epochs skip the window check and the id hash."""
         known = [self._unit_rows[i] for i in unit_ids.tolist() if i in self._unit_rows]
         if len(known) < len(unit_ids):
             inside, hold = _window_and_holdout(table, *self.window_us, stats)
