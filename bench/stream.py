@@ -3,17 +3,19 @@ record→trained latency of the real stream loop at a fixed produce rate.
 
 On a noida-db broker started on a free 127.0.0.1 port for this run (stopped by its PID after):
 
-Throughput, on one topic of N generated samples (P partitions, event times after T), in the same
-run, best of `--repeat` alternating passes over the whole topic:
+Throughput, for each value codec of `--codecs` (default binary, then JSON) on a topic of its own
+holding the same N generated samples (P partitions, event times after T), in the same run, best of
+`--repeat` alternating passes over the whole topic:
 - `stream`: `trainers.data.kafka_source.KafkaSource`, the trainer's stream-phase source, from the
   handoff offsets (`slipstream.handoff.find_handoff`, as the trainer computes them) to the end, with
-  the trainer's default `consume_batch`/`consume_timeout_s`: consume, batch JSON decode, T and
+  the trainer's default `consume_batch`/`consume_timeout_s`: consume, batch decode, T and
   holdout filter, `Rows`, then `Features.from_rows` (model-ready tensors; `--no-tensors` skips it);
 - `raw`: a plain confluent-kafka `Consumer` (same client settings) assigned the same partitions and
   offsets, `consume(num_messages=..)` in a loop, taking each record's value bytes (the ceiling).
-`vs_raw` = stream / raw samples/s (goal >= 0.7). Both must read every record (counts are reported).
+`vs_raw` = stream / raw samples/s (goal >= 0.7) of the first codec, `vs_raw_<codec>` of each. Both
+read every record of the same topic (counts are reported), so smaller values speed up both sides.
 
-Latency, on a second topic: a producer thread produces at `--rate` records/s for `--seconds`
+Latency, on another topic: a producer thread produces (first codec) at `--rate` records/s for `--seconds`
 (record timestamp = wall clock at `produce()`), while the real `trainers.trainer.Trainer.stream_phase`
 tails it (default stream config: shuffle buffer, batch size, replay off, CPU or the default device).
 A row's latency is the wall clock right after the optimizer step that trained it minus its record
@@ -41,7 +43,7 @@ import pyarrow as pa
 import torch
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.codec import encode_samples
+from slipstream.codec import CODECS, encode_samples
 from slipstream.datagen import GeneratorConfig, generate_world, samples_table, simulate
 from slipstream.handoff import find_handoff
 from slipstream.kafka import consumer_config, create_topic, end_offsets, produce_samples
@@ -108,10 +110,10 @@ def _read_stream(bootstrap: str, topic: str, start: dict[int, int], expected: in
         src.close()
 
 
-def _produce_at_rate(bootstrap: str, topic: str, table: pa.Table, rate: float, linger_ms: int,
+def _produce_at_rate(bootstrap: str, topic: str, table: pa.Table, rate: float, linger_ms: int, codec: str,
                      out: dict[str, Any]) -> None:
-    """Produce `table`'s rows at `rate`/s, record timestamp = wall clock at produce()."""
-    values = encode_samples(table)
+    """Produce `table`'s rows at `rate`/s in `codec`, record timestamp = wall clock at produce()."""
+    values = encode_samples(table, codec)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": linger_ms,
                          "compression.type": "lz4"})
@@ -136,7 +138,7 @@ def _produce_at_rate(bootstrap: str, topic: str, table: pa.Table, rate: float, l
 
 
 def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, gen: GeneratorConfig,
-             args: argparse.Namespace) -> dict[str, Any]:
+             args: argparse.Namespace, codec: str) -> dict[str, Any]:
     """Run the real Trainer.stream_phase on `topic` while `table` is produced at args.rate."""
     from trainers.trainer import Trainer
 
@@ -169,7 +171,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     tr.train_step = timed_step  # type: ignore[method-assign]
     produced: dict[str, Any] = {}
     prod = threading.Thread(target=_produce_at_rate, daemon=True,
-                            args=(bootstrap, topic, table, args.rate, args.linger_ms, produced))
+                            args=(bootstrap, topic, table, args.rate, args.linger_ms, codec, produced))
     prod.start()
     t0 = time.perf_counter()
     try:
@@ -194,6 +196,37 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     }
 
 
+def _throughput(bootstrap: str, topic: str, table: pa.Table, codec: str, gen: GeneratorConfig, t_us: int,
+                consume_batch: int, consume_timeout_s: float, args: argparse.Namespace) -> dict[str, Any]:
+    """KafkaSource vs raw consume over one topic holding `table` in `codec`, best of args.repeat."""
+    create_topic(bootstrap, topic, args.partitions)
+    t0 = time.perf_counter()
+    produce_samples(bootstrap, topic, table, progress_every=0, codec=codec)
+    log.info("produced %d %s samples to %s in %.1fs", table.num_rows, codec, topic, time.perf_counter() - t0)
+    handoff = find_handoff(bootstrap, topic, gen.t_handoff, gen.max_lateness_s).offsets
+    ends = end_offsets(bootstrap, topic)
+    expected = sum(ends[p] - handoff[p] for p in ends)
+    stream_runs, raw_runs = [], []
+    for r in range(args.repeat):
+        stream_runs.append(_read_stream(bootstrap, topic, handoff, expected, t_us, consume_batch,
+                                        consume_timeout_s, not args.no_tensors, args.deadline_s))
+        raw_runs.append(_read_raw(bootstrap, topic, handoff, expected, consume_batch, consume_timeout_s,
+                                  args.deadline_s))
+        log.info("%s pass %d: stream %.0f/s, raw %.0f/s", codec, r, stream_runs[-1][0] / stream_runs[-1][2],
+                 raw_runs[-1][0] / raw_runs[-1][2])
+    n_stream, n_fresh, stream_s = min(stream_runs, key=lambda x: x[2])
+    n_raw, raw_bytes, raw_s = min(raw_runs, key=lambda x: x[2])
+    stream_rate, raw_rate = n_stream / stream_s, n_raw / raw_s
+    return {
+        "records_from_handoff": expected, "records_stream": n_stream, "records_raw": n_raw, "fresh_rows_stream": n_fresh,
+        "value_bytes_per_record": round(raw_bytes / max(n_raw, 1), 1),
+        "stream_samples_per_s": round(stream_rate, 1), "raw_samples_per_s": round(raw_rate, 1),
+        "vs_raw": round(stream_rate / raw_rate, 3),
+        "stream_runs_per_s": [round(n / s, 1) for n, _, s in stream_runs],
+        "raw_runs_per_s": [round(n / s, 1) for n, _, s in raw_runs],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="slipstream bench stream")
     p.add_argument("--samples", type=int, default=200_000, help="records on the throughput topic")
@@ -208,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--linger-ms", type=int, default=5, help="latency: producer linger.ms")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     p.add_argument("--device", default="cpu", help="latency: run.device (cpu, cuda, auto)")
+    p.add_argument("--codecs", default="binary,json",
+                   help="value codecs to measure, each on its own topic; the first is the headline and the latency codec")
     p.add_argument("--bootstrap", default="", help="use this broker instead of starting one")
     p.add_argument("--deadline-s", type=float, default=300.0, help="fail a read pass that takes longer")
     # the bench runner passes everything after the name through, its own --json included
@@ -217,6 +252,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # the trainer's own defaults, so the bench measures what a run does unless told otherwise
     consume_batch = args.consume_batch or DataConfig.consume_batch
     consume_timeout_s = DataConfig.consume_timeout_s
+    codecs = [c for c in args.codecs.split(",") if c]
+    if not codecs or set(codecs) - set(CODECS):
+        p.error(f"--codecs takes a comma-separated list of {', '.join(CODECS)}, got {args.codecs!r}")
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         home = Path(tmp)
         settings = Settings(home=home)
@@ -229,44 +267,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 log.info("broker pid %d on %s", pid, bootstrap)
             gen = GeneratorConfig(start_day=date(2026, 11, 1), days=1, seed=13)
             t_us = int(gen.t_handoff.timestamp() * US_PER_S)
-            topic = f"bench-stream-{int(time.time())}"
-            create_topic(bootstrap, topic, args.partitions)
             table = _samples(gen, args.samples, salt=10_000)
-            t0 = time.perf_counter()
-            produce_samples(bootstrap, topic, table, progress_every=0)
-            log.info("produced %d samples to %s in %.1fs", table.num_rows, topic, time.perf_counter() - t0)
-            handoff = find_handoff(bootstrap, topic, gen.t_handoff, gen.max_lateness_s).offsets
-            ends = end_offsets(bootstrap, topic)
-            expected = sum(ends[p] - handoff[p] for p in ends)
-            stream_runs, raw_runs = [], []
-            for r in range(args.repeat):
-                stream_runs.append(_read_stream(bootstrap, topic, handoff, expected, t_us, consume_batch,
-                                                consume_timeout_s, not args.no_tensors, args.deadline_s))
-                raw_runs.append(_read_raw(bootstrap, topic, handoff, expected, consume_batch, consume_timeout_s,
-                                          args.deadline_s))
-                log.info("pass %d: stream %.0f/s, raw %.0f/s", r, stream_runs[-1][0] / stream_runs[-1][2],
-                         raw_runs[-1][0] / raw_runs[-1][2])
-            n_stream, n_fresh, stream_s = min(stream_runs, key=lambda x: x[2])
-            n_raw, raw_bytes, raw_s = min(raw_runs, key=lambda x: x[2])
-
-            lat_topic = f"{topic}-latency"
+            stamp = int(time.time())
+            by_codec = {codec: _throughput(bootstrap, f"bench-stream-{codec}-{stamp}", table, codec, gen, t_us,
+                                           consume_batch, consume_timeout_s, args) for codec in codecs}
+            first = by_codec[codecs[0]]
+            lat_topic = f"bench-stream-{stamp}-latency"
             create_topic(bootstrap, lat_topic, args.partitions)
             lat_table = _samples(gen, max(1, int(args.rate * args.seconds)), salt=20_000)
             log.info("latency: producing %d records at %.0f/s while the trainer tails %s",
                      lat_table.num_rows, args.rate, lat_topic)
-            lat = _latency(settings, bootstrap, lat_topic, lat_table, gen, args)
+            lat = _latency(settings, bootstrap, lat_topic, lat_table, gen, args, codecs[0])
         finally:
             if pid is not None:
                 stop_process(pid)
-    stream_rate, raw_rate = n_stream / stream_s, n_raw / raw_s
     return {
         "bench": "stream", "samples": args.samples, "partitions": args.partitions, "repeat": args.repeat,
-        "consume_batch": consume_batch, "records_from_handoff": expected,
-        "records_stream": n_stream, "records_raw": n_raw, "fresh_rows_stream": n_fresh,
-        "value_bytes_per_record": round(raw_bytes / max(n_raw, 1), 1),
-        "stream_to": "Rows" if args.no_tensors else "Features (model-ready tensors)",
-        "stream_samples_per_s": round(stream_rate, 1), "raw_samples_per_s": round(raw_rate, 1),
-        "vs_raw": round(stream_rate / raw_rate, 3), "goal_vs_raw": 0.7,
+        "consume_batch": consume_batch, "codec": codecs[0], **first,
+        "stream_to": "Rows" if args.no_tensors else "Features (model-ready tensors)", "goal_vs_raw": 0.7,
+        **{f"vs_raw_{c}": r["vs_raw"] for c, r in by_codec.items()},
+        "by_codec": by_codec,
         **lat,
         "latency_note": "record timestamp (set at produce) to the end of the optimizer step that trained the row",
     }

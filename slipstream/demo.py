@@ -148,7 +148,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
         from slipstream.kafka import produce_samples
 
-        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
+        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
         # A manual run at T covers the last complete day before it: the generator's last day, so
         # the window is exactly the generated days and the handoff is the start of the stream.
         t_handoff = cfg.t_handoff.date()

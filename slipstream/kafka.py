@@ -88,11 +88,11 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 
 
 def produce_samples(
-    bootstrap: str, topic: str, table: pa.Table, *, progress_every: int = 100_000
+    bootstrap: str, topic: str, table: pa.Table, *, progress_every: int = 100_000, codec: str = "json"
 ) -> int:
     """Produce sample rows in table order: key = user_id (a user's samples stay in order on one
-    partition), value = codec JSON, timestamp = event_time in ms. Idempotent producer: a retry
-    never duplicates a record. Returns the number produced."""
+    partition), value = the sample in `codec` (`slipstream.codec`), timestamp = event_time in ms.
+    Idempotent producer: a retry never duplicates a record. Returns the number produced."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -108,7 +108,7 @@ def produce_samples(
         if err is not None:
             errors.append(str(err))
 
-    values = encode_samples(table)
+    values = encode_samples(table, codec)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
     ts_ms = pc.divide(pc.cast(table.column("event_time"), pa.int64()), 1000).to_pylist()
     started = time.monotonic()

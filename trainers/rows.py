@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from slipstream.ragged import take_lists
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 SOURCE_ICEBERG = 0
@@ -44,33 +45,6 @@ def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
 def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
     a = col.to_numpy()
     return (a if idx is None else a[idx]).astype(dtype, copy=False)
-
-
-_TAKE_BLOCK = 4096
-"""Rows gathered per step of `_take_lists`: its index and output blocks stay in the CPU cache."""
-
-
-def _take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of the lists at `idx` (int64) of a flat values + offsets list column."""
-    starts = offsets[idx]
-    lengths = offsets[idx + 1] - starts
-    m = len(idx)
-    new_offsets = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    out = np.empty(int(new_offsets[-1]), dtype=values.dtype)
-    if not len(out):
-        return out, new_offsets
-    edges = new_offsets[::_TAKE_BLOCK] if m % _TAKE_BLOCK == 0 else np.append(new_offsets[::_TAKE_BLOCK], new_offsets[-1])
-    rank = np.arange(int(np.diff(edges).max()), dtype=np.int64)
-    shift = starts - new_offsets[:-1]
-    for k, b in enumerate(range(0, m, _TAKE_BLOCK)):
-        a, z = int(edges[k]), int(edges[k + 1])
-        # position of every output value in the input: its row's start + rank inside the row
-        gather = np.repeat(shift[b : b + _TAKE_BLOCK], lengths[b : b + _TAKE_BLOCK])
-        gather += a
-        gather += rank[: z - a]
-        np.take(values, gather, out=out[a:z], mode="clip")  # in range by construction; "clip" is unbuffered
-    return out, new_offsets
 
 
 @dataclass
@@ -120,7 +94,7 @@ class Rows:
         n = table.num_rows if idx is None else len(idx)
         values, offs = _flat_list(table.column("hist_items"))
         if idx is not None:
-            values, offs = _take_lists(values, offs, idx)
+            values, offs = take_lists(values, offs, idx)
         minus = np.full(n, -1, dtype=np.int64)
         sid = table.column("sample_id")
         sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
@@ -173,7 +147,7 @@ class Rows:
 
     def take(self, idx: np.ndarray) -> "Rows":
         idx = np.asarray(idx, dtype=np.int64)
-        values, offsets = _take_lists(self.hist_values, self.hist_offsets, idx)
+        values, offsets = take_lists(self.hist_values, self.hist_offsets, idx)
         kw = {name: getattr(self, name)[idx] for name in self._plain()}
         return Rows(**kw, hist_values=values, hist_offsets=offsets, sample_id=self.sample_id.take(pa.array(idx)))
 

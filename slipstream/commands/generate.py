@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         from slipstream.kafka import create_topic, produce_samples
 
         create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
-        n = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
+        n = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
         manifest["produced"] = n
         log.info("produced %d stream samples to %s on %s", n, settings.topic, settings.kafka_bootstrap)
     print(json.dumps(manifest, indent=2))

@@ -1,5 +1,6 @@
-"""`slipstream bench stream` at toy sizes: both readers read every record, the trainer trained every
-fresh latency record, and the result carries its ratio and latency fields (no timing goals)."""
+"""`slipstream bench stream` at toy sizes: both readers read every record of each codec's topic, the
+trainer trained every fresh latency record, and the result carries its ratio and latency fields (no
+timing goals)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def test_bench_stream_reads_everything_and_reports_latency() -> None:
     assert out["records_stream"] == out["records_raw"] == 3000
     assert 0 < out["fresh_rows_stream"] < 3000  # held-out rows are kept out of training
     assert out["vs_raw"] > 0 and out["raw_samples_per_s"] > 0 and out["stream_samples_per_s"] > 0
+    # each codec has its topic of the same samples, read in full by both readers
+    assert out["codec"] == "binary" and set(out["by_codec"]) == {"binary", "json"}
+    for run in out["by_codec"].values():
+        assert run["records_stream"] == run["records_raw"] == 3000
+        assert run["fresh_rows_stream"] == out["fresh_rows_stream"]
+    assert out["by_codec"]["binary"]["value_bytes_per_record"] < out["by_codec"]["json"]["value_bytes_per_record"]
     assert out["latency_records"] == 600
     assert out["latency_rows_trained"] == out["latency_rows_expected"] > 0
     assert out["latency_stop_reason"].startswith("trained")

@@ -31,7 +31,9 @@ from trainers.audit import read_audit
 
 pytestmark = pytest.mark.integration
 
-BAD_VALUES = [b"{not json", b'{"sample_id": "x-1"}', b"", b"[1, 2, 3]"]
+BAD_VALUES = [b"{not json", b'{"sample_id": "x-1"}', b"", b"[1, 2, 3]",
+              b"\xb1\x00\x04\x03",          # a binary-codec value cut inside its head
+              b"\xb1\x01\x04\x03" + bytes(76)]  # a binary head whose lengths disagree with the value
 
 
 @dataclass

@@ -85,3 +85,82 @@ def test_codec_screens_each_odd_value_alone(day: pa.Table, odd: bytes | None) ->
     assert out.good_index.tolist() == [0, 2]
     assert [i for i, _ in out.bad] == [1]
     assert out.table.equals(day.slice(0, 2))
+
+
+def _binary_with(value: bytes, **fields: object) -> bytes:
+    """A copy of one binary-encoded value with head fields replaced."""
+    from slipstream.binary_codec import FIXED
+
+    head = np.frombuffer(value[: FIXED.itemsize], dtype=FIXED).copy()
+    for name, v in fields.items():
+        head[name] = v
+    return head.tobytes() + value[FIXED.itemsize :]
+
+
+def test_binary_codec_round_trips_every_column(day: pa.Table) -> None:
+    values = codec.encode_samples(day, "binary")
+    assert all(v[0] == 0xB1 for v in values)
+    assert sum(map(len, values)) < 0.6 * sum(map(len, codec.encode_samples(day)))  # compact
+    decoded = codec.decode_samples(values)
+    assert decoded.bad == []
+    assert decoded.good_index.tolist() == list(range(day.num_rows))
+    assert decoded.table.equals(day)
+    for part in (day.slice(100, 30), pa.concat_tables([day.slice(100, 30), day.slice(7, 5)])):  # sliced, chunked
+        assert codec.decode_samples(codec.encode_samples(part, "binary")).table.equals(part.combine_chunks())
+
+
+def test_binary_codec_names_each_bad_record_and_keeps_the_good(day: pa.Table) -> None:
+    good = codec.encode_samples(day.slice(0, 4), "binary")
+    dense = np.frombuffer(good[2][56:72], dtype="<f4").copy()
+    dense[2] = np.inf
+    bad_id = codec.encode_samples(day.slice(0, 1).set_column(0, "sample_id", pa.array(["id-\u00e9"])), "binary")[0]
+    values = [
+        good[0],
+        good[1][:40],                                     # truncated inside the head
+        good[1][:-3],                                     # truncated inside the sample id
+        _binary_with(good[2], label=3),
+        _binary_with(good[2], n_dense=2),
+        good[2][:56] + dense.tobytes() + good[2][72:],    # inf in a dense feature
+        _binary_with(good[2], hist_len=500),              # head and length disagree
+        bad_id.replace("é".encode(), b"\xff\xfe"),        # sample id not UTF-8
+        b"\xb1" + b"x" * codec.MAX_VALUE_BYTES,           # oversize
+        good[3],
+    ]
+    out = codec.decode_samples(values)
+    assert out.good_index.tolist() == [0, 9]
+    assert out.table.equals(pa.concat_tables([day.slice(0, 1), day.slice(3, 1)]))
+    reasons = dict(out.bad)
+    assert sorted(reasons) == list(range(1, 9))
+    assert "shorter than its" in reasons[1]
+    assert "does not match its head" in reasons[2] and "does not match its head" in reasons[6]
+    assert reasons[3] == "field 'label' must be 0 or 1, got 3"
+    assert "dense" in reasons[4]
+    assert reasons[5] == "field 'item_age_log' is not a finite number: inf"
+    assert "UTF-8" in reasons[7]
+    assert "limit" in reasons[8]
+
+
+def test_a_batch_may_mix_codecs(day: pa.Table) -> None:
+    js, bi = codec.encode_samples(day.slice(0, 6)), codec.encode_samples(day.slice(0, 6), "binary")
+    values = [js[0], bi[1], None, bi[2], b"{bad", js[3], bi[4], js[5]]
+    out = codec.decode_samples(values)
+    assert out.good_index.tolist() == [0, 1, 3, 5, 6, 7]
+    assert out.table.equals(day.slice(0, 6).take(pa.array([0, 1, 2, 3, 4, 5])))
+    assert [i for i, _ in out.bad] == [2, 4]
+
+
+def test_binary_codec_refuses_what_it_cannot_hold(day: pa.Table) -> None:
+    with pytest.raises(ValueError, match="null 'user_id'"):
+        codec.encode_samples(day.slice(0, 2).set_column(2, "user_id", pa.array([1, None], pa.int64())), "binary")
+    with pytest.raises(ValueError, match="unknown sample codec 'avro'"):
+        codec.encode_samples(day, "avro")
+
+
+def test_the_codec_setting_is_checked_at_the_edge() -> None:
+    from slipstream.errors import ConfigError
+    from slipstream.settings import Settings
+
+    assert Settings.from_env({"SLIPSTREAM_KAFKA_CODEC": "binary"}).kafka_codec == "binary"
+    assert Settings.from_env({}).kafka_codec == "json"
+    with pytest.raises(ConfigError, match="SLIPSTREAM_KAFKA_CODEC must be one of json, binary, got 'avro'"):
+        Settings.from_env({"SLIPSTREAM_KAFKA_CODEC": "avro"})

@@ -11,6 +11,7 @@ import pytest
 
 from slipstream.errors import ResumeError
 from slipstream.planning import plan_window_files
+from slipstream.ragged import take_lists, take_ranges
 from slipstream.schema import is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
 from trainers.data.holdout import holdout_mask
@@ -177,17 +178,30 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     assert both.sample_id.to_pylist() == table.column("sample_id").to_pylist()
 
 
-def test_rows_take_across_gather_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainers.rows as rows_mod
-
-    monkeypatch.setattr(rows_mod, "_TAKE_BLOCK", 7)
+def test_take_lists_and_ranges() -> None:
     rng = np.random.default_rng(0)
     hist = [list(range(i, i + int(k))) for i, k in enumerate(rng.integers(0, 5, 100))]
     hist[3] = hist[40] = []
     values = np.asarray([v for h in hist for v in h], dtype=np.int64)
     offsets = np.cumsum([0] + [len(h) for h in hist]).astype(np.int64)
-    for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([], dtype=np.int64)):
-        got_v, got_o = rows_mod._take_lists(values, offsets, idx)
+    for idx in (rng.permutation(100), rng.integers(0, 100, 23), np.array([3, 40]), np.array([99, 98, 0]),
+                np.array([], dtype=np.int64)):
+        got_v, got_o = take_lists(values, offsets, idx)
         assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(len(idx))] == [hist[i] for i in idx]
         assert got_o[0] == 0 and got_o[-1] == len(got_v)
+    # ranges in order with gaps between them (a field of each record of a joined buffer)
+    starts = offsets[:-1] + np.minimum(1, np.diff(offsets))
+    got_v, got_o = take_ranges(values, starts, offsets[1:])
+    assert [got_v[got_o[i]:got_o[i + 1]].tolist() for i in range(100)] == [h[1:] for h in hist]
 
+
+
+def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) -> None:
+    # the second epoch of one source takes the kept per-unit masks; a fresh source computes them
+    src = _source(samples)
+    first, second = _epoch_ids(src, 0), _epoch_ids(src, 1)
+    assert len(src._unit_rows) == len(src.units)
+    fresh = _source(samples)
+    assert second == _epoch_ids(fresh, 1) and set(first) == set(second)
+    s, f = src.stats, fresh.stats
+    assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)

@@ -73,3 +73,22 @@ def test_poll_reads_each_offset_once(values: list[bytes], order: str) -> None:
     assert len(pairs) == len(set(pairs)) and set(pairs) <= {(0, 5), (0, 6), (0, 7), (0, 8), (1, 2), (1, 3)}
     assert src.positions == {0: 9, 1: 4}
     assert np.all(rows.record_ms == 1_000 + rows.offset)
+
+
+def test_binary_records_train_and_bad_ones_are_dead_letters_with_their_origin(monkeypatch: pytest.MonkeyPatch) -> None:
+    day = next(iter(reference_samples(GeneratorConfig(start_day=date(2026, 11, 1), days=1, impressions_per_day=50)).values()))
+    good = encode_samples(day, "binary")
+    nan = bytearray(good[3])
+    nan[56:60] = np.array([np.nan], dtype="<f4").tobytes()
+    bad = {11: good[1][:30], 12: bytes(nan), 13: b"", 14: good[4][:-1]}
+    msgs = [_Msg(0, 10, good[0])] + [_Msg(0, o, v) for o, v in bad.items()] + [_Msg(0, 15, good[2])]
+    src = _source({0: 10}, [msgs])
+    letters: list[tuple[int, int, str]] = []
+    monkeypatch.setattr(src, "_dead_letter", lambda value, key, reason, p, o: letters.append((p, o, reason)))
+    rows = src.poll()
+    assert src.positions == {0: 16}
+    assert [(p, o) for p, o, _ in letters] == [(0, o) for o in bad]
+    assert "not a finite number" in letters[1][2] and letters[2][2] == "empty value"
+    trained = set(rows.sample_id.to_pylist())
+    assert trained <= {day.column("sample_id")[i].as_py() for i in (0, 2)} and src.counters.records == 6
+    assert src.counters.fresh + src.counters.holdout == 2

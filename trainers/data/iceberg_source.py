@@ -87,14 +87,6 @@ def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) 
     return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
 
 
-def training_indices(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) -> np.ndarray:
-    """Ascending indices of the table's training rows: inside [start, end) and not held out
-    (the rows of `select_rows(...)[0]`, without building the filtered tables)."""
-    inside, hold = _window_and_holdout(table, start_us, end_us, stats)
-    inside &= ~hold
-    return np.flatnonzero(inside)
-
-
 class _End:
     pass
 
@@ -139,6 +131,8 @@ class IcebergSource:
         self._done = True
         self._skip = 0
         self._n_chunks = 0
+        self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
+        """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
 
     # --- plan of an epoch -------------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,11 +143,33 @@ class IcebergSource:
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
         table = read_units([self.units[i] for i in idx], self.open_file)
-        train = training_indices(table, *self.window_us, self.stats if stats is None else stats)
+        train = self._training_rows(table, idx, self.stats if stats is None else stats)
         perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
         # table (no filtered copy, no second permuted copy)
         return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
+
+    def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
+        """Ascending indices of the training rows (inside the window, not held out) of a chunk's
+        table (its units' rows, in `unit_ids` order). Which rows of a unit train depends only on
+        the unit's data, so it is worked out on the unit's first read and kept (one bit per row):
+        later epochs skip the window check and the id hash."""
+        known = [self._unit_rows[i] for i in unit_ids.tolist() if i in self._unit_rows]
+        if len(known) < len(unit_ids):
+            inside, hold = _window_and_holdout(table, *self.window_us, stats)
+            keep = inside & ~hold
+            edges = np.cumsum([0] + [self.units[i].rows for i in unit_ids])
+            for i, a, b in zip(unit_ids.tolist(), edges[:-1], edges[1:]):
+                self._unit_rows[i] = (np.packbits(keep[a:b]), int(b - a - np.count_nonzero(inside[a:b])),
+                                      int(np.count_nonzero(inside[a:b] & hold[a:b])))
+            return np.flatnonzero(keep)
+        stats.rows_read += table.num_rows
+        parts = []
+        for i, (bits, outside, held) in zip(unit_ids.tolist(), known):
+            stats.rows_outside_window += outside
+            stats.rows_holdout += held
+            parts.append(np.unpackbits(bits, count=self.units[i].rows))
+        return np.flatnonzero(np.concatenate(parts))
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:

@@ -4,7 +4,7 @@
   `parts[r::world]`), by `assign`, never by a consumer group: offsets are ours, kept in the
   checkpoint, so a resume on any world size re-deals them.
 - A consume call's values are decoded in one batch (`slipstream.codec.decode_samples`: one Arrow
-  JSON parse, no per-record dicts). Records with event_time < T are dropped and counted (the batch
+  JSON parse, or numpy views for the binary codec; no per-record dicts). Records with event_time < T are dropped and counted (the batch
   phase trained them); held-out records are kept out of training; bad records go to the dead-letter
   topic with the reason and their origin in headers.
 - `positions` is the next offset to read per partition: what a checkpoint stores.
