@@ -91,8 +91,20 @@ def build_model(cfg: ModelConfig, seed: int) -> CTRModel:
     return model
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+ID_TABLES = ("user", "item", "user_bias", "item_bias")
+"""Per-id tables: one row per user or item bucket, each row trained only by its own samples."""
+
+
+def param_groups(model: CTRModel) -> list[dict[str, object]]:
+    """Two optimizer groups, named so a phase can give them different learning rates: the per-id
+    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals)."""
+    ids = [p for n, p in model.named_parameters() if n.split(".")[0] in ID_TABLES and p.requires_grad]
+    shared = [p for n, p in model.named_parameters() if n.split(".")[0] not in ID_TABLES and p.requires_grad]
+    return [{"params": ids, "name": "ids"}, {"params": shared, "name": "shared"}]
+
+
+def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = param_groups(model)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -100,3 +112,12 @@ def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float)
     if name == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)
+
+
+def set_phase_lr(opt: torch.optim.Optimizer, lr: float, stream_lr: float, phase: str) -> None:
+    """The learning rates of a phase: `lr` everywhere in the batch phase; in the stream phase the
+    shared group takes `stream_lr` (0: keep `lr`). A pure function of the phase, so a resumed run
+    sets the same rates whatever its checkpoint's optimizer state says."""
+    shared = stream_lr if phase != "batch" and stream_lr > 0 else lr
+    for group in opt.param_groups:
+        group["lr"] = shared if group.get("name") == "shared" else lr
