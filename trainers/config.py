@@ -204,11 +204,10 @@ class OptimConfig:
     """`adam`, `adamw`, `adagrad` or `sgd`."""
     lr: float = 0.003
     """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
-    stream_lr: float = 0.01
-    """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables);
-    the per-id tables (user, item and their biases) keep `lr`: each of their rows sees few fresh
-    samples, so a higher rate there adds noise, while the shared parameters carry what a change
-    of the click model moves (0: `lr` for everything)."""
+    stream_lr: float = 0.005
+    """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables),
+    which carry what a change of the click model moves (0: `lr`). The per-id tables (user, item
+    and their biases) keep their batch-phase rate per sample: `lr * stream_batch_size / batch_size`."""
     weight_decay: float = 0.0
     """L2 penalty (decoupled for adamw)."""
     grad_clip: float = 0.0

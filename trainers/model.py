@@ -114,10 +114,20 @@ def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) 
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)
 
 
-def set_phase_lr(opt: torch.optim.Optimizer, lr: float, stream_lr: float, phase: str) -> None:
-    """The learning rates of a phase: `lr` everywhere in the batch phase; in the stream phase the
-    shared group takes `stream_lr` (0: keep `lr`). A pure function of the phase, so a resumed run
-    sets the same rates whatever its checkpoint's optimizer state says."""
-    shared = stream_lr if phase != "batch" and stream_lr > 0 else lr
+def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str) -> dict[str, float]:
+    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the shared
+    group takes `stream_lr` (0: `lr`), so what a change of the click model moves adapts within a
+    few thousand fresh samples; the id tables keep their batch-phase rate *per sample*
+    (`lr * stream_batch_size / batch_size`): Adam's step barely depends on the batch size, so
+    smaller stream batches at the same rate would move every user and item row several times as
+    far per sample and wash out what the window taught them (measured: docs/trainer.md)."""
+    if phase == "batch":
+        return {"ids": lr, "shared": lr}
+    return {"ids": lr * min(1.0, stream_batch_size / batch_size), "shared": stream_lr or lr}
+
+
+def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
+    """Apply `phase_lrs`: a pure function of the config and the phase, so a resumed run sets the
+    same rates whatever its checkpoint's optimizer state says."""
     for group in opt.param_groups:
-        group["lr"] = shared if group.get("name") == "shared" else lr
+        group["lr"] = lrs[group["name"]]

@@ -32,7 +32,7 @@ from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange_split, 
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.distributed import Dist
 from trainers.metrics import MetricsLogger
-from trainers.model import build_model, build_optimizer, set_phase_lr
+from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
 from trainers.rows import SOURCE_KAFKA, Features, Rows, rows_to_state
 from trainers.state import ResumePoint, resume_point
 from trainers import stream_profile
@@ -152,8 +152,8 @@ class Trainer:
         return rp
 
     def _set_lr(self) -> None:
-        o = self.cfg.optim
-        set_phase_lr(self.opt, o.lr, o.stream_lr, self.phase)
+        o, dc = self.cfg.optim, self.cfg.data
+        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, self.phase))
 
     # --- one optimizer step -----------------------------------------------------------------
     def train_step(self, rows: Rows, batch_size: int) -> None:
