@@ -41,7 +41,7 @@ from trainers.config import load_config
 
 log = logging.getLogger("bench.model_quality")
 
-SUMMARY_KEYS = ("auc_before_t", "best_auc_before_t", "auc_after_t", "auc_after_t_batch_only", "best_auc_after_t",
+SUMMARY_KEYS = ("auc_before_t", "auc_before_t_batch_only", "best_auc_before_t", "auc_after_t", "auc_after_t_batch_only", "best_auc_after_t",
                 "eval_rows_before_t", "eval_rows_after_t", "samples_iceberg", "samples_kafka", "samples_replay", "step")
 
 

@@ -34,7 +34,7 @@ def test_batch_plus_stream_is_clearly_ahead_of_batch_only_under_drift(tmp_path: 
                        data={"batch_size": 256, "epochs": 2},
                        run={"checkpoint_every_steps": 1000, "log_every_steps": 50, "tensorboard": False})
     # the stream phase runs on the trainer's defaults: that is what this test is about
-    for key in ("replay_share", "stream_shuffle_buffer"):
+    for key in ("replay_share", "stream_shuffle_buffer", "stream_batch_size"):
         raw["data"].pop(key)  # type: ignore[attr-defined]
     s = run(resolve(raw, fx.settings), fx.settings)
 
