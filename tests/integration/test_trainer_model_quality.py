@@ -31,7 +31,9 @@ def test_batch_plus_stream_is_clearly_ahead_of_batch_only_under_drift(tmp_path: 
     create_topic(kafka_bootstrap, topic, 4)
     produce_samples(kafka_bootstrap, topic, data.stream, progress_every=0)
     raw = train_config(fx, run_id="drift", bootstrap=kafka_bootstrap, topic=topic, dlq_topic=f"{topic}.dlq",
-                       data={"batch_size": 256, "epochs": 2},
+                       data={"batch_size": 256, "epochs": 2,
+                             # the whole tail, even on a loaded machine (the default cap is 60 s)
+                             "stop": {"mode": "caught_up", "timeout_s": 600}},
                        run={"checkpoint_every_steps": 1000, "log_every_steps": 50, "tensorboard": False})
     # the stream phase runs on the trainer's defaults: that is what this test is about
     for key in ("replay_share", "stream_shuffle_buffer", "stream_batch_size"):
