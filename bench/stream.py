@@ -145,7 +145,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     fresh = int((~holdout_mask(table.column("sample_id"))).sum())
     cfg = load_config(None, [
         "data.snapshot_id=1", f"data.t_handoff={gen.t_handoff.isoformat()}", f"data.bootstrap={bootstrap}",
-        f"data.topic={topic}", f"data.dlq_topic={topic}-dlq", f"data.batch_size={args.batch_size}",
+        f"data.topic={topic}", f"data.dlq_topic={topic}-dlq", f"data.stream_batch_size={args.batch_size}",
         f"data.stream_shuffle_buffer={args.shuffle_buffer}", "data.stop.mode=samples",
         f"data.stop.samples={fresh}", f"data.stop.timeout_s={args.seconds + 60}",
         "run.run_id=bench-stream", f"run.runs_dir={settings.home / 'runs'}", "run.tensorboard=false",
@@ -161,8 +161,8 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     lat: list[np.ndarray] = []
     step = tr.train_step
 
-    def timed_step(rows: Rows) -> None:
-        step(rows)
+    def timed_step(rows: Rows, batch_size: int) -> None:
+        step(rows, batch_size)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
         now_ms = time.time() * 1000
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-tensors", action="store_true", help="stop the stream reader at Rows (no Features.from_rows)")
     p.add_argument("--rate", type=float, default=2_000.0, help="latency: records/s produced")
     p.add_argument("--seconds", type=float, default=5.0, help="latency: seconds of producing")
-    p.add_argument("--batch-size", type=int, default=DataConfig.batch_size, help="latency: trainer data.batch_size")
+    p.add_argument("--batch-size", type=int, default=DataConfig.stream_batch_size, help="latency: trainer data.stream_batch_size")
     p.add_argument("--shuffle-buffer", type=int, default=DataConfig.stream_shuffle_buffer, help="latency: trainer data.stream_shuffle_buffer")
     p.add_argument("--linger-ms", type=int, default=5, help="latency: producer linger.ms")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from slipstream.datagen import GeneratorConfig, generate, reference_samples, write_manifest
+from slipstream.datagen import GeneratedData, GeneratorConfig, generate, reference_samples, write_manifest
 from slipstream.iceberg import get_catalog, samples_table
 from slipstream.planning import plan_window_files
 from slipstream.settings import Settings
@@ -36,19 +36,20 @@ from trainers.rows import Features, Rows
 log = logging.getLogger(__name__)
 
 
-def _fill(home: Path, days: int, per_day: int, row_group_rows: int) -> tuple[Settings, int, GeneratorConfig]:
+def fill_samples(home: Path, gen: GeneratorConfig, row_group_rows: int) -> tuple[Settings, int, GeneratedData]:
+    """A `samples` table (SQLite catalog under home) with gen's batch days, the generated stream
+    and the generator's manifest (its best achievable AUC) where the trainer looks for it."""
     settings = Settings(home=home)
-    gen = GeneratorConfig(start_day=date(2026, 11, 1), days=days, impressions_per_day=per_day, seed=11, fmt="parquet",
-                          stream_minutes=10.0)
     table = samples_table(get_catalog(settings), settings.namespace)
     with table.transaction() as tx:
         tx.set_properties(**{"write.parquet.row-group-limit": str(row_group_rows)})
     for day in reference_samples(gen).values():
         table.append(day)
-    write_manifest(generate(gen, home / "raw"), home / "generator" / "manifest.json")
+    data = generate(gen, home / "raw")
+    write_manifest(data, home / "generator" / "manifest.json")
     snap = get_catalog(settings).load_table(settings.table).current_snapshot()
     assert snap is not None
-    return settings, snap.snapshot_id, gen
+    return settings, snap.snapshot_id, data
 
 
 def _compute_only(cfg: Any, feats: list[Features], epochs: int, batch_size: int) -> float:
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         home = Path(args.home or tmp)
-        settings, snapshot, gen = _fill(home, args.days, args.per_day, args.row_group_rows)
+        gen = GeneratorConfig(start_day=date(2026, 11, 1), days=args.days, impressions_per_day=args.per_day, seed=11,
+                              fmt="parquet", stream_minutes=10.0)
+        settings, snapshot, _ = fill_samples(home, gen, args.row_group_rows)
         cfg = load_config(None, [
             f"data.snapshot_id={snapshot}", f"data.t_handoff={gen.t_handoff.isoformat()}",
             f"data.window_days={args.days}", "data.stream=false", f"data.batch_size={args.batch_size}",

@@ -152,6 +152,8 @@ def train_config(fx: SamplesFixture, *, run_id: str, bootstrap: str, topic: str,
     }
     for section, values in sections.items():
         cfg.setdefault(section, {}).update(values)
+    # small tests size their batches for both phases at once (the stream phase's buffers and steps)
+    cfg["data"].setdefault("stream_batch_size", cfg["data"]["batch_size"])
     return cfg
 
 

@@ -94,8 +94,9 @@ class DataConfig:
     """Tail Kafka after the batch phase (false: batch phase only)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """When the stream phase ends."""
-    replay_share: float = 0.0
-    """Share of each stream batch replayed from recent batch-window samples (0 <= share < 1)."""
+    replay_share: float = 0.2
+    """Share of each stream batch replayed from recent batch-window samples (0 <= share < 1): guards
+    the per-id tables against forgetting (the DAG's default too)."""
     replay_window_hours: float = 24.0
     """Replay draws from samples with event_time in [T - this, T)."""
     replay_reservoir: int = 50_000
@@ -105,7 +106,12 @@ class DataConfig:
     stream_shuffle_buffer: int = 4_096
     """Stream phase: rows buffered and mixed before training (bigger mixes more, adds latency)."""
     batch_size: int = 1_024
-    """Samples per rank per step."""
+    """Batch phase: samples per rank per step."""
+    stream_batch_size: int = 128
+    """Stream phase: samples per rank per step, replay included. Smaller than batch_size because
+    the stream is short and fresh: a few thousand samples in batches of 1024 are a handful of
+    optimizer steps, too few to follow a change of the click model (docs/trainer.md, Model
+    quality)."""
     epochs: int = 1
     """Passes over the batch window."""
     seed: int = 0
@@ -138,6 +144,7 @@ class DataConfig:
         _require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
         _require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
         _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
         _require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         _require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
         _require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
@@ -196,7 +203,11 @@ class OptimConfig:
     name: str = "adam"
     """`adam`, `adamw`, `adagrad` or `sgd`."""
     lr: float = 0.003
-    """Learning rate."""
+    """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
+    stream_lr: float = 0.005
+    """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables),
+    which carry what a change of the click model moves (0: `lr`). The per-id tables (user, item
+    and their biases) keep their batch-phase rate per sample: `lr * stream_batch_size / batch_size`."""
     weight_decay: float = 0.0
     """L2 penalty (decoupled for adamw)."""
     grad_clip: float = 0.0
@@ -205,6 +216,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
         _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
         _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
 

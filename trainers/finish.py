@@ -88,13 +88,17 @@ def evaluate(tr: "Trainer", units: list[Any], final_offsets: dict[int, int]) -> 
     out.update(auc=a, logloss=ll, auc_before_t=a_b, logloss_before_t=ll_b, eval_rows_before_t=n_b,
                auc_after_t=a_a, logloss_after_t=ll_a, eval_rows_after_t=n_a)
     batch_only = tr.run_dir / "checkpoint" / "batch_only" / "model.pt"
-    if batch_only.exists() and len(after) + n_a > 0:
+    if batch_only.exists():
         import torch
 
         m = build_model(tr.cfg.model, tr.cfg.data.seed).to(tr.d.device)
         m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=False)["model"])
-        a_bo, ll_bo, _, _, _ = _gathered_metrics(tr, m, after)
-        out.update(auc_after_t_batch_only=a_bo, logloss_after_t_batch_only=ll_bo)
+        # before T too: what the stream phase cost (or gained) on the window's slice
+        a_bb, ll_bb, _, _, _ = _gathered_metrics(tr, m, before)
+        out.update(auc_before_t_batch_only=a_bb, logloss_before_t_batch_only=ll_bb)
+        if n_a > 0:
+            a_bo, ll_bo, _, _, _ = _gathered_metrics(tr, m, after)
+            out.update(auc_after_t_batch_only=a_bo, logloss_after_t_batch_only=ll_bo)
     return out
 
 

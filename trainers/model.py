@@ -91,8 +91,20 @@ def build_model(cfg: ModelConfig, seed: int) -> CTRModel:
     return model
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+ID_TABLES = ("user", "item", "user_bias", "item_bias")
+"""Per-id tables: one row per user or item bucket, each row trained only by its own samples."""
+
+
+def param_groups(model: CTRModel) -> list[dict[str, object]]:
+    """Two optimizer groups, named so a phase can give them different learning rates: the per-id
+    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals)."""
+    ids = [p for n, p in model.named_parameters() if n.split(".")[0] in ID_TABLES and p.requires_grad]
+    shared = [p for n, p in model.named_parameters() if n.split(".")[0] not in ID_TABLES and p.requires_grad]
+    return [{"params": ids, "name": "ids"}, {"params": shared, "name": "shared"}]
+
+
+def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = param_groups(model)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -100,3 +112,22 @@ def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float)
     if name == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)
+
+
+def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str) -> dict[str, float]:
+    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the shared
+    group takes `stream_lr` (0: `lr`), so what a change of the click model moves adapts within a
+    few thousand fresh samples; the id tables keep their batch-phase rate *per sample*
+    (`lr * stream_batch_size / batch_size`): Adam's step barely depends on the batch size, so
+    smaller stream batches at the same rate would move every user and item row several times as
+    far per sample and wash out what the window taught them (measured: docs/trainer.md)."""
+    if phase == "batch":
+        return {"ids": lr, "shared": lr}
+    return {"ids": lr * min(1.0, stream_batch_size / batch_size), "shared": stream_lr or lr}
+
+
+def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
+    """Apply `phase_lrs`: a pure function of the config and the phase, so a resumed run sets the
+    same rates whatever its checkpoint's optimizer state says."""
+    for group in opt.param_groups:
+        group["lr"] = lrs[group["name"]]

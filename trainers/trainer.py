@@ -32,7 +32,7 @@ from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange_split, 
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.distributed import Dist
 from trainers.metrics import MetricsLogger
-from trainers.model import build_model, build_optimizer
+from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
 from trainers.rows import SOURCE_KAFKA, Features, Rows, rows_to_state
 from trainers.state import ResumePoint, resume_point
 from trainers import stream_profile
@@ -137,6 +137,7 @@ class Trainer:
             drop_uncommitted(self.run_dir / "audit", rp.step)
         self.d.barrier()
         self.step, self.phase, self.epoch = rp.step, rp.phase, rp.epoch
+        self._set_lr()
         self.positions, self.handoff_offsets, self.handoff_methods = rp.positions, rp.handoff_offsets, rp.handoff_methods
         self.stream_elapsed_s = rp.stream_elapsed_s
         for k, v in rp.counters.items():
@@ -150,15 +151,19 @@ class Trainer:
         log.info("rank %d resumes %s at step %d (phase %s, epoch %d)", self.d.rank, latest.name, rp.step, rp.phase, rp.epoch)
         return rp
 
+    def _set_lr(self) -> None:
+        o, dc = self.cfg.optim, self.cfg.data
+        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, self.phase))
+
     # --- one optimizer step -----------------------------------------------------------------
-    def train_step(self, rows: Rows) -> None:
+    def train_step(self, rows: Rows, batch_size: int) -> None:
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
         # sum / configured batch size: DDP averages over ranks, so every sample weighs the same
         # whatever each rank's row count, and an empty batch contributes zero gradients.
         loss_sum = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="sum")
-        loss = loss_sum / self.cfg.data.batch_size
+        loss = loss_sum / batch_size
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.cfg.optim.grad_clip:
@@ -209,7 +214,7 @@ class Trainer:
                     rows = rows if rows is not None else Rows.empty()
                     if replay:
                         self.replay.offer(rows)
-                    self.train_step(rows)
+                    self.train_step(rows, dc.batch_size)
                     self.audit.add(rows, self.step)
                     self.c["samples_iceberg"] += n
                     self.trained_global += int(g_n)
@@ -236,6 +241,7 @@ class Trainer:
         self.handoff_offsets, self.handoff_methods = offsets, methods
         self.positions = dict(offsets)
         self.phase = "stream"
+        self._set_lr()
         self.checkpoint()
 
     def _batch_only_path(self) -> Any:
@@ -254,7 +260,7 @@ class Trainer:
                           group=f"slipstream-train-{self.cfg.run.run_id}")
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
-        fresh_target = max(1, dc.batch_size - replay_count(dc.batch_size, dc.replay_share))
+        fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
         started = time.monotonic() - self.stream_elapsed_s
         last_export = time.monotonic()
         kafka_global = self.d.sum([float(self.c["samples_kafka"])])[0]  # counts a resumed run's earlier part
@@ -287,7 +293,7 @@ class Trainer:
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
-                    self.train_step(rows)
+                    self.train_step(rows, dc.stream_batch_size)
                     self.audit.add(batch, self.step)
                     self._record_latency(batch)
                     self.c["samples_kafka"] += len(batch)
