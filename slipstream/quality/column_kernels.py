@@ -71,11 +71,12 @@ def distinct_values(x: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.unique(x)
 
 
-def float_min_max(x: pa.Array | pa.ChunkedArray, values: np.ndarray) -> tuple[float, float]:
-    """(min, max) of finite float values, as `pc.min_max(x)` gives them; `values` is `x` as
-    numpy. Only the sign of a zero can differ between the two: when the min or max is zero,
-    Arrow's answer (which depends on the order of 0.0 and -0.0 in the rows) is taken."""
-    lo, hi = float(values.min()), float(values.max())
+def float_min_max(x: pa.Array | pa.ChunkedArray, chunks: list[np.ndarray]) -> tuple[float, float]:
+    """(min, max) of finite float values, as `pc.min_max(x)` gives them; `chunks` are the
+    non-empty chunks of `x` as numpy. Only the sign of a zero can differ between the two: when
+    the min or max is zero, Arrow's answer (which depends on the order of 0.0 and -0.0 in the
+    rows) is taken."""
+    lo, hi = min(float(c.min()) for c in chunks), max(float(c.max()) for c in chunks)
     if lo == 0 or hi == 0:
         mm = pc.min_max(x).as_py()
         return float(mm["min"]), float(mm["max"])

@@ -157,13 +157,16 @@ class ColumnProfile:
                 if n_finite < len(valid):
                     self.nonfinite += len(valid) - n_finite
                     valid = pc.filter(valid, finite)
-            x = valid.to_numpy()
             assert self.hist is not None
-            if x.dtype == np.float32 and len(x):
-                # float32 features: buckets per cell of float32 bit patterns, min/max by numpy
-                self._add_moments_arrow(valid, float_min_max(valid, x))
-                self.hist.add_float32(x)
-            elif x.dtype.kind in "iu" and x.dtype.itemsize <= 4 and len(x):
+            if pa.types.is_float32(valid.type) and len(valid):
+                # float32 features: buckets per cell of float32 bit patterns, chunk by chunk
+                # (no concatenated copy), min/max by numpy
+                chunks = [c.to_numpy() for c in valid.chunks] if isinstance(valid, pa.ChunkedArray) else [valid.to_numpy()]
+                self._add_moments_arrow(valid, float_min_max(valid, [c for c in chunks if len(c)]))
+                self.hist.add_float32(chunks)
+                return
+            x = valid.to_numpy()
+            if x.dtype.kind in "iu" and x.dtype.itemsize <= 4 and len(x):
                 # 32-bit labels: buckets from the count of each value
                 self._add_moments_arrow(valid, (float(x.min()), float(x.max())))
                 self.hist.add_integers(x)

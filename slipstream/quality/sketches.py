@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -159,31 +159,35 @@ class LogHistogram:
                 key = int(k) + lo
                 store[key] = store.get(key, 0) + int(sums[k])
 
-    def add_float32(self, values: np.ndarray) -> None:
-        """`add` for finite float32 values, without a logarithm per value: the same buckets.
+    def add_float32(self, values: np.ndarray | Sequence[np.ndarray]) -> None:
+        """`add` for finite float32 values (an array, or the chunks of a column), without a
+        logarithm per value: the same buckets.
 
         The values are counted per cell of 2**CELL_BITS consecutive float32s (the bit pattern
-        shifted right: a relative width of 2**-12, about 1/80 of a bucket), one bincount. The
-        bucket index ceil(log(x) / log(gamma)) never decreases as a float32 x grows: neighbouring
-        float32s differ in log(x) by more than 2**-25, and a float64 log errs by a few ulps (under
-        1e-13), so rounding cannot reverse their order. A cell whose first and last float32 fall
-        in the same bucket therefore has all its values there; the few values in cells that
-        straddle a bucket boundary (or `min_value`) take the per-value path. Values with a sign
-        bit (negatives, -0.0) take the per-value path too.
+        shifted right: a relative width of 2**-12, about 1/80 of a bucket), one bincount per
+        chunk. The bucket index ceil(log(x) / log(gamma)) never decreases as a float32 x grows:
+        neighbouring float32s differ in log(x) by about 2**-24 or more, and a float64 log errs by
+        a few ulps (under 1e-13), so rounding cannot reverse their order. A cell whose first and
+        last float32 fall in the same bucket therefore has all its values there; the few values
+        in cells that straddle a bucket boundary (or `min_value`) take the per-value path. Values
+        with a sign bit (negatives, -0.0) take the per-value path too.
         """
-        x = np.ascontiguousarray(values)
-        if x.dtype != np.float32:
-            raise ValueError(f"add_float32 takes float32 values, got {x.dtype}; use add()")
-        if len(x) == 0:
+        chunks = [np.ascontiguousarray(values)] if isinstance(values, np.ndarray) else [np.ascontiguousarray(c) for c in values]
+        chunks = [c for c in chunks if len(c)]
+        if any(c.dtype != np.float32 for c in chunks):
+            raise ValueError(f"add_float32 takes float32 values, got {[str(c.dtype) for c in chunks]}; use add()")
+        if not chunks:
             return
-        bits = x.view(np.int32)
-        if int(bits.min()) < 0:
-            self.add(x)
+        bits = [c.view(np.int32) for c in chunks]
+        if min(int(b.min()) for b in bits) < 0:
+            self.add(np.concatenate(chunks))
             return
-        cells = bits >> CELL_BITS
-        base = int(cells.min())
-        cells -= base
-        counts = np.bincount(cells)
+        # the bit patterns of non-negative float32s order like their values
+        base = min(int(b.min()) for b in bits) >> CELL_BITS
+        size = (max(int(b.max()) for b in bits) >> CELL_BITS) - base + 1
+        counts = np.zeros(size, dtype=np.int64)
+        for b in bits:  # a chunk at a time: its cells stay in cache
+            counts += np.bincount((b >> CELL_BITS) - base, minlength=size)
         occupied = np.flatnonzero(counts)
         start = ((occupied + base) << CELL_BITS).astype(np.int32)
         first = start.view(np.float32).astype(np.float64)
@@ -191,9 +195,9 @@ class LogHistogram:
         whole = self._buckets_of(first) == self._buckets_of(last)
         self.add_counted(first[whole], counts[occupied[whole]])
         if not whole.all():
-            straddles = np.zeros(len(counts), dtype=bool)
+            straddles = np.zeros(size, dtype=bool)
             straddles[occupied[~whole]] = True
-            self.add(x[straddles[cells]])
+            self.add(np.concatenate([c[straddles[(b >> CELL_BITS) - base]] for c, b in zip(chunks, bits)]))
 
     def add_integers(self, values: np.ndarray) -> None:
         """`add` for integers of at most 32 bits (labels): counted per value when their range is

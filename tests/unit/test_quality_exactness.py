@@ -42,10 +42,12 @@ def test_cell_histogram_equals_per_value_histogram(sign: str) -> None:
         x = np.where(rng.random(len(x)) < 0.4, -x, x)
     else:
         x = np.abs(x)  # no sign bit anywhere: every value takes the per-cell path
-    plain, fast = LogHistogram(), LogHistogram()
+    plain, fast, chunked = LogHistogram(), LogHistogram(), LogHistogram()
     plain.add(x)
     fast.add_float32(x)
+    chunked.add_float32([x[:7], x[7:7], x[7:60_000], x[60_000:]])  # a column's chunks
     assert fast.to_dict() == plain.to_dict()
+    assert chunked.to_dict() == plain.to_dict()
     for labels in (rng.integers(-3, 400_000, 50_000), rng.integers(0, 2, 50_000), rng.integers(-2**31, 2**31 - 1, 5_000)):
         plain, fast = LogHistogram(), LogHistogram()
         plain.add(labels.astype(np.int32))
