@@ -98,7 +98,10 @@ def _sieve(h: np.ndarray, shift: int) -> np.ndarray:
     shared with another row: the rest are certainly unique."""
     n = len(h)
     bits = min(SIEVE_MAX_BITS, max(12, int(n - 1).bit_length() + 2))
-    slot = ((h >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.intp)
+    slot = h >> np.uint64(shift)
+    if shift + bits < 64:
+        slot &= np.uint64((1 << bits) - 1)
+    slot = slot.view(np.int64)  # below 2**bits: a view, not a converted copy
     rows = np.arange(n, dtype=np.int32)
     last_writer = np.empty(1 << bits, dtype=np.int32)
     last_writer[slot] = rows
