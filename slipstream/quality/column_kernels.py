@@ -59,15 +59,17 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
 
 def distinct_values(x: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The distinct values of `x` (a column without nulls), in any order. Dense non-negative
-    integers (ids below 8x the row count) are marked in a bitmap, one store per row; anything
-    else goes to Arrow's hash table, which costs several times more per row."""
+    integers (ids below 8x the row count) are marked in a bitmap, one store per row, chunk by
+    chunk (no concatenated copy); anything else goes to Arrow's hash table, which costs several
+    times more per row."""
     if pa.types.is_integer(x.type) and len(x):
-        v = x.to_numpy()
-        lo, hi = int(v.min()), int(v.max())
-        if lo >= 0 and hi < 8 * len(v):
+        chunks = [c.to_numpy() for c in (x.chunks if isinstance(x, pa.ChunkedArray) else [x]) if len(c)]
+        lo, hi = min(int(c.min()) for c in chunks), max(int(c.max()) for c in chunks)
+        if lo >= 0 and hi < 8 * len(x):
             seen = np.zeros(hi + 1, dtype=bool)
-            seen[v] = True
-            return pa.array(np.flatnonzero(seen).astype(v.dtype, copy=False))
+            for c in chunks:
+                seen[c] = True
+            return pa.array(np.flatnonzero(seen).astype(chunks[0].dtype, copy=False))
     return pc.unique(x)
 
 
