@@ -125,7 +125,7 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _cached_batch_definition() -> Any:
-    """One ephemeral GX context per process for validations without Data Docs: creating a
+    """One ephemeral GX context per process for every validation: creating a
     context and data source per gate costs more than validating. Built once, under a lock
     (`warm_up` may be building it in another thread)."""
     with _CACHE_LOCK:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from slipstream.quality import column_kernels, hashing
+from slipstream.quality import column_kernels, hashing, metrics
 from slipstream.quality.hashing import hash_column, hash_strings
 from slipstream.quality.metrics import duplicate_ids
 from slipstream.quality.profiles import US_PER_HOUR, profile_table
@@ -169,3 +169,18 @@ def test_category_counts_with_slot_collisions_match_arrow(distinct: int) -> None
     vc = pc.value_counts(col)
     assert values.type == pa.int64()
     assert sorted(zip(values.to_pylist(), counts.tolist())) == sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+
+
+@pytest.mark.parametrize("n", [3, 5_000, 300_000])
+def test_sieve_finds_exactly_the_repeated_hashes(n: int) -> None:
+    rng = np.random.default_rng(n)
+    cases = {
+        "random": rng.integers(0, 2**63, n, dtype=np.int64).view(np.uint64) * np.uint64(2),
+        "one slot": np.arange(n, dtype=np.uint64),  # every hash in the same sieve slots: nothing sieved
+    }
+    for name, h in cases.items():
+        h = h.copy()
+        h[rng.integers(0, n, 4)] = h[rng.integers(0, n, 4)]  # a few repeats, some maybe three times
+        s = np.sort(h)
+        want = np.unique(s[1:][s[1:] == s[:-1]])
+        assert np.array_equal(np.sort(metrics.repeated_hashes(h)), want), name
