@@ -33,7 +33,7 @@ from slipstream.quality.metrics import compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, merge_profiles, profile_table, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
 from slipstream.quality.store import read_profiles, write_profile, write_results
-from slipstream.quality.suites import CheckResult, build_checks, validate, warm_up
+from slipstream.quality.suites import CheckResult, build_checks, validate, warm_up, write_data_docs
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ class GateResult:
     seconds: float = 0.0
     profile: FeatureProfile | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg)."""
+    """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg), and
+    data_docs (waiting for GX Data Docs after the Iceberg writes, when enabled)."""
 
     @property
     def critical_failures(self) -> list[CheckResult]:
@@ -205,23 +206,29 @@ def run_gate(
             if d not in have and part.num_rows:
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-persist") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-persist") as pool:
         # The profile's Iceberg commit does not depend on the validation: it runs meanwhile.
         # Only this thread writes to the catalog until it is joined.
         stored_profiles = pool.submit(store_profiles)
         mark = time.monotonic()
         warm.result()
-        results = validate(build_checks(config, agg.values), agg, docs_dir=docs_dir, name=slug)
+        validation = validate(build_checks(config, agg.values), agg)
+        results = validation.results
         timings["validate"] = time.monotonic() - mark
+        # GX renders its Data Docs while the results are committed.
+        docs = pool.submit(write_data_docs, validation, docs_dir, slug) if docs_dir is not None else None
         mark = time.monotonic()
         stored_profiles.result()
-    write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
+        write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
+        timings["persist"] = time.monotonic() - mark
+        mark = time.monotonic()
+        data_docs = docs.result() if docs is not None else None
+        if docs is not None:
+            timings["data_docs"] = time.monotonic() - mark
 
-    timings["persist"] = time.monotonic() - mark
     result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, profile=profile)
     result.timings = timings
-    if docs_dir is not None and (docs_dir / "index.html").exists():
-        result.data_docs = docs_dir / "index.html"
+    result.data_docs = data_docs
     result.seconds = time.monotonic() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
     result.html_path = out_dir / f"{slug}.html"

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.quality.column_kernels import distinct_values, sorted_min_max, value_counts
+from slipstream.quality.column_kernels import distinct_values, float_min_max, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -157,15 +157,19 @@ class ColumnProfile:
                 if n_finite < len(valid):
                     self.nonfinite += len(valid) - n_finite
                     valid = pc.filter(valid, finite)
-            x = valid.to_numpy()
             assert self.hist is not None
-            if x.dtype.kind in "fiu" and x.dtype.itemsize <= 4 and len(x):
-                # float32 features and 32-bit labels: one sort gives min/max and the histogram.
-                # pyarrow hands out zero-copy views read-only, so a writeable one is our own copy.
-                s = x if x.flags.writeable else x.copy()
-                s.sort()
-                self._add_moments_arrow(valid, sorted_min_max(valid, s))
-                self.hist.add_sorted(s)
+            if pa.types.is_float32(valid.type) and len(valid):
+                # float32 features: buckets per cell of float32 bit patterns, chunk by chunk
+                # (no concatenated copy), min/max by numpy
+                chunks = [c.to_numpy() for c in valid.chunks] if isinstance(valid, pa.ChunkedArray) else [valid.to_numpy()]
+                self._add_moments_arrow(valid, float_min_max(valid, [c for c in chunks if len(c)]))
+                self.hist.add_float32(chunks)
+                return
+            x = valid.to_numpy()
+            if x.dtype.kind in "iu" and x.dtype.itemsize <= 4 and len(x):
+                # 32-bit labels: buckets from the count of each value
+                self._add_moments_arrow(valid, (float(x.min()), float(x.max())))
+                self.hist.add_integers(x)
             else:
                 self._add_moments_arrow(valid)
                 self.hist.add(x)

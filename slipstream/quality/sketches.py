@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -76,16 +76,10 @@ class HyperLogLog:
         return cls(int(d["p"]), regs)
 
 
-def _first_index(pred: Any, lo: int, hi: int) -> int:
-    """The first i in [lo, hi) where `pred(i)` holds (hi if none), for a pred that, once true,
-    stays true as i grows."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+CELL_BITS = 11
+"""`LogHistogram.add_float32` counts float32 values per 2**CELL_BITS consecutive bit patterns."""
+ZERO_BUCKET = np.iinfo(np.int64).min
+"""`LogHistogram._buckets_of` for values counted as zero."""
 
 
 class LogHistogram:
@@ -140,52 +134,86 @@ class LogHistogram:
         """Bucket index of each magnitude (>= min_value): the formula `_add_side` applies."""
         return np.ceil(np.log(np.asarray(magnitudes, dtype=np.float64)) * self._inv_log_gamma).astype(np.int64)
 
-    def _add_sorted_side(self, store: dict[int, int], mags: np.ndarray) -> None:
-        """Bucket counts of ascending magnitudes (all >= min_value) by bisection: the first
-        position of every bucket index between the smallest and the largest one."""
-        n = len(mags)
-        if n == 0:
-            return
-        first, last = (int(k) for k in self._keys(mags[[0, -1]]))
-        targets = np.arange(first + 1, last + 1, dtype=np.int64)
-        lo = np.zeros(len(targets), dtype=np.int64)
-        hi = np.full(len(targets), n, dtype=np.int64)
-        while len(targets):
-            active = lo < hi
-            if not active.any():
-                break
-            mid = (lo + hi) // 2
-            below = self._keys(mags[np.minimum(mid, n - 1)]) < targets
-            lo = np.where(active & below, mid + 1, lo)
-            hi = np.where(active & ~below, mid, hi)
-        counts = np.diff(np.concatenate([[0], lo, [n]]))
-        for k in np.flatnonzero(counts):
-            key = first + int(k)
-            store[key] = store.get(key, 0) + int(counts[k])
+    def _buckets_of(self, values: np.ndarray) -> np.ndarray:
+        """Bucket index of each non-negative value as `add` files it, or `ZERO_BUCKET` for the
+        values `add` counts as zero."""
+        keys = self._keys(np.maximum(values, self.min_value))
+        return np.where(values >= self.min_value, keys, ZERO_BUCKET)
 
-    def add_sorted(self, values: np.ndarray) -> None:
-        """`add` for finite values sorted ascending, given as float32 or integers of at most 32
-        bits: the same buckets, from a logarithm of ~log2(n) values per bucket instead of one
-        per value (a day's column costs its sort, not a log, a mask and a bincount per row).
+    def add_counted(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """`add` of each value repeated `counts` times: the same buckets, from one logarithm per
+        distinct value."""
+        v = np.asarray(values, dtype=np.float64)
+        c = np.asarray(counts, dtype=np.int64)
+        mag = np.abs(v)
+        small = mag < self.min_value
+        self.zero += int(c[small].sum())
+        for store, side in ((self.positive, (v > 0) & ~small), (self.negative, (v < 0) & ~small)):
+            if not side.any():
+                continue
+            keys = self._keys(mag[side])
+            lo = int(keys.min())
+            # float weights are exact: every partial sum is a count of rows, far below 2**53
+            sums = np.bincount(keys - lo, weights=c[side])
+            for k in np.flatnonzero(sums):
+                key = int(k) + lo
+                store[key] = store.get(key, 0) + int(sums[k])
 
-        Exact because the bucket index ceil(log(x) / log(gamma)) never decreases as x grows over
-        such values: two neighbouring float32s (or 32-bit integers) differ in log(x) by more
-        than 2**-33, and a float64 log errs by a few ulps (under 1e-13 for any of them), so
-        rounding cannot reverse their order. Bucket b then holds exactly the values from the
-        first one whose index is >= b to the first one whose index is >= b + 1.
+    def add_float32(self, values: np.ndarray | Sequence[np.ndarray]) -> None:
+        """`add` for finite float32 values (an array, or the chunks of a column), without a
+        logarithm per value: the same buckets.
+
+        The values are counted per cell of 2**CELL_BITS consecutive float32s (the bit pattern
+        shifted right: a relative width of 2**-12, about 1/80 of a bucket), one bincount per
+        chunk. The bucket index ceil(log(x) / log(gamma)) never decreases as a float32 x grows:
+        neighbouring float32s differ in log(x) by about 2**-24 or more, and a float64 log errs by
+        a few ulps (under 1e-13), so rounding cannot reverse their order. A cell whose first and
+        last float32 fall in the same bucket therefore has all its values there; the few values
+        in cells that straddle a bucket boundary (or `min_value`) take the per-value path. Values
+        with a sign bit (negatives, -0.0) take the per-value path too.
         """
-        s = np.asarray(values)
-        if s.dtype.kind not in "fiu" or s.dtype.itemsize > 4:
-            raise ValueError(f"add_sorted takes float32 or integers of at most 32 bits, got {s.dtype}; use add()")
-        n = len(s)
-        if n == 0:
+        chunks = [np.ascontiguousarray(values)] if isinstance(values, np.ndarray) else [np.ascontiguousarray(c) for c in values]
+        chunks = [c for c in chunks if len(c)]
+        if any(c.dtype != np.float32 for c in chunks):
+            raise ValueError(f"add_float32 takes float32 values, got {[str(c.dtype) for c in chunks]}; use add()")
+        if not chunks:
             return
-        # the same float64 comparisons as `add`: x <= -min_value, |x| < min_value, x >= min_value
-        neg_end = _first_index(lambda i: -float(s[i]) < self.min_value, 0, n)
-        pos_start = _first_index(lambda i: float(s[i]) >= self.min_value, neg_end, n)
-        self.zero += pos_start - neg_end
-        self._add_sorted_side(self.negative, -s[:neg_end][::-1].astype(np.float64))
-        self._add_sorted_side(self.positive, s[pos_start:])
+        bits = [c.view(np.int32) for c in chunks]
+        if min(int(b.min()) for b in bits) < 0:
+            self.add(np.concatenate(chunks))
+            return
+        # the bit patterns of non-negative float32s order like their values
+        base = min(int(b.min()) for b in bits) >> CELL_BITS
+        size = (max(int(b.max()) for b in bits) >> CELL_BITS) - base + 1
+        counts = np.zeros(size, dtype=np.int64)
+        for b in bits:  # a chunk at a time: its cells stay in cache
+            counts += np.bincount((b >> CELL_BITS) - base, minlength=size)
+        occupied = np.flatnonzero(counts)
+        start = ((occupied + base) << CELL_BITS).astype(np.int32)
+        first = start.view(np.float32).astype(np.float64)
+        last = (start | ((1 << CELL_BITS) - 1)).view(np.float32).astype(np.float64)
+        whole = self._buckets_of(first) == self._buckets_of(last)
+        self.add_counted(first[whole], counts[occupied[whole]])
+        if not whole.all():
+            straddles = np.zeros(size, dtype=bool)
+            straddles[occupied[~whole]] = True
+            self.add(np.concatenate([c[straddles[(b >> CELL_BITS) - base]] for c, b in zip(chunks, bits)]))
+
+    def add_integers(self, values: np.ndarray) -> None:
+        """`add` for integers of at most 32 bits (labels): counted per value when their range is
+        at most a few times their number (one bincount), else the per-value path. The same buckets."""
+        x = np.asarray(values)
+        if x.dtype.kind not in "iu" or x.dtype.itemsize > 4:
+            raise ValueError(f"add_integers takes integers of at most 32 bits, got {x.dtype}; use add()")
+        if len(x) == 0:
+            return
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo > max(4 * len(x), 1 << 16):
+            self.add(x)
+            return
+        counts = np.bincount(x.astype(np.int64) - lo if lo else x)
+        occupied = np.flatnonzero(counts)
+        self.add_counted(occupied + lo, counts[occupied])
 
     def merge(self, other: "LogHistogram") -> "LogHistogram":
         if other.alpha != self.alpha or other.min_value != self.min_value:

@@ -1,5 +1,5 @@
 """The gate's fast paths give exactly what the plain per-row computation gives: quantile
-buckets by sort + bisection, strings hashed from a padded copy, duplicate ids, distinct values
+buckets per cell of float32 bit patterns and per distinct integer, strings hashed from a padded copy, duplicate ids, distinct values
 and counts of ids and categories, CTR per hour."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from slipstream.quality import hashing
+from slipstream.quality import column_kernels, hashing, metrics
 from slipstream.quality.hashing import hash_column, hash_strings
 from slipstream.quality.metrics import duplicate_ids
 from slipstream.quality.profiles import US_PER_HOUR, profile_table
@@ -35,26 +35,45 @@ def _boundary_values(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("sign", ["positive", "mixed"])
-def test_sorted_histogram_equals_per_value_histogram(sign: str) -> None:
+def test_cell_histogram_equals_per_value_histogram(sign: str) -> None:
     rng = np.random.default_rng(3)
     x = _boundary_values(rng, 100_000)
     if sign == "mixed":
         x = np.where(rng.random(len(x)) < 0.4, -x, x)
+    else:
+        x = np.abs(x)  # no sign bit anywhere: every value takes the per-cell path
+    plain, fast, chunked = LogHistogram(), LogHistogram(), LogHistogram()
+    plain.add(x)
+    fast.add_float32(x)
+    chunked.add_float32([x[:7], x[7:7], x[7:60_000], x[60_000:]])  # a column's chunks
+    assert fast.to_dict() == plain.to_dict()
+    assert chunked.to_dict() == plain.to_dict()
+    for labels in (rng.integers(-3, 400_000, 50_000), rng.integers(0, 2, 50_000), rng.integers(-2**31, 2**31 - 1, 5_000)):
+        plain, fast = LogHistogram(), LogHistogram()
+        plain.add(labels.astype(np.int32))
+        fast.add_integers(labels.astype(np.int32))
+        assert fast.to_dict() == plain.to_dict()
+    with pytest.raises(ValueError, match="use add"):
+        LogHistogram().add_float32(x.astype(np.float64))
+    with pytest.raises(ValueError, match="use add"):
+        LogHistogram().add_integers(labels.astype(np.int64))
+
+
+def test_cell_histogram_of_every_float32_in_a_range() -> None:
+    # every float32 from below min_value to 2: each bucket boundary and min_value itself
+    # fall inside some cell, whose values must then be split one by one
+    lo = np.float32(5e-10).view(np.int32)
+    hi = np.float32(2.0).view(np.int32)
+    x = np.arange(lo, hi, 97, dtype=np.int32).view(np.float32)
     plain, fast = LogHistogram(), LogHistogram()
     plain.add(x)
-    fast.add_sorted(np.sort(x))
+    fast.add_float32(x)
     assert fast.to_dict() == plain.to_dict()
-    labels = rng.integers(-3, 400_000, 50_000).astype(np.int32)
-    plain, fast = LogHistogram(), LogHistogram()
-    plain.add(labels)
-    fast.add_sorted(np.sort(labels))
-    assert fast.to_dict() == plain.to_dict()
-    with pytest.raises(ValueError, match="use add"):
-        LogHistogram().add_sorted(np.sort(x.astype(np.float64)))
+    assert plain.zero and len(plain.positive) > 1000
 
 
 def test_profiling_leaves_the_table_unchanged() -> None:
-    # the numeric path sorts the column's numpy copy in place: never Arrow's own buffers
+    # the numeric and categorical paths work on numpy views of Arrow's buffers: never write them
     rng = np.random.default_rng(4)
     parts = [pa.array(rng.random(1_000).astype(np.float32)) for _ in range(3)]
     for col in (pa.chunked_array(parts), pa.chunked_array(parts[:1]), parts[0]):
@@ -65,7 +84,7 @@ def test_profiling_leaves_the_table_unchanged() -> None:
 
 
 def test_numeric_profile_min_max_keep_arrows_answer() -> None:
-    # the sorted path takes min/max from the sort; Arrow's order-dependent sign of a zero min stays
+    # min/max come from numpy; Arrow's order-dependent sign of a zero min or max stays
     for values in ([0.0, -0.0, 0.5], [-0.0, 0.0, 0.5], [-0.0, 0.25], [0.75, 0.25]):
         arr = pa.array(values, pa.float32())
         col = profile_table(pa.table({"price_log": arr})).columns["price_log"]
@@ -137,3 +156,31 @@ def test_ctr_by_hour_counts_rows_and_clicks() -> None:
         hours = us // US_PER_HOUR
         want = {int(h): (int((hours == h).sum()), int(labels[hours == h].sum())) for h in np.unique(hours)}
         assert prof.ctr_by_hour == want
+
+
+@pytest.mark.parametrize("distinct", [1, 12, 3_000, 40_000])
+def test_category_counts_with_slot_collisions_match_arrow(distinct: int) -> None:
+    # thousands of values in the 2**14-slot table collide; values sharing their low 40 bits too
+    rng = np.random.default_rng(distinct)
+    pool = np.concatenate([rng.integers(-2**62, 2**62, distinct), np.arange(50) << 40])
+    parts = [pa.array(pool[rng.integers(0, len(pool), k)], pa.int64()) for k in (70_000, 0, 1, 30_000)]
+    col = pa.chunked_array(parts)
+    values, counts = column_kernels.value_counts(col)
+    vc = pc.value_counts(col)
+    assert values.type == pa.int64()
+    assert sorted(zip(values.to_pylist(), counts.tolist())) == sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+
+
+@pytest.mark.parametrize("n", [3, 5_000, 300_000])
+def test_sieve_finds_exactly_the_repeated_hashes(n: int) -> None:
+    rng = np.random.default_rng(n)
+    cases = {
+        "random": rng.integers(0, 2**63, n, dtype=np.int64).view(np.uint64) * np.uint64(2),
+        "one slot": np.arange(n, dtype=np.uint64),  # every hash in the same sieve slots: nothing sieved
+    }
+    for name, h in cases.items():
+        h = h.copy()
+        h[rng.integers(0, n, 4)] = h[rng.integers(0, n, 4)]  # a few repeats, some maybe three times
+        s = np.sort(h)
+        want = np.unique(s[1:][s[1:] == s[:-1]])
+        assert np.array_equal(np.sort(metrics.repeated_hashes(h)), want), name
