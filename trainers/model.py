@@ -114,16 +114,22 @@ def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) 
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)
 
 
-def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str) -> dict[str, float]:
-    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the shared
-    group takes `stream_lr` (0: `lr`), so what a change of the click model moves adapts within a
-    few thousand fresh samples; the id tables keep their batch-phase rate *per sample*
-    (`lr * stream_batch_size / batch_size`): Adam's step barely depends on the batch size, so
-    smaller stream batches at the same rate would move every user and item row several times as
-    far per sample and wash out what the window taught them (measured: docs/trainer.md)."""
+def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str,
+              drift: float = 1.0) -> dict[str, float]:
+    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the id
+    tables keep their batch-phase rate *per sample* (`lr * stream_batch_size / batch_size`): Adam's
+    step barely depends on the batch size, so smaller stream batches at the same rate would move
+    every user and item row several times as far per sample and wash out what the window taught
+    them. The shared group goes from that same per-sample rate (`drift` 0: the stream looks like
+    the window, its samples only add data) to `stream_lr` (`drift` 1, 0: `lr`), so what a change
+    of the click model moves adapts within a few thousand fresh samples; `drift` is
+    `trainers.drift.DriftGauge.level`, or 1 with `optim.adaptive_stream_lr` off (measured:
+    docs/trainer.md)."""
     if phase == "batch":
         return {"ids": lr, "shared": lr}
-    return {"ids": lr * min(1.0, stream_batch_size / batch_size), "shared": stream_lr or lr}
+    per_sample = lr * min(1.0, stream_batch_size / batch_size)
+    high = stream_lr or lr
+    return {"ids": per_sample, "shared": per_sample + min(1.0, max(0.0, drift)) * (high - per_sample)}
 
 
 def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
