@@ -95,16 +95,25 @@ ID_TABLES = ("user", "item", "user_bias", "item_bias")
 """Per-id tables: one row per user or item bucket, each row trained only by its own samples."""
 
 
-def param_groups(model: CTRModel) -> list[dict[str, object]]:
+def param_groups(model: CTRModel, id_weight_decay: float | None = None) -> list[dict[str, object]]:
     """Two optimizer groups, named so a phase can give them different learning rates: the per-id
-    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals)."""
+    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals).
+    `id_weight_decay` (None: the optimizer's `weight_decay`) is the ids group's own L2."""
     ids = [p for n, p in model.named_parameters() if n.split(".")[0] in ID_TABLES and p.requires_grad]
     shared = [p for n, p in model.named_parameters() if n.split(".")[0] not in ID_TABLES and p.requires_grad]
-    return [{"params": ids, "name": "ids"}, {"params": shared, "name": "shared"}]
+    id_group: dict[str, object] = {"params": ids, "name": "ids"}
+    if id_weight_decay is not None:
+        id_group["weight_decay"] = id_weight_decay
+    return [id_group, {"params": shared, "name": "shared"}]
 
 
-def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = param_groups(model)
+def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float,
+                    id_weight_decay: float | None = None) -> torch.optim.Optimizer:
+    """`id_weight_decay` is the L2 of the per-id tables (None: `weight_decay`). With Adam (coupled)
+    it is a Gaussian prior on every user's and item's vectors and bias, applied to all rows each
+    step as the mean loss's penalty would be: an id seen a few times stays near 0, a frequent one
+    is set by its data (measured: docs/trainer.md, Model quality)."""
+    params = param_groups(model, id_weight_decay)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":

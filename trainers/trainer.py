@@ -59,7 +59,8 @@ class Trainer:
         self.model = build_model(cfg.model, cfg.data.seed).to(d.device)
         self.net: torch.nn.Module = DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None) if d.active else self.model
         o = cfg.optim
-        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay)
+        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
+                                   o.id_weight_decay if o.id_weight_decay >= 0 else None)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
