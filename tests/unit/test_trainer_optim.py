@@ -148,3 +148,18 @@ def test_drift_bounds_are_validated_with_their_dotted_names(tmp_path: Path) -> N
         load_config(None, [*base, "optim.drift_low=0.3", "optim.drift_high=0.1"], Settings(home=tmp_path))
     with pytest.raises(ConfigError, match="optim.drift_window_rows"):
         load_config(None, [*base, "optim.drift_window_rows=0"], Settings(home=tmp_path))
+
+
+def test_the_id_tables_have_their_own_weight_decay_and_it_shrinks_unseen_rows(feats: Features) -> None:
+    model = _model()
+    opt = build_optimizer(model, "adam", 0.003, 0.0, id_weight_decay=1e-4)  # type: ignore[arg-type]
+    assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"ids": 1e-4, "shared": 0.0}
+    assert {g["name"]: g["weight_decay"] for g in build_optimizer(_model(), "adam", 0.003, 0.01).param_groups} == \
+        {"ids": 0.01, "shared": 0.01}  # type: ignore[arg-type]
+    user = model.user.weight  # type: ignore[union-attr]
+    unseen = torch.ones(user.shape[0], dtype=torch.bool)
+    unseen[torch.remainder(feats.user, user.shape[0])] = False
+    start = user.detach()[unseen].norm()
+    for _ in range(5):
+        _step(model, opt, feats)
+    assert user.detach()[unseen].norm() < start  # a prior pulls ids without data toward 0
