@@ -42,7 +42,8 @@ from trainers.config import load_config
 log = logging.getLogger("bench.model_quality")
 
 SUMMARY_KEYS = ("auc_before_t", "auc_before_t_batch_only", "best_auc_before_t", "auc_after_t", "auc_after_t_batch_only", "best_auc_after_t",
-                "eval_rows_before_t", "eval_rows_after_t", "samples_iceberg", "samples_kafka", "samples_replay", "step")
+                "eval_rows_before_t", "eval_rows_after_t", "samples_iceberg", "samples_kafka", "samples_replay", "step",
+                "drift_excess", "drift_level")
 
 
 def _run(name: str, gen: GeneratorConfig, bootstrap: str, root: Path, overrides: list[str]) -> dict[str, Any]:

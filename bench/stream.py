@@ -161,12 +161,13 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     lat: list[np.ndarray] = []
     step = tr.train_step
 
-    def timed_step(rows: Rows, batch_size: int) -> None:
-        step(rows, batch_size)
+    def timed_step(rows: Rows, batch_size: int) -> torch.Tensor:
+        losses = step(rows, batch_size)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
         now_ms = time.time() * 1000
         lat.append(now_ms - rows.record_ms[rows.source == SOURCE_KAFKA])
+        return losses
 
     tr.train_step = timed_step  # type: ignore[method-assign]
     produced: dict[str, Any] = {}

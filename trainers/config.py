@@ -205,11 +205,30 @@ class OptimConfig:
     lr: float = 0.003
     """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
     stream_lr: float = 0.005
-    """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables),
-    which carry what a change of the click model moves (0: `lr`). The per-id tables (user, item
-    and their biases) keep their batch-phase rate per sample: `lr * stream_batch_size / batch_size`."""
+    """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables)
+    under drift: they carry what a change of the click model moves (0: `lr`). With
+    `adaptive_stream_lr` it is the upper end, reached when drift is seen. The per-id tables (user,
+    item and their biases) keep their batch-phase rate per sample: `lr * stream_batch_size / batch_size`."""
+    adaptive_stream_lr: bool = True
+    """Stream phase: set the shared rate from the observed drift (`trainers.drift`): the fresh rows'
+    loss against the replayed rows' in the same batches. No drift: the batch phase's rate per sample
+    (the stream only adds samples, no noise); drift: `stream_lr`. Needs `data.replay_share` > 0
+    (without replay the shared rate is `stream_lr`). false: always `stream_lr`."""
+    drift_low: float = 0.1
+    """Relative excess of fresh over replayed loss ((fresh - replay) / replay) at and below which no
+    drift is assumed; fresh rows are unseen, so on stationary data the excess is a few %."""
+    drift_high: float = 0.3
+    """Relative excess at and above which the shared rate is `stream_lr` (between: linear)."""
+    drift_window_rows: int = 2_048
+    """Fresh rows (all ranks) over which both losses are averaged: shorter reacts sooner, longer is
+    steadier (a batch's replay part is small, so one step's replay loss is noisy)."""
     weight_decay: float = 0.0
-    """L2 penalty (decoupled for adamw)."""
+    """L2 penalty (decoupled for adamw) of the shared parameters, and of the id tables when
+    `id_weight_decay` is negative."""
+    id_weight_decay: float = 1e-4
+    """L2 penalty (decoupled for adamw) of the per-id tables (user and item vectors and biases),
+    negative: `weight_decay`. With Adam a prior that shrinks rarely seen ids toward 0: +0.001-0.002
+    held-out AUC on stationary data at 360k rows (docs/trainer.md, Model quality)."""
     grad_clip: float = 0.0
     """Clip the gradient norm to this (0 = no clipping)."""
 
@@ -218,6 +237,9 @@ class OptimConfig:
         _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
         _require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
         _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(0 <= self.drift_low < self.drift_high,
+                 f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
+        _require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
         _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
 
 

@@ -161,6 +161,7 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
         "kafka_lag_at_stop": getattr(tr, "lag_at_stop", None),
         "latency_consume_to_train_ms_p50": percentile(lat, 50),
         "latency_consume_to_train_ms_p99": percentile(lat, 99),
+        "drift_excess": tr.drift.excess, "drift_level": tr.drift.level,
         "exchange": dc.exchange, "exchange_s": waits[2] / tr.d.world, "exchanged_rows": int(waits[3]),
         "stop_reason": tr.stop_reason, "step": tr.step, "epochs": dc.epochs, "world_size": tr.d.world,
         "device": str(tr.d.device), "backend": tr.d.backend, "amp": tr.amp, "wall_s": wall_s,

@@ -95,16 +95,25 @@ ID_TABLES = ("user", "item", "user_bias", "item_bias")
 """Per-id tables: one row per user or item bucket, each row trained only by its own samples."""
 
 
-def param_groups(model: CTRModel) -> list[dict[str, object]]:
+def param_groups(model: CTRModel, id_weight_decay: float | None = None) -> list[dict[str, object]]:
     """Two optimizer groups, named so a phase can give them different learning rates: the per-id
-    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals)."""
+    tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals).
+    `id_weight_decay` (None: the optimizer's `weight_decay`) is the ids group's own L2."""
     ids = [p for n, p in model.named_parameters() if n.split(".")[0] in ID_TABLES and p.requires_grad]
     shared = [p for n, p in model.named_parameters() if n.split(".")[0] not in ID_TABLES and p.requires_grad]
-    return [{"params": ids, "name": "ids"}, {"params": shared, "name": "shared"}]
+    id_group: dict[str, object] = {"params": ids, "name": "ids"}
+    if id_weight_decay is not None:
+        id_group["weight_decay"] = id_weight_decay
+    return [id_group, {"params": shared, "name": "shared"}]
 
 
-def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = param_groups(model)
+def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float,
+                    id_weight_decay: float | None = None) -> torch.optim.Optimizer:
+    """`id_weight_decay` is the L2 of the per-id tables (None: `weight_decay`). With Adam (coupled)
+    it is a Gaussian prior on every user's and item's vectors and bias, applied to all rows each
+    step as the mean loss's penalty would be: an id seen a few times stays near 0, a frequent one
+    is set by its data (measured: docs/trainer.md, Model quality)."""
+    params = param_groups(model, id_weight_decay)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -114,16 +123,22 @@ def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float) 
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=0.9)
 
 
-def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str) -> dict[str, float]:
-    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the shared
-    group takes `stream_lr` (0: `lr`), so what a change of the click model moves adapts within a
-    few thousand fresh samples; the id tables keep their batch-phase rate *per sample*
-    (`lr * stream_batch_size / batch_size`): Adam's step barely depends on the batch size, so
-    smaller stream batches at the same rate would move every user and item row several times as
-    far per sample and wash out what the window taught them (measured: docs/trainer.md)."""
+def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: int, phase: str,
+              drift: float = 1.0) -> dict[str, float]:
+    """Learning rate per group in a phase. Batch phase: `lr` everywhere. Stream phase: the id
+    tables keep their batch-phase rate *per sample* (`lr * stream_batch_size / batch_size`): Adam's
+    step barely depends on the batch size, so smaller stream batches at the same rate would move
+    every user and item row several times as far per sample and wash out what the window taught
+    them. The shared group goes from that same per-sample rate (`drift` 0: the stream looks like
+    the window, its samples only add data) to `stream_lr` (`drift` 1, 0: `lr`), so what a change
+    of the click model moves adapts within a few thousand fresh samples; `drift` is
+    `trainers.drift.DriftGauge.level`, or 1 with `optim.adaptive_stream_lr` off (measured:
+    docs/trainer.md)."""
     if phase == "batch":
         return {"ids": lr, "shared": lr}
-    return {"ids": lr * min(1.0, stream_batch_size / batch_size), "shared": stream_lr or lr}
+    per_sample = lr * min(1.0, stream_batch_size / batch_size)
+    high = stream_lr or lr
+    return {"ids": per_sample, "shared": per_sample + min(1.0, max(0.0, drift)) * (high - per_sample)}
 
 
 def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:

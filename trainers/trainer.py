@@ -31,9 +31,10 @@ from trainers.data.kafka_source import KafkaSource, assigned_partitions, topic_p
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange_split, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.distributed import Dist
+from trainers.drift import DriftGauge
 from trainers.metrics import MetricsLogger
 from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
-from trainers.rows import SOURCE_KAFKA, Features, Rows, rows_to_state
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_to_state
 from trainers.state import ResumePoint, resume_point
 from trainers import stream_profile
 
@@ -58,7 +59,9 @@ class Trainer:
         self.model = build_model(cfg.model, cfg.data.seed).to(d.device)
         self.net: torch.nn.Module = DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None) if d.active else self.model
         o = cfg.optim
-        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay)
+        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
+                                   o.id_weight_decay if o.id_weight_decay >= 0 else None)
+        self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
@@ -137,6 +140,7 @@ class Trainer:
             drop_uncommitted(self.run_dir / "audit", rp.step)
         self.d.barrier()
         self.step, self.phase, self.epoch = rp.step, rp.phase, rp.epoch
+        self.drift.load(meta.get("drift"))
         self._set_lr()
         self.positions, self.handoff_offsets, self.handoff_methods = rp.positions, rp.handoff_offsets, rp.handoff_methods
         self.stream_elapsed_s = rp.stream_elapsed_s
@@ -151,18 +155,36 @@ class Trainer:
         log.info("rank %d resumes %s at step %d (phase %s, epoch %d)", self.d.rank, latest.name, rp.step, rp.phase, rp.epoch)
         return rp
 
+    def _adaptive_lr(self) -> bool:
+        # the gauge compares fresh rows with replayed ones: without replay there is nothing to compare
+        return self.cfg.optim.adaptive_stream_lr and self.cfg.data.replay_share > 0
+
     def _set_lr(self) -> None:
         o, dc = self.cfg.optim, self.cfg.data
-        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, self.phase))
+        drift = self.drift.level if self._adaptive_lr() else 1.0
+        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, self.phase, drift))
+
+    def _gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
+        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums,
+        all ranks together, to the drift gauge and set the next step's rates from it."""
+        replay = torch.from_numpy(rows.source == SOURCE_REPLAY).to(losses.device)
+        replay_sum = float(losses[replay].sum()) if len(rows) else 0.0
+        fresh_sum = float(losses.sum()) - replay_sum if len(rows) else 0.0
+        n_replay = float(replay.sum()) if len(rows) else 0.0
+        g = self.d.sum([fresh_sum, len(rows) - n_replay, replay_sum, n_replay])
+        self.drift.update(*g)
+        self._set_lr()
 
     # --- one optimizer step -----------------------------------------------------------------
-    def train_step(self, rows: Rows, batch_size: int) -> None:
+    def train_step(self, rows: Rows, batch_size: int) -> torch.Tensor:
+        """One optimizer step; returns the rows' losses (detached, on the device)."""
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
         # sum / configured batch size: DDP averages over ranks, so every sample weighs the same
         # whatever each rank's row count, and an empty batch contributes zero gradients.
-        loss_sum = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="sum")
+        losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
+        loss_sum = losses.sum()
         loss = loss_sum / batch_size
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -175,6 +197,7 @@ class Trainer:
         if len(rows):
             self._loss_sum += float(loss_sum.detach())
             self._loss_n += len(rows)
+        return losses.detach()
 
     def _flags(self) -> tuple[float, float]:
         """Rank 0's wishes (checkpoint now, export now) as numbers for the per-step all-reduce."""
@@ -293,7 +316,9 @@ class Trainer:
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
-                    self.train_step(rows, dc.stream_batch_size)
+                    losses = self.train_step(rows, dc.stream_batch_size)
+                    if self._adaptive_lr():
+                        self._gauge_drift(rows, losses)
                     self.audit.add(batch, self.step)
                     self._record_latency(batch)
                     self.c["samples_kafka"] += len(batch)
@@ -400,7 +425,7 @@ class Trainer:
             "topic": dc.topic, "positions": positions or self.handoff_offsets or {},
             "handoff_offsets": self.handoff_offsets, "handoff_methods": self.handoff_methods,
             "counters": dict(zip(COUNTERS, totals)), "profile": stream_profile.merge(profiles).to_dict(),
-            "stream_elapsed_s": self.stream_elapsed_s, "time": time.time(),
+            "stream_elapsed_s": self.stream_elapsed_s, "drift": self.drift.state(), "time": time.time(),
         }
         self.audit.write_part(self.step)
         model_state = None
@@ -426,6 +451,8 @@ class Trainer:
         }
         if lag is not None:
             values["kafka_lag"] = lag
+        if self.phase == "stream" and self._adaptive_lr():
+            values["drift_excess"], values["drift_level"] = self.drift.excess, self.drift.level
         self.metrics.log(self.step, values)
         self._last_log = (now, self.trained_global, self.train_s, self.wait_s)
         self._loss_sum, self._loss_n = 0.0, 0

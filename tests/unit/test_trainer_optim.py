@@ -4,9 +4,11 @@ resume of the optimizer state, and the DAG's knob defaults matching the trainer'
 from __future__ import annotations
 
 import copy
+import json
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -17,6 +19,7 @@ from slipstream.errors import ConfigError
 from slipstream.jobspec import KNOBS_BY_NAME
 from slipstream.settings import Settings
 from trainers.config import DataConfig, ModelConfig, OptimConfig, load_config
+from trainers.drift import DriftGauge
 from trainers.model import ID_TABLES, build_model, build_optimizer, param_groups, phase_lrs, set_lrs
 from trainers.rows import Features, Rows
 
@@ -94,3 +97,69 @@ def test_the_dag_knob_defaults_are_the_trainer_defaults() -> None:
     trainer = {"epochs": DataConfig.epochs, "batch_size": DataConfig.batch_size,
                "replay_share": DataConfig.replay_share, "lr": OptimConfig.lr}
     assert {k: KNOBS_BY_NAME[k].default for k in trainer} == trainer
+
+
+def test_the_shared_stream_rate_follows_the_drift_level_between_the_per_sample_rate_and_stream_lr() -> None:
+    per_sample = 0.003 * 128 / 1024
+    assert phase_lrs(0.003, 0.01, 1024, 128, "stream", drift=0.0) == pytest.approx({"ids": per_sample, "shared": per_sample})
+    assert phase_lrs(0.003, 0.01, 1024, 128, "stream", drift=1.0) == pytest.approx({"ids": per_sample, "shared": 0.01})
+    half = phase_lrs(0.003, 0.01, 1024, 128, "stream", drift=0.5)["shared"]
+    assert half == pytest.approx((per_sample + 0.01) / 2)
+    assert phase_lrs(0.003, 0.01, 1024, 128, "batch", drift=1.0) == {"ids": 0.003, "shared": 0.003}
+
+
+def _feed(gauge: DriftGauge, fresh_loss: float, replay_loss: float, steps: int, seed: int = 0) -> None:
+    # a stream batch of 128: 102 fresh rows, 26 replayed; per-row losses scatter like a CTR model's
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        f, r = rng.exponential(fresh_loss, 102), rng.exponential(replay_loss, 26)
+        gauge.update(float(f.sum()), 102.0, float(r.sum()), 26.0)
+
+
+def test_the_drift_gauge_stays_low_on_stationary_data_and_rises_under_drift() -> None:
+    stationary, drifted = DriftGauge(window_rows=2048, low=0.1, high=0.3), DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    assert stationary.level == 0.0  # nothing seen yet: the stream only adds samples
+    _feed(stationary, 0.40, 0.39, steps=80)  # fresh rows are unseen: a few % higher
+    _feed(drifted, 0.55, 0.39, steps=80)  # the click model changed: ~40 % higher
+    assert stationary.level < 0.3 and drifted.level == 1.0, (stationary, drifted)
+    # within a few hundred fresh rows of a change the rate is already moving up
+    late = DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    _feed(late, 0.55, 0.39, steps=5)
+    assert late.level > 0.5, late
+
+
+def test_the_drift_gauge_ignores_steps_without_both_kinds_of_rows_and_resumes_exactly() -> None:
+    gauge = DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    _feed(gauge, 0.5, 0.4, steps=7)
+    before = gauge.state()
+    gauge.update(10.0, 20.0, 0.0, 0.0)  # no replayed rows on any rank: no comparison
+    gauge.update(0.0, 0.0, 5.0, 10.0)
+    assert gauge.state() == before
+    resumed = DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    resumed.load(json.loads(json.dumps(before)))  # the checkpoint's meta.json
+    _feed(gauge, 0.5, 0.4, steps=3, seed=1)
+    _feed(resumed, 0.5, 0.4, steps=3, seed=1)
+    assert resumed.state() == gauge.state() and resumed.level == gauge.level
+
+
+def test_drift_bounds_are_validated_with_their_dotted_names(tmp_path: Path) -> None:
+    base = ["data.snapshot_id=1", "data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r"]
+    with pytest.raises(ConfigError, match="optim.drift_low"):
+        load_config(None, [*base, "optim.drift_low=0.3", "optim.drift_high=0.1"], Settings(home=tmp_path))
+    with pytest.raises(ConfigError, match="optim.drift_window_rows"):
+        load_config(None, [*base, "optim.drift_window_rows=0"], Settings(home=tmp_path))
+
+
+def test_the_id_tables_have_their_own_weight_decay_and_it_shrinks_unseen_rows(feats: Features) -> None:
+    model = _model()
+    opt = build_optimizer(model, "adam", 0.003, 0.0, id_weight_decay=1e-4)  # type: ignore[arg-type]
+    assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"ids": 1e-4, "shared": 0.0}
+    assert {g["name"]: g["weight_decay"] for g in build_optimizer(_model(), "adam", 0.003, 0.01).param_groups} == \
+        {"ids": 0.01, "shared": 0.01}  # type: ignore[arg-type]
+    user = model.user.weight  # type: ignore[union-attr]
+    unseen = torch.ones(user.shape[0], dtype=torch.bool)
+    unseen[torch.remainder(feats.user, user.shape[0])] = False
+    start = user.detach()[unseen].norm()
+    for _ in range(5):
+        _step(model, opt, feats)
+    assert user.detach()[unseen].norm() < start  # a prior pulls ids without data toward 0
