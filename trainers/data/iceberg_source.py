@@ -45,8 +45,10 @@ class ChunkStats:
     rows_holdout: int = 0
 
 
-def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
-    """Read the given units (row groups) in the given order into one table."""
+def read_units(units: list[WorkUnit], open_file: Opener, *, use_threads: bool = True,
+               footers: dict[str, pq.FileMetaData] | None = None) -> pa.Table:
+    """Read the given units (row groups) in the given order into one table. `footers` (path ->
+    Parquet footer) saves re-reading a file's footer on every open; footers read here are added."""
     by_file: dict[str, list[int]] = defaultdict(list)
     order: list[str] = []
     for u in units:
@@ -56,13 +58,15 @@ def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
     tables = []
     for path in order:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(fh)
+            pf = pq.ParquetFile(fh, metadata=None if footers is None else footers.get(path))
+            if footers is not None:
+                footers[path] = pf.metadata
             present = set(pf.schema_arrow.names)
             names = [c for c in READ_COLUMNS if c in present]
             missing = set(READ_COLUMNS) - set(names)
             if missing:
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
-            tables.append(pf.read_row_groups(by_file[path], columns=names, use_threads=True))
+            tables.append(pf.read_row_groups(by_file[path], columns=names, use_threads=use_threads))
     if not tables:
         from slipstream.schema import ARROW_SCHEMA
 
@@ -85,6 +89,18 @@ def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) 
     """(training rows, held-out rows) of the table inside [start, end)."""
     inside, hold = _window_and_holdout(table, start_us, end_us, stats)
     return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
+
+
+@dataclass
+class _UnitPart:
+    """One unit as a reader thread returns it."""
+
+    table: pa.Table
+    keep: np.ndarray
+    """True for the rows that train (inside the window, not held out)."""
+    stats: ChunkStats
+    bits: tuple[np.ndarray, int, int] | None
+    """What `IcebergSource._unit_rows` keeps of the unit after its first read, else None."""
 
 
 class _End:
@@ -114,10 +130,10 @@ class IcebergSource:
         self.batch_size = batch_size
         self.shuffle_rows = shuffle_rows
         self.window_us = window_us
-        self.prefetch_chunks = prefetch_chunks
-        # chunks read at the same time; at most prefetch_chunks + 1 are ever held ahead of the
-        # consumer (queued, being read or waiting for the queue), as with one reader thread
-        self.read_threads = max(1, min(read_threads, prefetch_chunks))
+        self.prefetch_chunks = max(1, prefetch_chunks)
+        # units (row groups) decoded at the same time. At most prefetch_chunks + 1 chunks are held
+        # ahead of the consumer: one queued, one being assembled, the rest being read
+        self.read_threads = max(1, read_threads)
         self.digest = units_digest(units)
         self.stats = ChunkStats()
         self.wait_s = 0.0
@@ -133,6 +149,8 @@ class IcebergSource:
         self._n_chunks = 0
         self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
         """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
+        self._footers: dict[str, pq.FileMetaData] = {}
+        """path -> Parquet footer, read once (each unit opens its file on its own)"""
 
     # --- plan of an epoch -------------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,36 +158,57 @@ class IcebergSource:
         rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
         return order, chunk_bounds(rows, self.shuffle_rows)
 
+    def chunk_units(self, order: np.ndarray, bounds: np.ndarray, chunk: int) -> list[int]:
+        """The chunk's units in table-row order (sorted: the read order does not matter, rows are permuted)."""
+        return np.sort(order[bounds[chunk] : bounds[chunk + 1]]).tolist()
+
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None) -> Rows:
-        idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
-        table = read_units([self.units[i] for i in idx], self.open_file)
-        train = self._training_rows(table, idx, self.stats if stats is None else stats)
+        """One chunk's rows in training order, read in this thread (the background reader does
+        the same with the units read in parallel)."""
+        ids = self.chunk_units(order, bounds, chunk)
+        parts = [self._read_unit(i) for i in ids]
+        self._keep_unit_rows(ids, parts)
+        return self._assemble(epoch, chunk, parts, self.stats if stats is None else stats)
+
+    def _read_unit(self, i: int) -> _UnitPart:
+        """Read one unit (row group) and find its training rows. A reader thread runs this for
+        one unit at a time, so units decode in parallel without pyarrow's per-column threads
+        (whose hand-offs cost CPU that the other reader would use)."""
+        unit = self.units[i]
+        table = read_units([unit], self.open_file, use_threads=False, footers=self._footers)
+        known = self._unit_rows.get(i)
+        if known is not None:  # which rows train depends only on the unit's data: kept from its first read
+            bits, outside, held = known
+            keep = np.unpackbits(bits, count=unit.rows).view(bool)
+            return _UnitPart(table, keep, ChunkStats(table.num_rows, outside, held), None)
+        stats = ChunkStats()
+        inside, hold = _window_and_holdout(table, *self.window_us, stats)
+        keep = inside & ~hold
+        return _UnitPart(table, keep, stats, (np.packbits(keep), stats.rows_outside_window, stats.rows_holdout))
+
+    def _assemble(self, epoch: int, chunk: int, parts: list[_UnitPart], stats: ChunkStats) -> Rows:
+        """The chunk's training rows (its units' rows in order, filtered) permuted with
+        default_rng([seed, epoch, rank, chunk]), as Rows."""
+        for p in parts:
+            stats.rows_read += p.stats.rows_read
+            stats.rows_outside_window += p.stats.rows_outside_window
+            stats.rows_holdout += p.stats.rows_holdout
+        tables = [p.table for p in parts]
+        if not tables:
+            from slipstream.schema import ARROW_SCHEMA
+
+            tables = [ARROW_SCHEMA.empty_table()]
+        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        train = np.flatnonzero(np.concatenate([p.keep for p in parts])) if parts else np.zeros(0, dtype=np.int64)
         perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
         # table (no filtered copy, no second permuted copy)
         return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
-    def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
-        """Ascending indices of the training rows (inside the window, not held out) of a chunk's
-        table (its units' rows, in `unit_ids` order). Which rows of a unit train depends only on
-        the unit's data, so it is worked out on the unit's first read and kept (one bit per row):
-        later epochs skip the window check and the id hash."""
-        known = [self._unit_rows[i] for i in unit_ids.tolist() if i in self._unit_rows]
-        if len(known) < len(unit_ids):
-            inside, hold = _window_and_holdout(table, *self.window_us, stats)
-            keep = inside & ~hold
-            edges = np.cumsum([0] + [self.units[i].rows for i in unit_ids])
-            for i, a, b in zip(unit_ids.tolist(), edges[:-1], edges[1:]):
-                self._unit_rows[i] = (np.packbits(keep[a:b]), int(b - a - np.count_nonzero(inside[a:b])),
-                                      int(np.count_nonzero(inside[a:b] & hold[a:b])))
-            return np.flatnonzero(keep)
-        stats.rows_read += table.num_rows
-        parts = []
-        for i, (bits, outside, held) in zip(unit_ids.tolist(), known):
-            stats.rows_outside_window += outside
-            stats.rows_holdout += held
-            parts.append(np.unpackbits(bits, count=self.units[i].rows))
-        return np.flatnonzero(np.concatenate(parts))
+    def _keep_unit_rows(self, units: list[int], parts: list[_UnitPart]) -> None:
+        for i, p in zip(units, parts):
+            if p.bits is not None:
+                self._unit_rows[i] = p.bits
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
@@ -179,7 +218,7 @@ class IcebergSource:
         self._skip = offset
         order, bounds = self.epoch_plan(epoch)
         self._n_chunks = len(bounds) - 1
-        self._queue = queue.Queue(maxsize=self.prefetch_chunks + 1 - self.read_threads)
+        self._queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
@@ -189,24 +228,23 @@ class IcebergSource:
         self._thread.start()
 
     def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any], stop: threading.Event) -> None:
-        pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
-
-        def read(c: int) -> tuple[Rows, ChunkStats]:
-            stats = ChunkStats()
-            return self.read_chunk(epoch, order, bounds, c, stats), stats
-
+        """Reader threads decode units, in chunk order, up to prefetch_chunks - 1 chunks beyond
+        the one this thread is assembling; this thread gathers each chunk as soon as its units
+        are in and hands it over (at most one waits in the queue)."""
+        pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}")
         try:
-            pending: deque[Future[tuple[Rows, ChunkStats]]] = deque()
+            pending: deque[tuple[list[int], list[Future[_UnitPart]]]] = deque()
             nxt, end = first, len(bounds) - 1
             for c in range(first, end):
-                # keep read_threads chunks being read: this one and the next ones, in order
-                while pool is not None and nxt < end and len(pending) < self.read_threads:
-                    pending.append(pool.submit(read, nxt))
+                while nxt < end and nxt < c + self.prefetch_chunks:
+                    ids = self.chunk_units(order, bounds, nxt)
+                    pending.append((ids, [pool.submit(self._read_unit, i) for i in ids]))
                     nxt += 1
-                rows, stats = pending.popleft().result() if pool is not None else read(c)
-                self.stats.rows_read += stats.rows_read
-                self.stats.rows_outside_window += stats.rows_outside_window
-                self.stats.rows_holdout += stats.rows_holdout
+                ids, futures = pending.popleft()
+                parts = [f.result() for f in futures]
+                self._keep_unit_rows(ids, parts)
+                rows = self._assemble(epoch, c, parts, self.stats)
+                del parts
                 while not stop.is_set():
                     try:
                         q.put((c, rows), timeout=0.1)
@@ -219,8 +257,7 @@ class IcebergSource:
         except BaseException as e:  # surfaced in the training thread
             q.put(e)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _next_chunk(self) -> bool:
         started = time.perf_counter()
