@@ -158,6 +158,10 @@ class TableColumns:
     several threads at once. Single-chunk numeric columns are not copied."""
 
     def __init__(self, table: pa.Table) -> None:
+        if any(c.num_chunks > 1 for c in table.columns):
+            # one Arrow copy per column: its allocator reuses freed memory, where numpy's
+            # concatenation of the chunks would fault in fresh pages on every chunk
+            table = table.combine_chunks()
         self.n = table.num_rows
         self.hist_values, self.hist_offsets = _flat_list(table.column("hist_items"))
         self._hist = Lists(self.hist_values, self.hist_offsets)

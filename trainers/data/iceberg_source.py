@@ -116,8 +116,9 @@ class _End:
 
 
 PIECE_ROWS = 32_768
-"""Rows of a chunk gathered as one task (rounded to whole batches): a chunk's gather is spread
-over the reader threads, and training starts once its first piece is in."""
+"""At most about this many rows of a chunk are gathered as one task (a chunk is cut into equal
+pieces of whole batches): a chunk's gather is spread over the reader threads, and training starts
+once its first piece is in. Smaller pieces cost more: each gather has a fixed cost."""
 
 
 class _PriorityPool:
@@ -271,8 +272,11 @@ class IcebergSource:
         """Row ranges [a, b) of a chunk's training order from `start`, gathered as separate tasks.
         Cuts fall on batch boundaries (`handed` rows came before the chunk), so a batch spans two
         pieces only where it spans two chunks."""
-        step = self.batch_size * max(1, PIECE_ROWS // self.batch_size)
-        out, a, b = [], start, start + (-handed) % self.batch_size + step
+        batch = self.batch_size
+        head = (-handed) % batch  # the rows that complete the batch begun in the previous chunk
+        n = max(1, -(-(stop - start - head) // PIECE_ROWS))
+        step = max(1, -(-(stop - start - head) // (n * batch))) * batch  # n about equal pieces of whole batches
+        out, a, b = [], start, start + head + step
         while a < stop:
             b = min(b, stop)
             out.append((a, b))
