@@ -32,13 +32,7 @@ READ_COLUMNS = ("sample_id", "event_time", "user_id", "item_id", *DENSE_COLUMNS,
 def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values int64, offsets int64 of length n+1) of a list<int64> column, nulls as empty lists."""
     if isinstance(arr, pa.ChunkedArray):
-        if arr.num_chunks == 1:
-            return _flat_list(arr.chunk(0))
-        # one numpy copy of the values (Arrow's concatenation of list arrays costs several times more)
-        parts = [_flat_list(c) for c in arr.chunks] or [_flat_list(pa.array([], arr.type))]
-        shift = np.cumsum([0] + [len(v) for v, _ in parts[:-1]])
-        offsets = np.concatenate([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, shift)])
-        return np.concatenate([v for v, _ in parts]), offsets
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if arr.null_count:
         arr = pc.if_else(pc.is_null(arr), pa.scalar([], arr.type), arr)
     if arr.offset:  # a sliced array: make offsets start at zero

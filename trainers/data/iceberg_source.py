@@ -53,8 +53,7 @@ class ChunkStats:
     rows_holdout: int = 0
 
 
-def read_units(units: list[WorkUnit], open_file: Opener, *, use_threads: bool = True,
-               footers: dict[str, pq.FileMetaData] | None = None) -> pa.Table:
+def read_units(units: list[WorkUnit], open_file: Opener, footers: dict[str, pq.FileMetaData] | None = None) -> pa.Table:
     """Read the given units (row groups) in the given order into one table. `footers` (path ->
     Parquet footer) saves re-reading a file's footer on every open; footers read here are added."""
     by_file: dict[str, list[int]] = defaultdict(list)
@@ -74,7 +73,7 @@ def read_units(units: list[WorkUnit], open_file: Opener, *, use_threads: bool = 
             missing = set(READ_COLUMNS) - set(names)
             if missing:
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
-            tables.append(pf.read_row_groups(by_file[path], columns=names, use_threads=use_threads))
+            tables.append(pf.read_row_groups(by_file[path], columns=names, use_threads=True))
     if not tables:
         from slipstream.schema import ARROW_SCHEMA
 
