@@ -146,7 +146,8 @@ def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATT
 
     Impressions and clicks are grouped together by id in ONE shuffle (a cogroup), which both
     drops duplicate impressions and attaches their clicks. Among differing duplicates the
-    smallest row wins, so reruns pick the same one.
+    smallest row (compared column by column in `features`' order: event_time, user_id, ...) wins,
+    so reruns pick the same one.
     """
     value_cols = [c for c in features.columns if c != "sample_id"]
     imps = features.select("sample_id", F.struct(*value_cols).alias("imp"), F.lit(None).cast("timestamp").alias("click_ts"))
