@@ -29,16 +29,19 @@ from slipstream.errors import RawDataError, RejectRateExceeded
 from slipstream.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
 from slipstream.raw_zone import IMPRESSIONS, click_dirs, day_dir
 from slipstream.schema import ARROW_SCHEMA
+from spark_jobs.arrow_finish import SampleFinisher
 from spark_jobs.raw_input import CLICK_SCHEMA, IMPRESSION_SCHEMA, SOURCE, list_raw_files, read_raw
 from spark_jobs.transforms import (
     KIND_CLICK,
     REASON,
+    UNFINISHED_COLUMNS,
     build_samples,
     classify_clicks,
     classify_impressions,
     good,
     rejects_of,
     stats_of,
+    unfinished_samples,
 )
 from spark_jobs.writer import write_parquet_files
 
@@ -212,7 +215,7 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA))
     imps_seen, imp_obs = _observed(imps, "impressions")
     clicks_seen, click_obs = _observed(clicks, "clicks")
-    samples = build_samples(good(imps_seen), good(clicks_seen), opts.attribution_s)
+    good_imps, good_clicks = good(imps_seen), good(clicks_seen)
     table = samples_table(catalog, opts.namespace)
     props = {"day": str(day), "run_id": opts.run_id}
 
@@ -222,6 +225,7 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
         raw_records = sum(fs.records for fs in per_file.values())
         n_rejects = sum(fs.rejects for fs in per_file.values())
         _settle_rejects(spark, catalog, opts, day, imps, clicks, n_rejects, raw_records, props, per_file)
+        samples = build_samples(good_imps, good_clicks, opts.attribution_s)
         rows = samples.count()
         props.update(rows=str(rows), rejects=str(n_rejects))
         _write_native(samples, opts, props)
@@ -229,9 +233,12 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     else:
         t_write = time.monotonic()
         try:
+            # The writer completes the rows (hist_items, hashes): see spark_jobs.arrow_finish.
             written = write_parquet_files(
-                samples, directory=f"{table.location()}/data/event_time_day={day}", run_tag=opts.run_id,
+                unfinished_samples(good_imps, good_clicks, opts.attribution_s),
+                directory=f"{table.location()}/data/event_time_day={day}", run_tag=opts.run_id,
                 io_properties=dict(table.io.properties), schema=ARROW_SCHEMA, target_bytes=opts.target_bytes,
+                prepare=SampleFinisher, columns=UNFINISHED_COLUMNS,
             )
         except (PySparkException, Py4JJavaError) as e:
             raise RawDataError(

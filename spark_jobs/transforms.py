@@ -21,6 +21,7 @@ from slipstream.schema import (
     CATEGORICAL_FEATURES,
     DENSE_FEATURES,
     HIST_LEN,
+    SEQUENCE_COLUMN,
 )
 from spark_jobs.raw_input import CLICK_SCHEMA, CORRUPT, IMPRESSION_SCHEMA, SOURCE
 
@@ -112,12 +113,13 @@ def file_stats(classified: DataFrame, kind: str) -> DataFrame:
     ).withColumn("record_kind", F.lit(kind))
 
 
-def featurize(impressions: DataFrame) -> DataFrame:
+def featurize(impressions: DataFrame, hash_categoricals: bool = True) -> DataFrame:
     """Good impressions -> sample columns except the label and the sequence feature.
 
     Dense: `clip(log1p(max(raw, 0)), lo, hi) / hi` (or without the log), computed in double and
     stored as float, exactly `DenseFeature.apply`. Categoricals: the first 15 hex digits of the
-    SHA-256 of the string as a long, exactly `hash_category`.
+    SHA-256 of the string as a long, exactly `hash_category`; with `hash_categoricals=False` the
+    raw strings stay (the writer hashes them, `spark_jobs.arrow_finish`).
     """
     cols: list[Column] = [
         F.col("impression_id").alias("sample_id"),
@@ -131,7 +133,10 @@ def featurize(impressions: DataFrame) -> DataFrame:
             x = F.log1p(F.greatest(x, F.lit(0.0)))
         cols.append((F.least(F.greatest(x, F.lit(f.lo)), F.lit(f.hi)) / F.lit(f.hi)).cast("float").alias(f.name))
     for raw_name, out in CATEGORICAL_FEATURES:
-        cols.append(F.conv(F.substring(F.sha2(F.col(raw_name), 256), 1, 15), 16, 10).cast("long").alias(out))
+        if hash_categoricals:
+            cols.append(F.conv(F.substring(F.sha2(F.col(raw_name), 256), 1, 15), 16, 10).cast("long").alias(out))
+        else:
+            cols.append(F.col(raw_name))
     return impressions.select(*cols)
 
 
@@ -141,7 +146,8 @@ def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATT
 
     Impressions and clicks are grouped together by id in ONE shuffle (a cogroup), which both
     drops duplicate impressions and attaches their clicks. Among differing duplicates the
-    smallest row wins, so reruns pick the same one.
+    smallest row (compared column by column in `features`' order: event_time, user_id, ...) wins,
+    so reruns pick the same one.
     """
     value_cols = [c for c in features.columns if c != "sample_id"]
     imps = features.select("sample_id", F.struct(*value_cols).alias("imp"), F.lit(None).cast("timestamp").alias("click_ts"))
@@ -207,6 +213,26 @@ def select_samples(df: DataFrame) -> DataFrame:
 def build_samples(impressions: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
     """Good impressions of one day + good clicks -> samples (ARROW_SCHEMA columns)."""
     return select_samples(add_history(dedupe_and_label(featurize(impressions), clicks, window_s)))
+
+
+UNFINISHED_COLUMNS = [
+    *(n for n in ARROW_SCHEMA.names if n not in {c for _, c in CATEGORICAL_FEATURES} | {SEQUENCE_COLUMN}),
+    *(raw for raw, _ in CATEGORICAL_FEATURES),
+]
+"""What `unfinished_samples` yields: the sample columns without `hist_items`, with the raw
+categorical strings in place of their hashes."""
+
+
+def unfinished_samples(impressions: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
+    """Good impressions of one day + good clicks -> samples without `hist_items` and unhashed,
+    partitioned by user and sorted by (user_id, event_time, sample_id) within each partition:
+    the input `spark_jobs.arrow_finish.SampleFinisher` completes into `build_samples`'s rows.
+
+    A plain shuffle and sort (no per-user arrays of structs in the JVM), and nothing of
+    `hist_items` crosses from the JVM to Python: the writer builds it from the item ids."""
+    deduped = dedupe_and_label(featurize(impressions, hash_categoricals=False), clicks, window_s)
+    by_user = deduped.repartition("user_id").sortWithinPartitions("user_id", "event_time", "sample_id")
+    return by_user.select(*[F.col(n).cast("int").alias(n) if n == "label" else F.col(n) for n in UNFINISHED_COLUMNS])
 
 
 def rejects_of(imps: DataFrame, clicks: DataFrame, day: date, run_id: str) -> DataFrame:

@@ -30,10 +30,15 @@ class WrittenFiles:
     bytes: int
 
 
+BatchStream = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
 def _task_writer(
-    directory: str, prefix: str, io_properties: dict[str, str], schema: pa.Schema, target_bytes: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each task runs: batches in, one row per written file out."""
+    directory: str, prefix: str, io_properties: dict[str, str], schema: pa.Schema, target_bytes: int,
+    prepare: Callable[[], BatchStream] | None,
+) -> BatchStream:
+    """The function each task runs: batches in, one row per written file out. `prepare` makes a
+    fresh per-task step that turns the task's batches into rows of `schema`."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
@@ -64,14 +69,14 @@ def _task_writer(
                 state["path"] = f"{directory}/{prefix}-{task}-{len(done):03d}.parquet"
                 state["stream"] = io.new_output(state["path"]).create(overwrite=True)
                 state["writer"] = pq.ParquetWriter(state["stream"], schema, compression="zstd")
-            table = pa.Table.from_batches(buffered).cast(schema)
+            table = pa.Table.from_batches(buffered).select(schema.names).cast(schema)
             state["writer"].write_table(table, row_group_size=len(table))
             state["rows"] += len(table)
             buffered, buffered_rows, buffered_bytes = [], 0, 0
             if state["stream"].tell() >= target_bytes:
                 close_file()
 
-        for batch in batches:
+        for batch in prepare()(batches) if prepare is not None else batches:
             buffered.append(batch)
             buffered_rows += batch.num_rows
             buffered_bytes += batch.nbytes
@@ -96,15 +101,21 @@ def write_parquet_files(
     io_properties: dict[str, str],
     schema: pa.Schema,
     target_bytes: int,
+    prepare: Callable[[], BatchStream] | None = None,
+    columns: list[str] | None = None,
 ) -> WrittenFiles:
     """Write `df` (columns of `schema`) as Parquet files under `directory`; return what was written.
+
+    With `prepare`, each task streams its batches (of `columns`, default the schema's) through a
+    fresh `prepare()` first, which must yield the columns of `schema`; it sees the task's rows in
+    the partition's order.
 
     File names carry `run_tag`, a fresh id per call, the task and attempt, so a rerun or a retried
     task never overwrites a file a committed snapshot references.
     """
     prefix = f"{run_tag}-{uuid.uuid4().hex[:8]}"
-    fn = _task_writer(directory.rstrip("/"), prefix, io_properties, schema, target_bytes)
-    rows = df.select(*schema.names).mapInArrow(fn, "path string, rows long, bytes long").collect()
+    fn = _task_writer(directory.rstrip("/"), prefix, io_properties, schema, target_bytes, prepare)
+    rows = df.select(*(columns or schema.names)).mapInArrow(fn, "path string, rows long, bytes long").collect()
     written = WrittenFiles(
         paths=sorted(r["path"] for r in rows), rows=sum(r["rows"] for r in rows), bytes=sum(r["bytes"] for r in rows)
     )
