@@ -11,43 +11,20 @@ import numpy as np
 import pyarrow as pa
 
 
-class Lists:
-    """A flat values + offsets list column prepared for many gathers (`take`): the Arrow view
-    over its buffers is built once, not per gather."""
-
-    def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
-        self.values = np.ascontiguousarray(values)
-        self._blobs = _blobs(self.values, offsets)
-
-    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(values, offsets) of the lists at `idx`, in that order."""
-        return _take(self._blobs, self.values.dtype, idx)
-
-
-def _blobs(values: np.ndarray, bounds: np.ndarray) -> pa.Array:
-    """Blob k = values[bounds[k]:bounds[k + 1]], as one large_binary array over the numpy buffer."""
-    return pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1,
-                                 [None, pa.py_buffer(bounds.astype(np.int64) * values.itemsize), pa.py_buffer(values)])
-
-
-def _take(blobs: pa.Array, dtype: np.dtype, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(idx) == 0:
-        return np.empty(0, dtype=dtype), np.zeros(1, dtype=np.int64)
-    size = np.dtype(dtype).itemsize
-    taken = blobs.take(pa.array(idx, pa.int64()))
-    _, offs_buf, data_buf = taken.buffers()
-    offsets = np.frombuffer(offs_buf, dtype=np.int64, count=len(idx) + 1) // size
-    if data_buf is None or offsets[-1] == 0:
-        return np.empty(0, dtype=dtype), offsets
-    return np.frombuffer(data_buf, dtype=dtype, count=int(offsets[-1])), offsets
-
-
 def _take_blobs(values: np.ndarray, bounds: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of blobs `idx`, blob k being values[bounds[k]:bounds[k + 1]]."""
     if len(idx) == 0:
         return np.empty(0, dtype=values.dtype), np.zeros(1, dtype=np.int64)
     values = np.ascontiguousarray(values)
-    return _take(_blobs(values, bounds), values.dtype, idx)
+    size = values.itemsize
+    blobs = pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1,
+                                  [None, pa.py_buffer(bounds.astype(np.int64) * size), pa.py_buffer(values)])
+    taken = blobs.take(pa.array(idx, pa.int64()))
+    _, offs_buf, data_buf = taken.buffers()
+    offsets = np.frombuffer(offs_buf, dtype=np.int64, count=len(idx) + 1) // size
+    if data_buf is None or offsets[-1] == 0:
+        return np.empty(0, dtype=values.dtype), offsets
+    return np.frombuffer(data_buf, dtype=values.dtype, count=int(offsets[-1])), offsets
 
 
 def take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from slipstream.ragged import Lists, take_lists
+from slipstream.ragged import take_lists
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 SOURCE_ICEBERG = 0
@@ -40,6 +40,11 @@ def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
     offsets = arr.offsets.to_numpy().astype(np.int64)
     values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
+    a = col.to_numpy()
+    return (a if idx is None else a[idx]).astype(dtype, copy=False)
 
 
 @dataclass
@@ -86,16 +91,39 @@ class Rows:
         as `from_arrow(table.take(take))` or `from_arrow(table).take(take)`, in one gather per
         column). `partition` ... `consumed_ms` are per row of `table`."""
         idx = None if take is None else np.asarray(take, dtype=np.int64)
-        rows = TableColumns(table).rows(idx, source=source, epoch=epoch)
+        n = table.num_rows if idx is None else len(idx)
+        values, offs = _flat_list(table.column("hist_items"))
+        if idx is not None:
+            values, offs = take_lists(values, offs, idx)
+        minus = np.full(n, -1, dtype=np.int64)
+        sid = table.column("sample_id")
+        sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
+        if idx is not None:
+            sid_arr = sid_arr.take(pa.array(idx))
 
         def per_row(a: np.ndarray | None, dtype: type) -> np.ndarray | None:
             return None if a is None else (a if idx is None else a[idx]).astype(dtype)
 
-        for name, a, dtype in (("partition", partition, np.int32), ("offset", offset, np.int64),
-                               ("record_ms", record_ms, np.int64), ("consumed_ms", consumed_ms, np.int64)):
-            if a is not None:
-                setattr(rows, name, per_row(a, dtype))
-        return rows
+        partition, offset, record_ms, consumed_ms = (per_row(partition, np.int32), per_row(offset, np.int64),
+                                                     per_row(record_ms, np.int64), per_row(consumed_ms, np.int64))
+        event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
+        return cls(
+            user=_np(table.column("user_id"), np.int64, idx),
+            item=_np(table.column("item_id"), np.int64, idx),
+            cats=np.stack([_np(table.column(c), np.int64, idx) for c in CATEGORICAL_COLUMNS], axis=1).reshape(n, len(CATEGORICAL_COLUMNS)),
+            dense=np.stack([_np(table.column(c), np.float32, idx) for c in DENSE_COLUMNS], axis=1).reshape(n, len(DENSE_COLUMNS)),
+            hist_values=values,
+            hist_offsets=offs,
+            label=_np(table.column("label"), np.float32, idx),
+            event_us=event_us if idx is None else event_us[idx],
+            sample_id=sid_arr,
+            source=np.full(n, source, dtype=np.int8),
+            epoch=np.full(n, epoch, dtype=np.int32),
+            partition=np.full(n, -1, dtype=np.int32) if partition is None else partition,
+            offset=minus.copy() if offset is None else offset,
+            record_ms=minus.copy() if record_ms is None else record_ms,
+            consumed_ms=minus.copy() if consumed_ms is None else consumed_ms,
+        )
 
     @classmethod
     def empty(cls) -> "Rows":
@@ -144,70 +172,6 @@ class Rows:
 
 _PLAIN_FIELDS = [f.name for f in fields(Rows) if f.name not in ("hist_values", "hist_offsets", "sample_id")]
 """Per-row numpy columns of Rows (sliced, taken and concatenated alike)."""
-
-
-class TableColumns:
-    """A table's sample columns as flat numpy arrays (and the ids as one Arrow array), converted
-    once so that many gathers (`rows`) can run on them, e.g. the pieces of a shuffled chunk on
-    several threads at once. Single-chunk numeric columns are not copied."""
-
-    def __init__(self, table: pa.Table) -> None:
-        if any(c.num_chunks > 1 for c in table.columns):
-            # one Arrow copy per column: its allocator reuses freed memory, where numpy's
-            # concatenation of the chunks would fault in fresh pages on every chunk
-            table = table.combine_chunks()
-        self.n = table.num_rows
-        self.hist_values, self.hist_offsets = _flat_list(table.column("hist_items"))
-        self._hist = Lists(self.hist_values, self.hist_offsets)
-        sid = table.column("sample_id")
-        self.sample_id: pa.Array = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid
-        self.user = table.column("user_id").to_numpy()
-        self.item = table.column("item_id").to_numpy()
-        self.cats = [table.column(c).to_numpy() for c in CATEGORICAL_COLUMNS]
-        self.dense = [table.column(c).to_numpy() for c in DENSE_COLUMNS]
-        self.label = table.column("label").to_numpy()
-        self.event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
-
-    def rows(self, idx: np.ndarray | None = None, *, source: int, epoch: int = -1) -> Rows:
-        """All rows, or the rows at `idx` (int64) in that order: one gather per column."""
-        n = self.n if idx is None else len(idx)
-        values, offs = (self.hist_values, self.hist_offsets) if idx is None else self._hist.take(idx)
-        minus = np.full(n, -1, dtype=np.int64)
-        return Rows(
-            user=_take(self.user, np.int64, idx),
-            item=_take(self.item, np.int64, idx),
-            cats=_matrix(self.cats, np.int64, idx, n),
-            dense=_matrix(self.dense, np.float32, idx, n),
-            hist_values=values,
-            hist_offsets=offs,
-            label=_take(self.label, np.float32, idx),
-            event_us=_take(self.event_us, np.int64, idx),
-            sample_id=self.sample_id if idx is None else self.sample_id.take(pa.array(idx)),
-            source=np.full(n, source, dtype=np.int8),
-            epoch=np.full(n, epoch, dtype=np.int32),
-            partition=np.full(n, -1, dtype=np.int32),
-            offset=minus,
-            record_ms=minus.copy(),
-            consumed_ms=minus.copy(),
-        )
-
-
-def _take(a: np.ndarray, dtype: type, idx: np.ndarray | None) -> np.ndarray:
-    return (a if idx is None else a.take(idx)).astype(dtype, copy=False)
-
-
-def _matrix(cols: list[np.ndarray], dtype: type, idx: np.ndarray | None, n: int) -> np.ndarray:
-    """(n, len(cols)) of the columns, gathered at idx: each column is taken straight into its
-    place (no per-column temporary and second copy)."""
-    out = np.empty((n, len(cols)), dtype=dtype)
-    for j, a in enumerate(cols):
-        if idx is None:
-            out[:, j] = a
-        elif a.dtype == dtype:
-            np.take(a, idx, out=out[:, j], mode="wrap")  # idx is in range; "wrap" writes in place (no buffer)
-        else:
-            out[:, j] = a.take(idx)
-    return out
 
 
 @dataclass

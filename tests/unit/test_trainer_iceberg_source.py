@@ -14,7 +14,6 @@ from slipstream.planning import plan_window_files
 from slipstream.ragged import take_lists, take_ranges
 from slipstream.schema import is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
-from trainers.data import holdout, iceberg_source
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import epoch_units, file_opener, plan_units
@@ -206,45 +205,3 @@ def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) ->
     assert second == _epoch_ids(fresh, 1) and set(first) == set(second)
     s, f = src.stats, fresh.stats
     assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
-
-
-@pytest.mark.parametrize("piece_rows", [256, 600, 1 << 20])
-def test_gathering_in_pieces_keeps_the_order_and_resumes(samples: SamplesFixture, monkeypatch: pytest.MonkeyPatch,
-                                                        piece_rows: int) -> None:
-    # a chunk's gather split into pieces (run on the reader threads) hands over the same rows in
-    # the same order as one gather of the chunk, and the cursor still resumes exactly
-    src = _source(samples)
-    order, bounds = src.epoch_plan(1)
-    whole = [sid for c in range(len(bounds) - 1) for sid in src.read_chunk(1, order, bounds, c).sample_id.to_pylist()]
-    monkeypatch.setattr(iceberg_source, "PIECE_ROWS", piece_rows)
-    assert _epoch_ids(_source(samples), 1) == whole
-    cut = _source(samples)
-    cut.start_epoch(1)
-    head = [sid for _ in range(7) for sid in cut.next_batch().sample_id.to_pylist()]  # type: ignore[union-attr]
-    state = cut.state()
-    cut.close()
-    resumed = _source(samples)
-    resumed.start_epoch(state["epoch"], state["chunk"], state["offset"])
-    tail: list[str] = []
-    while (b := resumed.next_batch()) is not None:
-        tail.extend(b.sample_id.to_pylist())
-    assert head + tail == whole
-
-
-def test_holdout_mask_over_runs_of_equal_length_ids() -> None:
-    # counters (runs of one length sharing a prefix), fixed-length ids with no shared prefix, a
-    # NUL inside a run, and the same ids hashed by both strategies (runs and longest first)
-    rng = np.random.default_rng(1)
-    arrays = [
-        pa.array([f"imp-0003-{i}" for i in range(20_000)]).slice(55, 15_000),
-        pa.array([f"{v:016x}" for v in rng.integers(0, 2**62, 3000)]),
-        pa.array([f"a\0{i:04d}" for i in range(2000)] + [None, "z"]),
-    ]
-    for ids in arrays:
-        want = is_holdout(pa.array(ids.to_pylist(), pa.string()).fill_null(""))
-        assert np.array_equal(holdout_mask(ids), want)
-        for max_runs, mean in ((0, 1 << 30), (1 << 30, 1)):
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(holdout, "_MAX_RUNS", max_runs)
-                mp.setattr(holdout, "_MIN_MEAN_RUN", mean)
-                assert np.array_equal(holdout_mask(ids), want)

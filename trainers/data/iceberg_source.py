@@ -8,28 +8,20 @@ Order of samples on rank r in epoch e, fully determined by (seed, e, r, world si
 
 The cursor (epoch, chunk, offset) is therefore the whole shuffle state: a resume re-reads one
 chunk, re-derives its permutation and skips `offset` rows, reproducing the same order without
-saving buffer contents.
-
-Reading runs ahead of training on `read_threads` reader threads (pyarrow and numpy release the
-GIL). Each unit (row group) is one task: decode, then the window and holdout test, so units
-decode in parallel from the first chunk on. A prefetch thread waits for a chunk's units, derives
-its permutation and hands the chunk over as pieces of whole batches (one, unless the chunk is
-large) whose gathers the reader threads run before any unit of a later chunk. None of this
-changes the order above.
+saving buffer contents. A background thread reads and permutes chunks ahead of training, up to
+`read_threads` chunks at a time (pyarrow and numpy release the GIL), and hands them over in order.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +31,7 @@ import pyarrow.parquet as pq
 from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
 from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
-from trainers.rows import READ_COLUMNS, SOURCE_ICEBERG, Rows, TableColumns
+from trainers.rows import READ_COLUMNS, SOURCE_ICEBERG, Rows
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +45,8 @@ class ChunkStats:
     rows_holdout: int = 0
 
 
-def read_units(units: list[WorkUnit], open_file: Opener, footers: dict[str, pq.FileMetaData] | None = None) -> pa.Table:
-    """Read the given units (row groups) in the given order into one table. `footers` (path ->
-    Parquet footer) saves re-reading a file's footer on every open; footers read here are added."""
+def read_units(units: list[WorkUnit], open_file: Opener) -> pa.Table:
+    """Read the given units (row groups) in the given order into one table."""
     by_file: dict[str, list[int]] = defaultdict(list)
     order: list[str] = []
     for u in units:
@@ -65,9 +56,7 @@ def read_units(units: list[WorkUnit], open_file: Opener, footers: dict[str, pq.F
     tables = []
     for path in order:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(fh, metadata=None if footers is None else footers.get(path))
-            if footers is not None:
-                footers[path] = pf.metadata
+            pf = pq.ParquetFile(fh)
             present = set(pf.schema_arrow.names)
             names = [c for c in READ_COLUMNS if c in present]
             missing = set(READ_COLUMNS) - set(names)
@@ -98,71 +87,8 @@ def select_rows(table: pa.Table, start_us: int, end_us: int, stats: ChunkStats) 
     return table.filter(pa.array(inside & ~hold)), table.filter(pa.array(inside & hold))
 
 
-@dataclass
-class _UnitPart:
-    """One unit as a reader thread returns it."""
-
-    table: pa.Table
-    keep: np.ndarray
-    """True for the rows that train (inside the window, not held out)."""
-    stats: ChunkStats
-    bits: tuple[np.ndarray, int, int] | None
-    """What `IcebergSource._unit_rows` keeps of the unit after its first read, else None."""
-
-
 class _End:
     pass
-
-
-PIECE_ROWS = 131_072
-"""At most about this many rows of a chunk are gathered as one task (a larger chunk is cut into
-equal pieces of whole batches, spread over the reader threads). Pieces of 16k-32k rows cost more
-CPU than they save in waiting (each Arrow `take` has a cost per call): with the default shuffle
-buffer a chunk is one piece, and two chunks' gathers can still run at once."""
-
-
-class _PriorityPool:
-    """Worker threads that run the most urgent task first (lowest priority tuple, then FIFO), so
-    gathering the chunk the trainer needs next goes before decoding units of later chunks."""
-
-    def __init__(self, threads: int, name: str) -> None:
-        self._tasks: queue.PriorityQueue[Any] = queue.PriorityQueue()
-        self._seq = itertools.count()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{k}", daemon=True) for k in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, priority: tuple[int, int], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._tasks.put((priority, next(self._seq), future, fn, args, kwargs))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            _, _, future, fn, args, kwargs = self._tasks.get()
-            if fn is None:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
-
-    def shutdown(self) -> None:
-        """Cancel the tasks not started, let the running ones finish, stop the threads."""
-        while True:
-            try:
-                task = self._tasks.get_nowait()
-            except queue.Empty:
-                break
-            if task[2] is not None:
-                task[2].cancel()
-        last = (sys.maxsize, sys.maxsize)
-        for _ in self._threads:
-            self._tasks.put((last, next(self._seq), None, None, (), {}))
-        for t in self._threads:
-            t.join()
 
 
 class IcebergSource:
@@ -188,10 +114,10 @@ class IcebergSource:
         self.batch_size = batch_size
         self.shuffle_rows = shuffle_rows
         self.window_us = window_us
-        self.prefetch_chunks = max(1, prefetch_chunks)
-        # units (row groups) decoded at the same time. At most prefetch_chunks + 1 chunks are held
-        # ahead of the consumer: one queued, one being assembled, the rest being read
-        self.read_threads = max(1, read_threads)
+        self.prefetch_chunks = prefetch_chunks
+        # chunks read at the same time; at most prefetch_chunks + 1 are ever held ahead of the
+        # consumer (queued, being read or waiting for the queue), as with one reader thread
+        self.read_threads = max(1, min(read_threads, prefetch_chunks))
         self.digest = units_digest(units)
         self.stats = ChunkStats()
         self.wait_s = 0.0
@@ -199,10 +125,6 @@ class IcebergSource:
         self._chunk = 0
         self._pos = 0
         self._rows: Rows | None = None
-        self._base = 0
-        """Position of self._rows (the piece being trained) in its chunk's order."""
-        self._pieces: deque[tuple[int, Future[Rows]]] = deque()
-        self._pool: _PriorityPool | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,8 +133,6 @@ class IcebergSource:
         self._n_chunks = 0
         self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
         """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
-        self._footers: dict[str, pq.FileMetaData] = {}
-        """path -> Parquet footer, read once (each unit opens its file on its own)"""
 
     # --- plan of an epoch -------------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -220,119 +140,76 @@ class IcebergSource:
         rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
         return order, chunk_bounds(rows, self.shuffle_rows)
 
-    def chunk_units(self, order: np.ndarray, bounds: np.ndarray, chunk: int) -> list[int]:
-        """The chunk's units in table-row order (sorted: the read order does not matter, rows are permuted)."""
-        return np.sort(order[bounds[chunk] : bounds[chunk + 1]]).tolist()
-
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None) -> Rows:
-        """One chunk's rows in training order, read in this thread (the background reader does
-        the same with units and pieces of the gather spread over its threads)."""
-        ids = self.chunk_units(order, bounds, chunk)
-        parts = [self._read_unit(i) for i in ids]
-        self._keep_unit_rows(ids, parts)
-        cols, take = self._chunk_order(epoch, chunk, parts, self.stats if stats is None else stats)
-        return cols.rows(take, source=SOURCE_ICEBERG, epoch=epoch)
-
-    def _read_unit(self, i: int) -> _UnitPart:
-        """Read one unit (row group) and find its training rows. A reader thread runs this for
-        one unit at a time, so units of a chunk decode in parallel. (Decoding on the reader thread
-        itself, without pyarrow's column threads, measured ~15 % more CPU per epoch.)"""
-        unit = self.units[i]
-        table = read_units([unit], self.open_file, footers=self._footers)
-        known = self._unit_rows.get(i)
-        if known is not None:  # which rows train depends only on the unit's data: kept from its first read
-            bits, outside, held = known
-            keep = np.unpackbits(bits, count=unit.rows).view(bool)
-            return _UnitPart(table, keep, ChunkStats(table.num_rows, outside, held), None)
-        stats = ChunkStats()
-        inside, hold = _window_and_holdout(table, *self.window_us, stats)
-        keep = inside & ~hold
-        return _UnitPart(table, keep, stats, (np.packbits(keep), stats.rows_outside_window, stats.rows_holdout))
-
-    def _chunk_order(self, epoch: int, chunk: int, parts: list[_UnitPart], stats: ChunkStats) -> tuple[TableColumns, np.ndarray]:
-        """(the chunk's columns, the row index of each training row in training order): its
-        units' rows in order, filtered, permuted with default_rng([seed, epoch, rank, chunk]).
-        Gathering `take` (in pieces or at once) yields the chunk's rows: one gather per column
-        straight from the read table (no filtered copy, no second permuted copy)."""
-        for p in parts:
-            stats.rows_read += p.stats.rows_read
-            stats.rows_outside_window += p.stats.rows_outside_window
-            stats.rows_holdout += p.stats.rows_holdout
-        tables = [p.table for p in parts]
-        if not tables:
-            from slipstream.schema import ARROW_SCHEMA
-
-            tables = [ARROW_SCHEMA.empty_table()]
-        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        train = np.flatnonzero(np.concatenate([p.keep for p in parts])) if parts else np.zeros(0, dtype=np.int64)
+        idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
+        table = read_units([self.units[i] for i in idx], self.open_file)
+        train = self._training_rows(table, idx, self.stats if stats is None else stats)
         perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
-        return TableColumns(table), train[perm]
+        # row i of the chunk is training row perm[i]: one gather per column straight from the read
+        # table (no filtered copy, no second permuted copy)
+        return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
-    def _piece_ranges(self, start: int, stop: int, handed: int) -> list[tuple[int, int]]:
-        """Row ranges [a, b) of a chunk's training order from `start`, gathered as separate tasks.
-        Cuts fall on batch boundaries (`handed` rows came before the chunk), so a batch spans two
-        pieces only where it spans two chunks."""
-        batch = self.batch_size
-        head = (-handed) % batch  # the rows that complete the batch begun in the previous chunk
-        n = max(1, -(-(stop - start - head) // PIECE_ROWS))
-        step = max(1, -(-(stop - start - head) // (n * batch))) * batch  # n about equal pieces of whole batches
-        out, a, b = [], start, start + head + step
-        while a < stop:
-            b = min(b, stop)
-            out.append((a, b))
-            a, b = b, b + step
-        return out
-
-    def _keep_unit_rows(self, units: list[int], parts: list[_UnitPart]) -> None:
-        for i, p in zip(units, parts):
-            if p.bits is not None:
-                self._unit_rows[i] = p.bits
+    def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
+        """Ascending indices of the training rows (inside the window, not held out) of a chunk's
+        table (its units' rows, in `unit_ids` order). Which rows of a unit train depends only on
+        the unit's data, so it is worked out on the unit's first read and kept (one bit per row):
+        later epochs skip the window check and the id hash."""
+        known = [self._unit_rows[i] for i in unit_ids.tolist() if i in self._unit_rows]
+        if len(known) < len(unit_ids):
+            inside, hold = _window_and_holdout(table, *self.window_us, stats)
+            keep = inside & ~hold
+            edges = np.cumsum([0] + [self.units[i].rows for i in unit_ids])
+            for i, a, b in zip(unit_ids.tolist(), edges[:-1], edges[1:]):
+                self._unit_rows[i] = (np.packbits(keep[a:b]), int(b - a - np.count_nonzero(inside[a:b])),
+                                      int(np.count_nonzero(inside[a:b] & hold[a:b])))
+            return np.flatnonzero(keep)
+        stats.rows_read += table.num_rows
+        parts = []
+        for i, (bits, outside, held) in zip(unit_ids.tolist(), known):
+            stats.rows_outside_window += outside
+            stats.rows_holdout += held
+            parts.append(np.unpackbits(bits, count=self.units[i].rows))
+        return np.flatnonzero(np.concatenate(parts))
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
         self.close()
-        self.epoch, self._chunk, self._pos, self._base = epoch, chunk, 0, 0
+        self.epoch, self._chunk, self._pos = epoch, chunk, 0
         self._rows = None
-        self._pieces = deque()
         self._skip = offset
         order, bounds = self.epoch_plan(epoch)
         self._n_chunks = len(bounds) - 1
-        self._queue = queue.Queue(maxsize=1)
+        self._queue = queue.Queue(maxsize=self.prefetch_chunks + 1 - self.read_threads)
         self._stop = threading.Event()
         self._done = False
-        self._pool = _PriorityPool(self.read_threads, f"iceberg-read-r{self.rank}")
         self._thread = threading.Thread(
-            target=self._read_ahead, args=(epoch, order, bounds, chunk, offset, self._queue, self._stop, self._pool),
+            target=self._read_ahead, args=(epoch, order, bounds, chunk, self._queue, self._stop),
             name=f"iceberg-prefetch-r{self.rank}", daemon=True,
         )
         self._thread.start()
 
-    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, skip: int,
-                    q: queue.Queue[Any], stop: threading.Event, pool: _PriorityPool) -> None:
-        """Reader threads decode units in chunk order, up to prefetch_chunks + 1 chunks ahead of
-        the trainer (counting the one queued). Once a chunk's units are in, this thread works out
-        its order and hands it over as pieces whose gathers the reader threads run before any
-        unit of a later chunk; the trainer waits only for the piece it needs next."""
+    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any], stop: threading.Event) -> None:
+        pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
+
+        def read(c: int) -> tuple[Rows, ChunkStats]:
+            stats = ChunkStats()
+            return self.read_chunk(epoch, order, bounds, c, stats), stats
+
         try:
-            pending: deque[tuple[list[int], list[Future[_UnitPart]]]] = deque()
-            nxt, end, handed = first, len(bounds) - 1, 0
+            pending: deque[Future[tuple[Rows, ChunkStats]]] = deque()
+            nxt, end = first, len(bounds) - 1
             for c in range(first, end):
-                while nxt < end and nxt <= c + self.prefetch_chunks - q.qsize():
-                    ids = self.chunk_units(order, bounds, nxt)
-                    pending.append((ids, [pool.submit((nxt, 1), self._read_unit, i) for i in ids]))
+                # keep read_threads chunks being read: this one and the next ones, in order
+                while pool is not None and nxt < end and len(pending) < self.read_threads:
+                    pending.append(pool.submit(read, nxt))
                     nxt += 1
-                ids, futures = pending.popleft()
-                parts = [f.result() for f in futures]
-                self._keep_unit_rows(ids, parts)
-                cols, take = self._chunk_order(epoch, c, parts, self.stats)
-                del parts
-                start = min(skip, len(take)) if c == first else 0
-                pieces = [(a, pool.submit((c, 0), cols.rows, take[a:b], source=SOURCE_ICEBERG, epoch=epoch))
-                          for a, b in self._piece_ranges(start, len(take), handed)]
-                handed += len(take) - start
+                rows, stats = pending.popleft().result() if pool is not None else read(c)
+                self.stats.rows_read += stats.rows_read
+                self.stats.rows_outside_window += stats.rows_outside_window
+                self.stats.rows_holdout += stats.rows_holdout
                 while not stop.is_set():
                     try:
-                        q.put((c, pieces), timeout=0.1)
+                        q.put((c, rows), timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -341,6 +218,9 @@ class IcebergSource:
             q.put(_End())
         except BaseException as e:  # surfaced in the training thread
             q.put(e)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _next_chunk(self) -> bool:
         started = time.perf_counter()
@@ -351,23 +231,11 @@ class IcebergSource:
         if isinstance(item, _End):
             self._done = True
             self._rows = None
-            self._chunk, self._pos, self._base = self._n_chunks, 0, 0
+            self._chunk, self._pos = self._n_chunks, 0
             return False
-        self._chunk, pieces = item
-        self._pieces = deque(pieces)
-        self._rows, self._pos, self._base = None, 0, 0
-        self._skip = 0  # applied by the reader: the first piece starts at the resume offset
-        return True
-
-    def _next_piece(self) -> bool:
-        while not self._pieces:
-            if not self._next_chunk():
-                return False
-        base, future = self._pieces.popleft()
-        started = time.perf_counter()
-        rows = future.result()
-        self.wait_s += time.perf_counter() - started
-        self._rows, self._base, self._pos = rows, base, 0
+        self._chunk, self._rows = item
+        self._pos = min(self._skip, len(self._rows))
+        self._skip = 0
         return True
 
     def next_batch(self) -> Rows | None:
@@ -376,9 +244,10 @@ class IcebergSource:
         need = self.batch_size
         while need > 0 and not self._done:
             if self._rows is None or self._pos >= len(self._rows):
-                if not self._next_piece():
+                if not self._next_chunk():
                     break
                 continue
+            assert self._rows is not None
             take = min(need, len(self._rows) - self._pos)
             parts.append(self._rows.slice(self._pos, self._pos + take))
             self._pos += take
@@ -396,10 +265,6 @@ class IcebergSource:
                 except queue.Empty:
                     self._thread.join(timeout=0.05)
             self._thread = None
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        self._pieces = deque()
 
     # --- checkpoint state -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -407,7 +272,7 @@ class IcebergSource:
         return {
             "epoch": self.epoch,
             "chunk": int(self._chunk),
-            "offset": int(self._base + self._pos if self._rows is not None else self._skip),
+            "offset": int(self._pos if self._rows is not None else self._skip),
             "rank": self.rank,
             "world": self.world,
             "seed": self.seed,
