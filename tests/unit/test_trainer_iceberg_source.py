@@ -14,6 +14,7 @@ from slipstream.planning import plan_window_files
 from slipstream.ragged import take_lists, take_ranges
 from slipstream.schema import is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
+from trainers.data import holdout
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import epoch_units, file_opener, plan_units
@@ -205,3 +206,22 @@ def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) ->
     assert second == _epoch_ids(fresh, 1) and set(first) == set(second)
     s, f = src.stats, fresh.stats
     assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
+
+
+def test_holdout_mask_over_runs_of_equal_length_ids() -> None:
+    # counters (runs of one length sharing a prefix), fixed-length ids with no shared prefix, a
+    # NUL inside a run, and the same ids hashed by both strategies (runs and longest first)
+    rng = np.random.default_rng(1)
+    arrays = [
+        pa.array([f"imp-0003-{i}" for i in range(20_000)]).slice(55, 15_000),
+        pa.array([f"{v:016x}" for v in rng.integers(0, 2**62, 3000)]),
+        pa.array([f"a\0{i:04d}" for i in range(2000)] + [None, "z"]),
+    ]
+    for ids in arrays:
+        want = is_holdout(pa.array(ids.to_pylist(), pa.string()).fill_null(""))
+        assert np.array_equal(holdout_mask(ids), want)
+        for max_runs, mean in ((0, 1 << 30), (1 << 30, 1)):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(holdout, "_MAX_RUNS", max_runs)
+                mp.setattr(holdout, "_MIN_MEAN_RUN", mean)
+                assert np.array_equal(holdout_mask(ids), want)
