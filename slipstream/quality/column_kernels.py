@@ -14,6 +14,13 @@ SLOT_BITS = 14
 _SLOT_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 
 
+def numpy_chunks(x: pa.Array | pa.ChunkedArray) -> list[np.ndarray]:
+    """The non-empty chunks of a column without nulls, as numpy (zero-copy where Arrow can):
+    the kernels below work chunk by chunk instead of on a concatenated copy."""
+    chunks = x.chunks if isinstance(x, pa.ChunkedArray) else [x]
+    return [c.to_numpy() for c in chunks if len(c)]
+
+
 def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     """(distinct values, their counts) of a column without nulls, in any order.
 
@@ -26,16 +33,13 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     if not (pa.types.is_integer(x.type) and len(x)):
         vc = pc.value_counts(x)
         return vc.field("values"), vc.field("counts").to_numpy()
-    chunks = x.chunks if isinstance(x, pa.ChunkedArray) else [x]
     size = 1 << SLOT_BITS
     owner = np.zeros(size, dtype=np.int64)
     claimed = np.zeros(size, dtype=bool)
     counts = np.zeros(size, dtype=np.int64)
     strays: list[np.ndarray] = []
-    for chunk in chunks:
-        if not len(chunk):
-            continue
-        v = chunk.to_numpy().astype(np.int64, copy=False)
+    for chunk in numpy_chunks(x):
+        v = chunk.astype(np.int64, copy=False)
         with np.errstate(over="ignore"):
             slot = ((v.view(np.uint64) * _SLOT_MULTIPLIER) >> np.uint64(64 - SLOT_BITS)).astype(np.intp)
         free = ~claimed[slot]
@@ -63,7 +67,7 @@ def distinct_values(x: pa.Array | pa.ChunkedArray) -> pa.Array:
     chunk (no concatenated copy); anything else goes to Arrow's hash table, which costs several
     times more per row."""
     if pa.types.is_integer(x.type) and len(x):
-        chunks = [c.to_numpy() for c in (x.chunks if isinstance(x, pa.ChunkedArray) else [x]) if len(c)]
+        chunks = numpy_chunks(x)
         lo, hi = min(int(c.min()) for c in chunks), max(int(c.max()) for c in chunks)
         if lo >= 0 and hi < 8 * len(x):
             seen = np.zeros(hi + 1, dtype=bool)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.quality.column_kernels import distinct_values, float_min_max, value_counts
+from slipstream.quality.column_kernels import distinct_values, float_min_max, numpy_chunks, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -161,8 +161,8 @@ class ColumnProfile:
             if pa.types.is_float32(valid.type) and len(valid):
                 # float32 features: buckets per cell of float32 bit patterns, chunk by chunk
                 # (no concatenated copy), min/max by numpy
-                chunks = [c.to_numpy() for c in valid.chunks] if isinstance(valid, pa.ChunkedArray) else [valid.to_numpy()]
-                self._add_moments_arrow(valid, float_min_max(valid, [c for c in chunks if len(c)]))
+                chunks = numpy_chunks(valid)
+                self._add_moments_arrow(valid, float_min_max(valid, chunks))
                 self.hist.add_float32(chunks)
                 return
             x = valid.to_numpy()
