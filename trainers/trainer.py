@@ -168,9 +168,10 @@ class Trainer:
         """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums,
         all ranks together, to the drift gauge and set the next step's rates from it."""
         replay = torch.from_numpy(rows.source == SOURCE_REPLAY).to(losses.device)
-        replay_sum = float(losses[replay].sum()) if len(rows) else 0.0
-        fresh_sum = float(losses.sum()) - replay_sum if len(rows) else 0.0
-        n_replay = float(replay.sum()) if len(rows) else 0.0
+        # sums over an empty batch are 0: a rank without rows still joins the all-reduce
+        replay_sum = float(losses[replay].sum())
+        fresh_sum = float(losses.sum()) - replay_sum
+        n_replay = float(replay.sum())
         g = self.d.sum([fresh_sum, len(rows) - n_replay, replay_sum, n_replay])
         self.drift.update(*g)
         self._set_lr()
