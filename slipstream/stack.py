@@ -24,6 +24,7 @@ from slipstream.settings import Settings
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
 
 
 @dataclass
@@ -156,7 +157,10 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{ah / 'airflow.db'}",
+        # the scheduler, dag-processor, api-server, task processes and CLI commands such as
+        # `airflow backfill create` all write this one file: wait for the write lock instead of
+        # failing with "database is locked" (sqlite3's default wait is 5 s)
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{ah / 'airflow.db'}?timeout={SQLITE_BUSY_TIMEOUT_S}",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
@@ -172,6 +176,21 @@ def prepare_airflow(settings: Settings) -> None:
     out = subprocess.run([_bin("airflow"), "db", "migrate"], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise StackError(f"`airflow db migrate` failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    use_wal_journal(Path(env["AIRFLOW_HOME"]) / "airflow.db")
+
+
+def use_wal_journal(db_path: Path) -> None:
+    """Put the Airflow SQLite database in write-ahead-log mode (kept in the file): readers (the
+    api-server, the scheduler's queries) no longer block the one writer, nor it them."""
+    import sqlite3
+
+    db = sqlite3.connect(db_path, timeout=SQLITE_BUSY_TIMEOUT_S)
+    try:
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    finally:
+        db.close()
+    if mode != "wal":
+        raise StackError(f"{db_path}: SQLite kept journal_mode={mode!r}, expected 'wal'")
 
 
 def prepare_catalog(settings: Settings) -> str:
