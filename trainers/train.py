@@ -8,6 +8,7 @@ layout of CONTRACTS.md under `<run.runs_dir>/<run.run_id>/` and exits 0 when the
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str
 
     started = time.monotonic()
     d = init_distributed(cfg.run.device)
+    tr = None
     try:
         if d.is_main:
             cfg.run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -58,6 +60,11 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str
         tr.metrics.close()
         return summary
     finally:
+        # The DDP model (its reducer holds the process group and gradient buckets) and the data
+        # sources go first, while the process group and the interpreter are alive: C++ threads
+        # left to interpreter finalization can abort the process after the work is done.
+        del tr
+        gc.collect()
         d.close()
 
 
@@ -80,5 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_worker(code: int) -> None:
+    """End a torchrun worker without interpreter finalization once its work is durable.
+
+    Everything the run leaves (checkpoints, metrics, audit, export) is written, fsynced and closed
+    by the time `main` returns; what finalization would still do is run C++ destructors of
+    gloo, librdkafka and Arrow threads in an order none of them promises, and an abort there
+    ("terminate called without an active exception") would turn a finished run into a failed
+    one. Outside torchrun it is a plain exit."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())
