@@ -97,6 +97,10 @@ class SparkSettings:
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
             "spark.ui.showConsoleProgress": "false",
+            # The day's clicks, grouped per impression id, are joined to its impressions: broadcast
+            # up to this size (a day of ~10M impressions' clicks), so the impressions are shuffled
+            # only once, by user. Above it Spark shuffles both sides by id (still correct).
+            "spark.sql.autoBroadcastJoinThreshold": "64MB",
         }
         if self.is_local:
             # Loopback only, and no web UI: tests and the demo must not open ports on the LAN.

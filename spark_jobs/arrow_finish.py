@@ -31,17 +31,39 @@ class SampleFinisher:
     """
 
     def __init__(self, hist_len: int = HIST_LEN,
-                 categoricals: Iterable[tuple[str, str]] = CATEGORICAL_FEATURES) -> None:
+                 categoricals: Iterable[tuple[str, str]] = CATEGORICAL_FEATURES, dedupe: bool = False) -> None:
         self.hist_len = hist_len
         self.categoricals = tuple(categoricals)
+        self.dedupe = dedupe
+        """Drop a row whose (user_id, sample_id) equals the previous row's (the input order puts
+        the copy to keep first; see `transforms.unfinished_samples_one_shuffle`)."""
+        self.dropped = 0
+        self._last_key: tuple[int, str] | None = None
         self._hashes: dict[str, int] = {}
         self._carry_user: int | None = None
         self._carry_items = np.empty(0, dtype=np.int64)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
+            if self.dedupe and batch.num_rows:
+                batch = self._drop_adjacent_copies(batch)
             if batch.num_rows:
                 yield self.finish(batch)
+
+    def _drop_adjacent_copies(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        users = batch.column("user_id").to_numpy(zero_copy_only=False)
+        ids = batch.column("sample_id")
+        same = np.zeros(batch.num_rows, dtype=bool)
+        if batch.num_rows > 1:
+            same[1:] = (users[1:] == users[:-1]) & pc.equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)
+        if self._last_key is not None:
+            same[0] = (int(users[0]), ids[0].as_py()) == self._last_key
+        self._last_key = (int(users[-1]), ids[-1].as_py())
+        n = int(np.count_nonzero(same))
+        if not n:
+            return batch
+        self.dropped += n
+        return batch.filter(pa.array(~same))
 
     def finish(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         users = batch.column("user_id").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

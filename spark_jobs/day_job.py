@@ -10,6 +10,7 @@ footers before Spark reads them (schema drift).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -42,8 +43,9 @@ from spark_jobs.transforms import (
     rejects_of,
     stats_of,
     unfinished_samples,
+    unfinished_samples_one_shuffle,
 )
-from spark_jobs.writer import write_parquet_files
+from spark_jobs.writer import WrittenFiles, write_parquet_files
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +234,9 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
         snapshot_id, n_files = _native_snapshot_id(catalog, opts, day), -1
     else:
         t_write = time.monotonic()
+        directory = f"{table.location()}/data/event_time_day={day}"
         try:
-            # The writer completes the rows (hist_items, hashes): see spark_jobs.arrow_finish.
-            written = write_parquet_files(
-                unfinished_samples(good_imps, good_clicks, opts.attribution_s),
-                directory=f"{table.location()}/data/event_time_day={day}", run_tag=opts.run_id,
-                io_properties=dict(table.io.properties), schema=ARROW_SCHEMA, target_bytes=opts.target_bytes,
-                prepare=SampleFinisher, columns=UNFINISHED_COLUMNS,
-            )
+            written = _write_samples(good_imps, good_clicks, opts, table, directory)
         except (PySparkException, Py4JJavaError) as e:
             raise RawDataError(
                 f"raw data of day {day} could not be read: {_read_error(e)}. Replace or remove that file "
@@ -262,6 +259,51 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     log.info("day %s: %d samples, %d rejects in %.1fs (%.0f rows/s), snapshot %s",
              day, rows, n_rejects, seconds, rows / max(seconds, 1e-9), snapshot_id)
     return DayResult(str(day), snapshot_id, rows, n_rejects, raw_records, n_files, round(seconds, 3))
+
+
+def _write_samples(good_imps: DataFrame, good_clicks: DataFrame, opts: DayOptions, table: Any,
+                   directory: str) -> WrittenFiles:
+    """Write the day's samples (uncommitted) and return the files.
+
+    First with ONE shuffle (by user; `unfinished_samples_one_shuffle`): the writer drops the
+    copies of an impression that sort next to the copy to keep, which is every copy of the same
+    user and time (log replays). Then the written `sample_id`s are checked; a duplicate left
+    means copies that differ in user or time, and only then the day is written again with the
+    exact dedupe (a cogroup by id, a second shuffle), after deleting the first files. Either way
+    the rows equal `build_samples`'. The writer completes the rows (hist_items, hashes): see
+    spark_jobs.arrow_finish."""
+    common = dict(directory=directory, run_tag=opts.run_id, io_properties=dict(table.io.properties),
+                  schema=ARROW_SCHEMA, target_bytes=opts.target_bytes, columns=UNFINISHED_COLUMNS)
+    written = write_parquet_files(
+        unfinished_samples_one_shuffle(good_imps, good_clicks, opts.attribution_s),
+        prepare=functools.partial(SampleFinisher, dedupe=True), **common,
+    )
+    surplus, examples = _duplicates_in(table.io, written.paths)
+    if not surplus:
+        return written
+    log.info("%d sample ids are duplicated across users or event times (e.g. %s): writing the day again "
+             "with the dedupe by id", surplus, ", ".join(examples))
+    for path in written.paths:
+        table.io.delete(path)
+    return write_parquet_files(
+        unfinished_samples(good_imps, good_clicks, opts.attribution_s), prepare=SampleFinisher, **common,
+    )
+
+
+def _duplicates_in(io: Any, paths: list[str]) -> tuple[int, list[str]]:
+    """(surplus copies, a few ids) of the sample ids in the written files (one column read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slipstream.quality.metrics import duplicate_ids
+
+    parts = []
+    for path in paths:
+        with io.new_input(path).open() as f:
+            parts.append(pq.read_table(f, columns=["sample_id"]).column("sample_id"))
+    if not parts:
+        return 0, []
+    return duplicate_ids(pa.chunked_array([c for p in parts for c in p.chunks], type=parts[0].type))
 
 
 def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date, imps: DataFrame,

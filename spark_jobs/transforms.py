@@ -235,6 +235,41 @@ def unfinished_samples(impressions: DataFrame, clicks: DataFrame, window_s: int 
     return by_user.select(*[F.col(n).cast("int").alias(n) if n == "label" else F.col(n) for n in UNFINISHED_COLUMNS])
 
 
+def label_each_row(features: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
+    """`features` with `label` = 1 when a click on the row's sample_id happened within `window_s`
+    seconds after the row's own event time. No dedupe: each copy of a duplicated impression is
+    labelled against its own time, so the copy that wins the dedupe carries the label
+    `dedupe_and_label` gives it.
+
+    The clicks are grouped per impression id first (a day holds few clicks next to its
+    impressions), then left-joined: Spark broadcasts them when they are small
+    (`spark.sql.autoBroadcastJoinThreshold`), so the impressions are not shuffled by id."""
+    per_id = clicks.groupBy(F.col("impression_id").alias("sample_id")).agg(F.collect_list("ts").alias("clicks"))
+    joined = features.join(per_id, on="sample_id", how="left")
+    t0 = F.unix_micros(F.col("event_time"))
+    in_window = F.exists(
+        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
+    )
+    return joined.select(*features.columns, F.coalesce(in_window, F.lit(False)).cast("int").alias("label"))
+
+
+def unfinished_samples_one_shuffle(impressions: DataFrame, clicks: DataFrame,
+                                   window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
+    """What `unfinished_samples` yields, but NOT deduped, with one shuffle (by user) instead of
+    two: rows are labelled each on their own (`label_each_row`), partitioned by user and sorted
+    by (user_id, event_time, sample_id, then every other column in `dedupe_and_label`'s order).
+
+    So copies of an impression with the same user and time sit next to each other with the
+    smallest first, which is the copy `dedupe_and_label` keeps: the writer drops the ones after it
+    (`SampleFinisher(dedupe=True)`). Copies it cannot see that way (different users or times)
+    stay; the job finds them in the written files and falls back to the exact plan."""
+    features = featurize(impressions, hash_categoricals=False)
+    labelled = label_each_row(features, clicks, window_s)
+    rest = [c for c in features.columns if c not in ("sample_id", "event_time", "user_id")]
+    by_user = labelled.repartition("user_id").sortWithinPartitions("user_id", "event_time", "sample_id", *rest)
+    return by_user.select(*UNFINISHED_COLUMNS)
+
+
 def rejects_of(imps: DataFrame, clicks: DataFrame, day: date, run_id: str) -> DataFrame:
     return rejects(imps, day, run_id, KIND_IMPRESSION, IMPRESSION_SCHEMA).unionByName(
         rejects(clicks, day, run_id, KIND_CLICK, CLICK_SCHEMA)

@@ -24,13 +24,13 @@ import pytest
 
 from slipstream.datagen import GeneratorConfig, generate, reference_samples
 from slipstream.errors import RawDataError, RejectRateExceeded
-from slipstream.iceberg import get_catalog, rejects_table, samples_table
+from slipstream.iceberg import day_predicate, get_catalog, rejects_table, samples_table
 from slipstream.preprocess_launch import PreprocessResult, run_preprocess_days
 from slipstream.schema import ATTRIBUTION_WINDOW_S, DENSE_COLUMNS, IMPRESSION_ARROW_SCHEMA, NAMESPACE
 from slipstream.settings import Settings
 from slipstream.spark_settings import SparkSettings
 from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
-from tests.preprocess_fixtures import HAND_DAY, content_checksum, day_rows, write_hand_day
+from tests.preprocess_fixtures import HAND_DAY, content_checksum, day_rows, impression, ts, write_hand_day, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -170,6 +170,60 @@ def test_bad_input_fails_clearly_and_leaves_samples_untouched(prepared: Prepared
 
     table.refresh()
     assert table.current_snapshot().snapshot_id == snapshot
+
+
+def _dedupe_day(prepared: Prepared, spark: object, tmp_path: Path, day: date, imps: list[dict[str, object]],
+                caplog: pytest.LogCaptureFixture) -> tuple[dict[str, dict[str, object]], bool]:
+    """Run one hand-made day; (rows by sample_id, whether the job fell back to the dedupe by id)."""
+    import logging
+
+    raw = tmp_path / "raw"
+    write_jsonl(raw / "impressions" / f"day={day}" / "hour=00" / "part-0.jsonl.gz", imps)
+    write_jsonl(raw / "clicks" / f"day={day}" / "hour=00" / "part-0.jsonl.gz",
+                [{"impression_id": "x", "ts": ts(day, 9, 5)}])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="spark_jobs.day_job"):
+        res = _run_day(prepared, spark, day, f"run-{day}", raw_dir=str(raw))
+    fell_back = "writing the day again with the dedupe by id" in caplog.text
+    table = _samples(prepared)
+    rows = {r["sample_id"]: r for r in day_rows(table, day).to_pylist()}
+    assert res.rows == len(rows)
+    # no orphan: the files of a first write that was redone are gone
+    on_disk = {f"file://{f}" for f in Path(table.location().removeprefix("file://"), "data", f"event_time_day={day}").glob("*.parquet")}
+    assert on_disk == {t.file.file_path for t in table.scan(row_filter=day_predicate(table, day)).plan_files()}
+    return rows, fell_back
+
+
+def test_differing_copies_of_an_impression_keep_the_smallest_row(prepared: Prepared, spark: object, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The rule of `dedupe_and_label`: among copies of an id the smallest row (event_time, user_id,
+    item_id, ...) is the sample, labelled against its own time, and only it enters its user's
+    history. Copies of the same user and time are dropped by the writer; copies across users or
+    times make the job write the day again with the dedupe by id."""
+    same = date(2026, 10, 10)
+    rows, fell_back = _dedupe_day(prepared, spark, tmp_path / "same", same, [
+        impression("x", ts(same, 9, 0), user=8, item=802),
+        impression("x", ts(same, 9, 0), user=8, item=801),  # smaller item: this copy is the sample
+        impression("y", ts(same, 9, 30), user=8, item=803),
+    ], caplog)
+    assert not fell_back
+    assert {k: (r["item_id"], r["label"], r["hist_items"]) for k, r in rows.items()} == {
+        "x": (801, 1, []), "y": (803, 0, [801])}
+
+    apart = date(2026, 10, 11)
+    rows, fell_back = _dedupe_day(prepared, spark, tmp_path / "apart", apart, [
+        impression("x", ts(apart, 9, 0), user=5, item=501),
+        impression("x", ts(apart, 8, 0), user=6, item=601),   # earlier: this copy (user 6) is the sample
+        impression("u5", ts(apart, 10, 0), user=5, item=502),
+        impression("u6", ts(apart, 10, 0), user=6, item=602),
+        impression("t", ts(apart, 12, 0), user=7, item=701),
+        impression("t-mid", ts(apart, 11, 30), user=7, item=703),
+        impression("t", ts(apart, 11, 0), user=7, item=702),  # earlier, and not next to the other copy
+    ], caplog)
+    assert fell_back
+    assert {k: (r["user_id"], r["item_id"], r["hist_items"]) for k, r in rows.items()} == {
+        "x": (6, 601, []), "u5": (5, 502, []), "u6": (6, 602, [601]), "t": (7, 702, []), "t-mid": (7, 703, [702])}
+    assert rows["x"]["label"] == 0  # its click (09:05) is 65 min after the sample's 08:00: outside the window
 
 
 def test_fast_history_equals_the_sliding_window(spark: object) -> None:
