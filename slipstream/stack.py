@@ -176,21 +176,7 @@ def prepare_airflow(settings: Settings) -> None:
     out = subprocess.run([_bin("airflow"), "db", "migrate"], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise StackError(f"`airflow db migrate` failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    use_wal_journal(Path(env["AIRFLOW_HOME"]) / "airflow.db")
 
-
-def use_wal_journal(db_path: Path) -> None:
-    """Put the Airflow SQLite database in write-ahead-log mode (kept in the file): readers (the
-    api-server, the scheduler's queries) no longer block the one writer, nor it them."""
-    import sqlite3
-
-    db = sqlite3.connect(db_path, timeout=SQLITE_BUSY_TIMEOUT_S)
-    try:
-        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    finally:
-        db.close()
-    if mode != "wal":
-        raise StackError(f"{db_path}: SQLite kept journal_mode={mode!r}, expected 'wal'")
 
 
 def prepare_catalog(settings: Settings) -> str:

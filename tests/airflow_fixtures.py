@@ -79,13 +79,10 @@ def migrated_airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An Airflow SQLite database migrated once per session; tests copy it (`use_airflow_db`)
     instead of paying `airflow db migrate` each time. (Each test module that imports this fixture
     gets its own registration, hence the module-level cache.)"""
-    from slipstream.stack import use_wal_journal
-
     if not _MIGRATED:
         home = tmp_path_factory.mktemp("airflow-db")
         out = airflow(["db", "migrate"], airflow_cli_env(home))
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        use_wal_journal(home / "airflow" / "airflow.db")  # as `slipstream stack up` leaves it
         _MIGRATED.append(home / "airflow" / "airflow.db")
     return _MIGRATED[0]
 
