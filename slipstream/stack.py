@@ -178,7 +178,6 @@ def prepare_airflow(settings: Settings) -> None:
         raise StackError(f"`airflow db migrate` failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
 
 
-
 def prepare_catalog(settings: Settings) -> str:
     from slipstream.iceberg import get_catalog, samples_table
 
