@@ -140,6 +140,14 @@ def featurize(impressions: DataFrame, hash_categoricals: bool = True) -> DataFra
     return impressions.select(*cols)
 
 
+def _clicked(event_time: Column, window_s: int) -> Column:
+    """Whether the array column `clicks` holds a click 0..`window_s` seconds after `event_time`."""
+    t0 = F.unix_micros(event_time)
+    return F.exists(
+        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
+    )
+
+
 def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATTRIBUTION_WINDOW_S) -> DataFrame:
     """One row per sample_id, with `label` = 1 when a click on it happened within `window_s`
     seconds after the impression (clicks before it, or later, do not count).
@@ -162,11 +170,7 @@ def dedupe_and_label(features: DataFrame, clicks: DataFrame, window_s: int = ATT
         .agg(F.min("imp").alias("imp"), F.collect_list("click_ts").alias("clicks"))
         .where(F.col("imp").isNotNull())
     )
-    t0 = F.unix_micros(F.col("imp.event_time"))
-    in_window = F.exists(
-        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
-    )
-    return grouped.select("sample_id", "imp.*", in_window.cast("int").alias("label"))
+    return grouped.select("sample_id", "imp.*", _clicked(F.col("imp.event_time"), window_s).cast("int").alias("label"))
 
 
 def add_history(samples: DataFrame, hist_len: int = HIST_LEN) -> DataFrame:
@@ -246,11 +250,8 @@ def label_each_row(features: DataFrame, clicks: DataFrame, window_s: int = ATTRI
     (`spark.sql.autoBroadcastJoinThreshold`), so the impressions are not shuffled by id."""
     per_id = clicks.groupBy(F.col("impression_id").alias("sample_id")).agg(F.collect_list("ts").alias("clicks"))
     joined = features.join(per_id, on="sample_id", how="left")
-    t0 = F.unix_micros(F.col("event_time"))
-    in_window = F.exists(
-        "clicks", lambda c: (F.unix_micros(c) >= t0) & (F.unix_micros(c) - t0 <= F.lit(window_s * US_PER_S))
-    )
-    return joined.select(*features.columns, F.coalesce(in_window, F.lit(False)).cast("int").alias("label"))
+    label = F.coalesce(_clicked(F.col("event_time"), window_s), F.lit(False)).cast("int")
+    return joined.select(*features.columns, label.alias("label"))
 
 
 def unfinished_samples_one_shuffle(impressions: DataFrame, clicks: DataFrame,
