@@ -103,26 +103,59 @@ def start_process(name: str, argv: list[str], log_path: Path, env: dict[str, str
     return proc.pid
 
 
-def stop_process(pid: int, timeout_s: float = 15.0) -> None:
-    if not pid_alive(pid):
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` is still running (zombies do not count).
+
+    A server's leader can exit before its children do (a launcher that waits on the real binary
+    dies on SIGTERM at once while the binary still closes its listener), so stopping waits for
+    the whole group, not only for the PID that was recorded."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        if not pid_alive(pid):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def stop_process(pid: int, timeout_s: float = 15.0) -> None:
+    """Stop the process group a server was started in (SIGTERM, then SIGKILL after `timeout_s`)
+    and return once every process of it has exited, so its ports are free."""
+    if not pid_alive(pid) and not group_alive(pid):
+        return
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
             return
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if not pid_alive(pid) and not group_alive(pid):
+                return
+            time.sleep(0.1)
+    log.warning("process group %d still has live processes after SIGKILL", pid)
+
+
+def broker_argv(port: int, data_dir: Path) -> list[str]:
+    """The command line of a noida-db Kafka broker on 127.0.0.1:port.
+
+    It names the broker binary inside the wheel rather than the `noida-db` console script: the
+    script is a Python launcher that runs the binary as its child, so its PID would be the
+    launcher's, which exits on SIGTERM while the broker still holds the port."""
+    from importlib.resources import files
+
+    binary = Path(str(files("noida_db").joinpath("noida-db")))
+    if not binary.is_file():
+        raise StackError(f"the noida-db broker binary is missing at {binary}: run `make venv`")
+    if not os.access(binary, os.X_OK):
+        binary.chmod(0o755)
+    return [str(binary), "start", "--only", "kafka", "--kafka-port", str(port), "--host", "127.0.0.1",
+            "--data-dir", str(data_dir)]
 
 
 def start_kafka(home: Path, port: int) -> ServiceState:
@@ -133,8 +166,7 @@ def start_kafka(home: Path, port: int) -> ServiceState:
         )
     data = home / "kafka"
     data.mkdir(parents=True, exist_ok=True)
-    argv = [_bin("noida-db"), "start", "--only", "kafka", "--kafka-port", str(port), "--host", "127.0.0.1", "--data-dir", str(data)]
-    pid = start_process("kafka", argv, home / "logs" / "kafka.log")
+    pid = start_process("kafka", broker_argv(port, data), home / "logs" / "kafka.log")
     deadline = time.monotonic() + 30
     while not port_open("127.0.0.1", port):
         if not pid_alive(pid):

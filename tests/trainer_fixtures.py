@@ -89,13 +89,12 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        exe = Path(sys.executable).with_name("noida-db")
+        from slipstream.stack import broker_argv
+
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"broker-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [str(exe), "start", "--only", "kafka", "--kafka-port", str(self.port), "--host", "127.0.0.1",
-             "--data-dir", str(self.data_dir)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            broker_argv(self.port, self.data_dir), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -108,13 +107,11 @@ class Broker:
         raise RuntimeError(f"noida-db did not listen on {self.port} within 30s")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        from slipstream.stack import stop_process
+
+        if self.proc is not None:
+            stop_process(self.proc.pid, timeout_s=10)  # waits for the whole group: the port is free after
+            self.proc.wait(10)
         self.proc = None
 
 
