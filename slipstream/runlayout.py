@@ -11,8 +11,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,6 +25,10 @@ log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.html"
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a run id may look like (`make_run_id` makes `daily-20261104-90b3e01c`): a path segment,
+never `..` or a separator, so a run id from a URL can name a folder safely."""
 
 LINEAGE_KEYS = (
     "run_id", "snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets",
@@ -38,11 +44,17 @@ class RunArtifactMissing(SlipstreamError):
 def make_run_id(kind: str, data_interval_end: datetime, dag_run_id: str) -> str:
     """`<kind>-<YYYYMMDD>-<8 hex>`: stable for one DAG run (a retry resumes the same run folder),
     distinct for two manual triggers on the same day."""
-    digest = hashlib.sha1(dag_run_id.encode("utf-8")).hexdigest()[:8]
-    return f"{kind}-{data_interval_end:%Y%m%d}-{digest}"
+    return f"{kind}-{data_interval_end:%Y%m%d}-{dag_run_digest(dag_run_id)}"
+
+
+def dag_run_digest(dag_run_id: str) -> str:
+    """The last part of the run ids of one DAG run: how a run folder is found from Airflow's run id."""
+    return hashlib.sha1(dag_run_id.encode("utf-8")).hexdigest()[:8]
 
 
 def run_dir(settings: Settings, run_id: str) -> Path:
+    if not RUN_ID_PATTERN.fullmatch(run_id):
+        raise ConfigError(f"run id {run_id!r} is not a run folder name (letters, digits, '.', '_', '-'; at most 128)")
     if "://" in settings.runs_dir and not settings.runs_dir.startswith("file://"):
         raise ConfigError(
             f"SLIPSTREAM_RUNS_DIR={settings.runs_dir} is an object store; the orchestrator reads run "
@@ -125,3 +137,43 @@ def latest_run_dir(settings: Settings, kind: str = "daily", t_handoff: datetime 
     if not runs:
         raise RunArtifactMissing(f"no run folder {prefix}* under {root}: did the DAG run reach its first task?")
     return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def run_dirs_of_dag_run(settings: Settings, dag_run_id: str) -> list[Path]:
+    """The run folders one Airflow DAG run created (any kind), newest first: `make_run_id` ends
+    every run id of a DAG run with the digest of the DAG run's id."""
+    root = run_dir(settings, "x").parent
+    if not root.exists():
+        return []
+    found = [p for p in root.glob(f"*-{dag_run_digest(dag_run_id)}") if p.is_dir()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """One run folder as a person scans a list of runs."""
+
+    run_id: str
+    path: Path
+    modified: datetime
+    has_report: bool
+    stages: tuple[str, ...]
+    """The sections of summary.json, in the order the steps wrote them (what the run got through)."""
+
+
+def list_runs(settings: Settings, limit: int = 200) -> list[RunListing]:
+    """The newest `limit` run folders under the runs dir, newest first."""
+    root = run_dir(settings, "x").parent
+    if not root.exists():
+        return []
+    dirs = sorted((p for p in root.iterdir() if p.is_dir() and RUN_ID_PATTERN.fullmatch(p.name)),
+                  key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+    out = []
+    for p in dirs:
+        try:
+            stages = tuple(read_summary(p)) if (p / SUMMARY_FILE).exists() else ()
+        except RunArtifactMissing:  # a summary being replaced or broken: list the run anyway
+            stages = ()
+        out.append(RunListing(p.name, p, datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc),
+                              (p / REPORT_FILE).is_file(), stages))
+    return out

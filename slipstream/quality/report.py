@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from slipstream.errors import ConfigError
 from slipstream.iceberg import get_catalog
 from slipstream.quality import plots
+from slipstream.runlayout import REPORT_FILE
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
 from slipstream.quality.drift import FeatureShift, compare_profiles
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
@@ -185,7 +186,7 @@ def render_report(settings: Settings, run_id: str) -> Path:
         f'<p class="muted">Rendered {datetime.now(timezone.utc).isoformat(timespec="seconds")} '
         f"in {time.monotonic() - t0:.1f}s by slipstream insight.</p></body></html>"
     )
-    out = run_dir / "report.html"
+    out = run_dir / REPORT_FILE
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text("\n".join(doc.parts))
     tmp.replace(out)

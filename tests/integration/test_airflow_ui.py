@@ -8,6 +8,8 @@ import importlib.util
 import json
 import shutil
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -168,3 +170,81 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
         state = _wait("the triggered run to finish", lambda: (s := _api(
             info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
         assert state == "success"
+        # the run's own report, through the UI plugin's link of this DAG run
+        status, final, body = _get(f"{info.url}/slipstream/dag_runs/daily_retrain/{urllib.parse.quote(run_id, safe='')}/report", token)
+        assert status == 200 and final.endswith("/report.html") and "Training-data insight — run daily-" in body
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str, str]:
+    """(status, final URL, body) of a GET, following redirects."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.url, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, url, e.read().decode()
+
+
+def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Path) -> None:
+    """The UI plugin: an "Insight report" tab on a DAG run shows the run folder's report.html,
+    behind Airflow's login; the browser part runs where headless Chromium is installed."""
+    from datetime import datetime, timezone
+
+    from slipstream.runlayout import make_run_id
+
+    info = airflow_ui
+    token = _token(info)
+    plugins = _api(info, "/api/v2/plugins", token)["plugins"]
+    ours = [p for p in plugins if p["name"] == "slipstream"]
+    assert ours and {v["destination"] for v in ours[0]["external_views"]} == {"dag_run", "nav"}, plugins
+    _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
+    logical = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    run = _api(info, "/api/v2/dags/daily_retrain/dagRuns", token,
+               {"logical_date": logical.isoformat(), "conf": {}})  # the DAG is paused: the run waits, untouched
+    dag_run_id = run["dag_run_id"]
+    # what the `report` task of that run would write into its run folder
+    folder = Path(Settings.from_env().runs_dir) / make_run_id("daily", datetime(2026, 11, 4, tzinfo=timezone.utc), dag_run_id)
+    folder.mkdir(parents=True)
+    (folder / "report.html").write_text(f"<html><body><h1>Training-data insight — run {folder.name}</h1></body></html>")
+
+    report_url = f"{info.url}/slipstream/dag_runs/daily_retrain/{urllib.parse.quote(dag_run_id, safe='')}/report"
+    assert _get(report_url)[0] == 401  # no login, no report
+    status, final, body = _get(report_url, token)
+    assert status == 200 and final.endswith(f"/slipstream/runs/{folder.name}/report.html")
+    assert f"Training-data insight — run {folder.name}" in body
+    status, _, body = _get(f"{info.url}/slipstream/runs", token)
+    assert status == 200 and folder.name in body
+
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("the API part passed; the browser part needs: sudo apt-get install -y chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = CHROMIUM  # type: ignore[assignment]
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    wait = WebDriverWait(driver, 30)
+    try:
+        driver.get(info.url + "/")
+        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
+        driver.find_element(By.NAME, "password").send_keys(info.password)
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: "/auth/login" not in d.current_url)
+        driver.get(f"{info.url}/dags/daily_retrain/runs/{urllib.parse.quote(dag_run_id, safe='')}")
+        tab = wait.until(lambda d: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Insight report']")])
+        driver.execute_script("arguments[0].click()", tab[0])
+        frame = wait.until(lambda d: [f for f in d.find_elements(By.TAG_NAME, "iframe")
+                                      if "slipstream/dag_runs" in (f.get_attribute("src") or "")])
+        driver.switch_to.frame(frame[0])
+        heading = wait.until(ec.presence_of_element_located((By.TAG_NAME, "h1"))).text
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(tmp_path / "report-tab.png"))
+    finally:
+        driver.quit()
+    assert heading == f"Training-data insight — run {folder.name}"
+    assert (tmp_path / "report-tab.png").stat().st_size > 10_000

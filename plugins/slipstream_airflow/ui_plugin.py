@@ -1,0 +1,47 @@
+"""Slipstream's Airflow UI plugin: each DAG run links to its insight report.
+
+Airflow loads this file from the plugins folder. The api-server mounts `report_views` under
+`/slipstream` (behind Airflow's login) and the UI shows:
+- an **Insight report** tab on every DAG run (daily_retrain, stream_train): the run's
+  `report.html`, or, until the `report` task has written it, which steps are done and the pages
+  written so far (the quality gate's page, GX Data Docs);
+- **Slipstream runs** under Browse: the newest run folders with links to their reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+
+URL_PREFIX = "/slipstream"
+
+
+class LazyReportApp:
+    """The report pages as an ASGI app built on its first request: every Airflow process loads
+    plugins (the scheduler, the dag-processor, each task), and only the api-server serves pages,
+    so the others do not pay for importing FastAPI and Airflow's auth (~1 s)."""
+
+    def __init__(self) -> None:
+        self._app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None:
+            from airflow.api_fastapi.core_api.security import get_user
+
+            from slipstream_airflow.report_views import create_app
+
+            self._app = create_app(auth=get_user)
+        await self._app(scope, receive, send)
+
+
+class SlipstreamUiPlugin(AirflowPlugin):
+    name = "slipstream"
+    fastapi_apps = [{"app": LazyReportApp(), "url_prefix": URL_PREFIX, "name": "Slipstream run reports"}]
+    # hrefs are relative to the api-server's base URL; Airflow fills in {DAG_ID} and {RUN_ID}
+    external_views = [
+        {"name": "Insight report", "href": f"{URL_PREFIX.lstrip('/')}/dag_runs/{{DAG_ID}}/{{RUN_ID}}/report",
+         "destination": "dag_run", "url_route": "slipstream-report"},
+        {"name": "Slipstream runs", "href": f"{URL_PREFIX.lstrip('/')}/runs", "destination": "nav",
+         "category": "browse", "url_route": "slipstream-runs"},
+    ]

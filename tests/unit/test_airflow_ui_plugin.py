@@ -1,0 +1,111 @@
+"""The Airflow UI plugin's pages: run list, run files, a DAG run's report, login required."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import HTTPException
+from fastapi.testclient import TestClient
+
+from slipstream.runlayout import make_run_id
+from slipstream.settings import Settings
+from slipstream_airflow.report_views import create_app
+
+DONE_RUN = "scheduled__2026-11-04T00:00:00+00:00"
+BUSY_RUN = "manual__2026-11-05T09:30:00+00:00"
+
+
+def _run(settings: Settings, dag_run_id: str, day: int, stages: dict[str, Any], files: dict[str, str]) -> Path:
+    path = Path(settings.runs_dir) / make_run_id("daily", datetime(2026, 11, day, tzinfo=timezone.utc), dag_run_id)
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps(stages))
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> tuple[Settings, Path, Path]:
+    settings = Settings(home=tmp_path / "home")
+    done = _run(settings, DONE_RUN, 4, {"preprocess": {}, "quality": {}, "train": {}, "report": {}},
+                {"report.html": "<h1>Training-data insight — run done</h1>"})
+    busy = _run(settings, BUSY_RUN, 5, {"preprocess": {}, "quality": {}},
+                {"quality/window_2026-11-02.html": "<p>gate</p>", "quality/gx_data_docs/w/index.html": "<p>gx</p>"})
+    (tmp_path / "home" / "secret.txt").write_text("not a run file")
+    return settings, done, busy
+
+
+def _client(settings: Settings, **kw: Any) -> TestClient:
+    return TestClient(create_app(settings_of=lambda: settings, **kw))
+
+
+def test_run_list_links_each_report(runs: tuple[Settings, Path, Path]) -> None:
+    settings, done, busy = runs
+    page = _client(settings).get("/runs")
+    assert page.status_code == 200
+    assert f"href='runs/{done.name}/report.html'" in page.text
+    assert busy.name in page.text and "no report yet" in page.text
+    assert "preprocess, quality, train, report" in page.text  # the steps each run got through
+
+
+def test_run_files_are_served_and_nothing_outside_the_run(runs: tuple[Settings, Path, Path]) -> None:
+    settings, done, busy = runs
+    client = _client(settings)
+    report = client.get(f"/runs/{done.name}/report.html")
+    assert report.status_code == 200 and "Training-data insight" in report.text
+    assert report.headers["content-type"].startswith("text/html")
+    assert client.get(f"/runs/{busy.name}/quality/window_2026-11-02.html").text == "<p>gate</p>"
+    for path in (f"/runs/{done.name}/..%2F..%2Fsecret.txt", f"/runs/{done.name}/%2e%2e/%2e%2e/secret.txt",
+                 "/runs/..%2F/secret.txt", f"/runs/{done.name}/missing.html"):
+        assert client.get(path).status_code == 404, path
+
+
+def test_a_dag_run_opens_its_report(runs: tuple[Settings, Path, Path]) -> None:
+    settings, done, _ = runs
+    resp = _client(settings).get(f"/dag_runs/daily_retrain/{DONE_RUN}/report", follow_redirects=False)
+    assert resp.status_code == 307
+    assert resp.headers["location"].endswith(f"/runs/{done.name}/report.html")
+    followed = _client(settings).get(f"/dag_runs/daily_retrain/{DONE_RUN}/report")
+    assert "Training-data insight" in followed.text
+
+
+def test_a_dag_run_without_report_says_what_is_done(runs: tuple[Settings, Path, Path]) -> None:
+    settings, _, busy = runs
+    resp = _client(settings).get(f"/dag_runs/daily_retrain/{BUSY_RUN}/report")
+    assert resp.status_code == 404
+    assert busy.name in resp.text and "no insight report yet" in resp.text
+    assert "Steps done so far: preprocess, quality." in resp.text
+    assert f"/runs/{busy.name}/quality/window_2026-11-02.html" in resp.text  # the gate's page, linked
+    assert f"/runs/{busy.name}/quality/gx_data_docs/w/index.html" in resp.text
+    unknown = _client(settings).get("/dag_runs/daily_retrain/manual__never/report")
+    assert unknown.status_code == 404 and "No Slipstream run folder" in unknown.text
+
+
+def test_every_page_needs_the_login(runs: tuple[Settings, Path, Path]) -> None:
+    settings, done, _ = runs
+
+    def no_user() -> None:
+        raise HTTPException(401, "Not authenticated")
+
+    client = _client(settings, auth=no_user)
+    for path in ("/runs", f"/runs/{done.name}/report.html", f"/dag_runs/daily_retrain/{DONE_RUN}/report"):
+        assert client.get(path, follow_redirects=False).status_code == 401, path
+
+
+def test_airflow_finds_the_plugin_in_the_plugins_folder() -> None:
+    from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory
+
+    folder = Path(__file__).resolve().parents[2] / "plugins"
+    plugins, errors = _load_plugins_from_plugin_directory(plugins_folder=str(folder))
+    assert errors == {}
+    ours = [p for p in plugins if p.name == "slipstream"]
+    assert len(ours) == 1
+    views = {v["destination"]: v for v in ours[0].external_views}
+    assert views["dag_run"]["href"] == "slipstream/dag_runs/{DAG_ID}/{RUN_ID}/report"
+    assert views["nav"]["href"] == "slipstream/runs"
+    assert [a["url_prefix"] for a in ours[0].fastapi_apps] == ["/slipstream"]
