@@ -1,9 +1,11 @@
-"""Raw logs of day D → the Iceberg table `samples` (day D replaced), once D's clicks are in.
+"""Raw logs of day D → the Iceberg table `samples` (day D replaced), once D's clicks are in,
+then the quality gate over day D.
 
 Daily and backfillable (`airflow backfill create --dag-id preprocess_samples --from-date ...
 --to-date ...`): each run owns its data interval's day, so a backfill rewrites exactly those days
-and a second backfill over them changes nothing. Emits the `samples` Asset, which triggers
-`cache_warmup`.
+and a second backfill over them changes nothing. The gate (Great Expectations suite over the new
+day at the snapshot that wrote it) fails the run on a critical failure; only a day that passed
+emits the `samples` Asset, which triggers `cache_warmup`.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ def preprocess_samples() -> None:
     def raw_day_ready(params=None, data_interval_start=None) -> PokeReturnValue:  # type: ignore[no-untyped-def]
         return PokeReturnValue(is_done=data_tasks.raw_ready(data_interval_start.date(), int(params["attribution_s"])))
 
-    @task(outlets=[SAMPLES])
+    @task
     def preprocess(data_interval_start=None, run_id=None):  # type: ignore[no-untyped-def]
         return data_tasks.preprocess_day(data_interval_start.date(), run_id)
 
-    raw_day_ready() >> preprocess()
+    @task(outlets=[SAMPLES], retries=0)  # a failed expectation fails again on retry: stop at once
+    def quality_gate(pre, data_interval_start=None):  # type: ignore[no-untyped-def]
+        return data_tasks.gate_day(data_interval_start.date(), pre)
+
+    pre = preprocess()
+    raw_day_ready() >> pre
+    quality_gate(pre)
 
 
 preprocess_samples()

@@ -21,15 +21,34 @@ def raw_ready(day: Any, attribution_s: int) -> bool:
     return ready
 
 
+def preprocess_run_id(day: Any) -> str:
+    """One run id per day: a re-run or a backfill of the day replaces its rows and its gate results."""
+    return f"preprocess-{day:%Y%m%d}"
+
+
 def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
     """Replace one day in `samples` (idempotent: a re-run or a backfill rewrites the same day)."""
     from slipstream.preprocess_launch import run_preprocess
 
     settings = Settings.from_env()
-    run_id = f"preprocess-{day:%Y%m%d}"
-    result = run_preprocess(settings, day, run_id)
+    result = run_preprocess(settings, day, preprocess_run_id(day))
     log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id, dag_run_id)
     return {"day": str(result.day), "snapshot_id": int(result.snapshot_id), "rows": int(result.rows), "rejects": int(result.rejects)}
+
+
+def gate_day(day: Any, pre: Mapping[str, Any]) -> dict[str, Any]:
+    """The quality gate over the day just written, at the snapshot that wrote it: a critical
+    failure fails the task (QualityGateFailed lists each failed expectation with its value), so
+    the `samples` Asset is not emitted and nothing downstream reads the day. Results go to
+    `quality_results` under the preprocess run id, the day's profile to `sample_profiles`."""
+    from slipstream.quality.gate import run_gate
+
+    settings = Settings.from_env()
+    result = run_gate(settings, day=day, window=None, snapshot_id=int(pre["snapshot_id"]), run_id=preprocess_run_id(day))
+    detail = result.to_dict()
+    log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
+             len(detail["warnings"]), detail["html"])
+    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs")}
 
 
 def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None) -> dict[str, Any]:

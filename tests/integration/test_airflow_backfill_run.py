@@ -128,6 +128,13 @@ def test_backfill_of_three_days_runs_and_a_reprocess_changes_nothing(scheduler_s
 
     first = _day_state(settings)
     assert {d: n for d, (n, _) in first.items()} == expected
+    # each run gated its day after writing it: one passed result set per day, none critical-failed
+    from slipstream.quality.store import read_results
+
+    results = read_results(get_catalog(settings), settings.namespace).to_pylist()
+    assert {r["run_id"] for r in results} == {f"preprocess-{d:%Y%m%d}" for d in DAYS}
+    assert {r["day"] for r in results} == set(DAYS)
+    assert not [r for r in results if r["severity"] == "critical" and not r["success"]]
     table = samples_table(get_catalog(settings), settings.namespace)
     days_committed = [s.summary.additional_properties.get("day") for s in table.snapshots()]
     assert sorted(d for d in days_committed if d) == [str(d) for d in DAYS]  # one commit per day

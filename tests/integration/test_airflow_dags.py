@@ -84,6 +84,6 @@ def test_daily_retrain_shape_kubernetes(parsed_k8s: dict) -> None:  # type: igno
 
 def test_other_dags(parsed: dict) -> None:  # type: ignore[type-arg]
     assert parsed["dags"]["preprocess_samples"]["timetable"] == "CronDataIntervalTimetable"  # backfillable
-    assert ["raw_day_ready", "preprocess"] in parsed["dags"]["preprocess_samples"]["edges"]
+    assert parsed["dags"]["preprocess_samples"]["edges"] == [["preprocess", "quality_gate"], ["raw_day_ready", "preprocess"]]
     assert parsed["dags"]["cache_warmup"]["timetable"] == "AssetOrTimeSchedule"
     assert parsed["dags"]["stream_train"]["tasks"] == ["render_job", "train"]
