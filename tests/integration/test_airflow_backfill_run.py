@@ -91,12 +91,14 @@ def _day_state(settings: Settings) -> dict[date, tuple[int, str]]:
 RETRYABLE = ("database is locked", "Another backfill is running")
 
 
-def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Any:
+def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 300.0) -> Any:
     """`airflow backfill create` as docs/airflow.md tells users to run it on the embedded SQLite
     stack: again when SQLite answers `database is locked` (a write of the scheduler's got in
     between; Airflow removes the partial backfill before it exits, for exactly this retry), and
     again while the previous backfill is still running (the scheduler marks it complete on a
-    later loop than the one that saw its last run succeed)."""
+    later loop than the one that saw its last run succeed). A create that failed half-way can
+    leave a backfill without runs, which the scheduler clears only 2 minutes after its creation
+    (seen once in CI-like load): hence 300 s."""
     deadline = time.monotonic() + timeout_s
     while True:
         out = airflow(["backfill", "create", "--dag-id", "preprocess_samples", *args], env)
