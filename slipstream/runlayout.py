@@ -168,12 +168,14 @@ def list_runs(settings: Settings, limit: int = 200) -> list[RunListing]:
         return []
     dirs = sorted((p for p in root.iterdir() if p.is_dir() and RUN_ID_PATTERN.fullmatch(p.name)),
                   key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
-    out = []
-    for p in dirs:
-        try:
-            stages = tuple(read_summary(p)) if (p / SUMMARY_FILE).exists() else ()
-        except RunArtifactMissing:  # a summary being replaced or broken: list the run anyway
-            stages = ()
-        out.append(RunListing(p.name, p, datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc),
-                              (p / REPORT_FILE).is_file(), stages))
-    return out
+    return [run_listing(p) for p in dirs]
+
+
+def run_listing(path: Path) -> RunListing:
+    """What a list of runs shows of one run folder."""
+    try:
+        stages = tuple(read_summary(path)) if (path / SUMMARY_FILE).exists() else ()
+    except RunArtifactMissing:  # a broken summary: list the run anyway
+        stages = ()
+    return RunListing(path.name, path, datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc),
+                      (path / REPORT_FILE).is_file(), stages)

@@ -18,7 +18,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
-from slipstream.runlayout import REPORT_FILE, RUN_ID_PATTERN, RunListing, list_runs, run_dir, run_dirs_of_dag_run
+from slipstream.runlayout import (
+    REPORT_FILE, RUN_ID_PATTERN, RunListing, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
+)
 from slipstream.settings import Settings
 
 PAGE_STYLE = (
@@ -47,10 +49,11 @@ def _run_html_files(path: Path) -> list[str]:
     return pages
 
 
-def _runs_table(runs: list[RunListing], prefix: str) -> str:
+def _runs_table(runs: list[RunListing]) -> str:
+    """The runs as a table; links are relative to the list's own URL (`<prefix>/runs`)."""
     rows = []
     for r in runs:
-        link = (f"<a href='{prefix}runs/{html.escape(r.run_id)}/{REPORT_FILE}'>insight report</a>"
+        link = (f"<a href='runs/{html.escape(r.run_id)}/{REPORT_FILE}'>insight report</a>"
                 if r.has_report else "<span class='muted'>no report yet</span>")
         rows.append(
             f"<tr><td>{html.escape(r.run_id)}</td><td>{r.modified:%Y-%m-%d %H:%M} UTC</td>"
@@ -88,7 +91,7 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
             return _page("Slipstream runs", f"<p>No run folders under {html.escape(settings.runs_dir)} yet: "
                                             "trigger daily_retrain (or stream_train) and come back.</p>")
         return _page("Slipstream runs", f"<p class='muted'>{len(runs)} newest under {html.escape(settings.runs_dir)}</p>"
-                     + _runs_table(runs, prefix=""))
+                     + _runs_table(runs))
 
     @app.get("/runs/{run_id}/{path:path}", name="run_file")
     def run_file(run_id: str, path: str) -> FileResponse:
@@ -112,7 +115,7 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
         if with_report:
             return RedirectResponse(file_url(request, with_report[0].name, REPORT_FILE), status_code=307)
         path = found[0]
-        done = next((r.stages for r in list_runs(settings) if r.run_id == path.name), ())
+        done = run_listing(path).stages
         links = "".join(
             f"<li><a href='{html.escape(file_url(request, path.name, p))}'>{html.escape(p)}</a></li>"
             for p in _run_html_files(path)
