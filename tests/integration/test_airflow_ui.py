@@ -97,21 +97,13 @@ def _wait(what: str, fn: Any, timeout_s: float) -> Any:
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="headless Chromium missing: sudo apt-get install -y chromium chromium-driver")
-def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: Path) -> None:
+def _logged_in_browser(info: Any) -> tuple[Any, Any]:
+    """(headless Chromium logged in to the UI with the printed login, a 30 s WebDriverWait)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
-
-    info = airflow_ui
-    run_for_real = all(_have(m) for m in CONTRACTS)
-    if run_for_real:  # the three days before today (the form's logical date is now) and a stream
-        _generate_recent_days(Settings.from_env(), days=3)
-    token = _token(info)  # the login `ui up` printed works
-    _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
 
     opts = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
@@ -125,6 +117,27 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
         driver.find_element(By.NAME, "password").send_keys(info.password)
         driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait.until(lambda d: "/auth/login" not in d.current_url)
+    except BaseException:
+        driver.quit()
+        raise
+    return driver, wait
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="headless Chromium missing: sudo apt-get install -y chromium chromium-driver")
+def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+
+    info = airflow_ui
+    run_for_real = all(_have(m) for m in CONTRACTS)
+    if run_for_real:  # the three days before today (the form's logical date is now) and a stream
+        _generate_recent_days(Settings.from_env(), days=3)
+    token = _token(info)  # the login `ui up` printed works
+    _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
+
+    driver, wait = _logged_in_browser(info)
+    try:
 
         driver.get(info.url + "/dags/daily_retrain")
         wait.until(lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == "Trigger"])[0].click()
@@ -217,24 +230,11 @@ def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Pat
 
     if not (CHROMIUM and DRIVER):
         pytest.skip("the API part passed; the browser part needs: sudo apt-get install -y chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    opts = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
-        opts.add_argument(arg)
-    opts.binary_location = CHROMIUM  # type: ignore[assignment]
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    wait = WebDriverWait(driver, 30)
+    driver, wait = _logged_in_browser(info)
     try:
-        driver.get(info.url + "/")
-        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
-        driver.find_element(By.NAME, "password").send_keys(info.password)
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait.until(lambda d: "/auth/login" not in d.current_url)
         driver.get(f"{info.url}/dags/daily_retrain/runs/{urllib.parse.quote(dag_run_id, safe='')}")
         tab = wait.until(lambda d: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Insight report']")])
         driver.execute_script("arguments[0].click()", tab[0])
