@@ -52,15 +52,20 @@ def dag_run_digest(dag_run_id: str) -> str:
     return hashlib.sha1(dag_run_id.encode("utf-8")).hexdigest()[:8]
 
 
-def run_dir(settings: Settings, run_id: str) -> Path:
-    if not RUN_ID_PATTERN.fullmatch(run_id):
-        raise ConfigError(f"run id {run_id!r} is not a run folder name (letters, digits, '.', '_', '-'; at most 128)")
+def runs_root(settings: Settings) -> Path:
+    """The folder that holds every run folder (SLIPSTREAM_RUNS_DIR, a mounted path)."""
     if "://" in settings.runs_dir and not settings.runs_dir.startswith("file://"):
         raise ConfigError(
             f"SLIPSTREAM_RUNS_DIR={settings.runs_dir} is an object store; the orchestrator reads run "
             "summaries from a mounted path (mount the runs volume and point SLIPSTREAM_RUNS_DIR at it)"
         )
-    return Path(settings.runs_dir.removeprefix("file://")) / run_id
+    return Path(settings.runs_dir.removeprefix("file://"))
+
+
+def run_dir(settings: Settings, run_id: str) -> Path:
+    if not RUN_ID_PATTERN.fullmatch(run_id):
+        raise ConfigError(f"run id {run_id!r} is not a run folder name (letters, digits, '.', '_', '-'; at most 128)")
+    return runs_root(settings) / run_id
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -132,7 +137,7 @@ def latest_run_dir(settings: Settings, kind: str = "daily", t_handoff: datetime 
     """The newest run folder of a kind (and T, if given): what `make demo` prints after
     `airflow dags test`, whose DAG run id the caller does not know in advance."""
     prefix = f"{kind}-{t_handoff:%Y%m%d}-" if t_handoff is not None else f"{kind}-"
-    root = run_dir(settings, "x").parent
+    root = runs_root(settings)
     runs = [p for p in root.glob(f"{prefix}*") if p.is_dir()] if root.exists() else []
     if not runs:
         raise RunArtifactMissing(f"no run folder {prefix}* under {root}: did the DAG run reach its first task?")
@@ -142,7 +147,7 @@ def latest_run_dir(settings: Settings, kind: str = "daily", t_handoff: datetime 
 def run_dirs_of_dag_run(settings: Settings, dag_run_id: str) -> list[Path]:
     """The run folders one Airflow DAG run created (any kind), newest first: `make_run_id` ends
     every run id of a DAG run with the digest of the DAG run's id."""
-    root = run_dir(settings, "x").parent
+    root = runs_root(settings)
     if not root.exists():
         return []
     found = [p for p in root.glob(f"*-{dag_run_digest(dag_run_id)}") if p.is_dir()]
@@ -163,7 +168,7 @@ class RunListing:
 
 def list_runs(settings: Settings, limit: int = 200) -> list[RunListing]:
     """The newest `limit` run folders under the runs dir, newest first."""
-    root = run_dir(settings, "x").parent
+    root = runs_root(settings)
     if not root.exists():
         return []
     dirs = sorted((p for p in root.iterdir() if p.is_dir() and RUN_ID_PATTERN.fullmatch(p.name)),
