@@ -100,6 +100,7 @@ def _wait(what: str, fn: Any, timeout_s: float) -> Any:
 def _logged_in_browser(info: Any) -> tuple[Any, Any]:
     """(headless Chromium logged in to the UI with the printed login, a 30 s WebDriverWait)."""
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -110,7 +111,8 @@ def _logged_in_browser(info: Any) -> tuple[Any, Any]:
         opts.add_argument(arg)
     opts.binary_location = CHROMIUM  # type: ignore[assignment]
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    wait = WebDriverWait(driver, 30)
+    # React re-renders replace elements between finding and using them: a wait retries on that
+    wait = WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,))
     try:
         driver.get(info.url + "/")
         wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
@@ -121,6 +123,27 @@ def _logged_in_browser(info: Any) -> tuple[Any, Any]:
         driver.quit()
         raise
     return driver, wait
+
+
+def _click(wait: Any, find: Any, last: bool = False) -> None:
+    """Click the first (or last) element `find(driver)` returns, once there is one; found and
+    clicked in one try of the wait, so a re-render in between makes it try again."""
+    def attempt(d: Any) -> bool:
+        found = find(d)
+        if not found:
+            return False
+        target = found[-1] if last else found[0]
+        d.execute_script("arguments[0].scrollIntoView()", target)
+        d.execute_script("arguments[0].click()", target)  # a toast may cover it
+        return True
+
+    wait.until(attempt)
+
+
+def _buttons(text: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == text]
 
 
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="headless Chromium missing: sudo apt-get install -y chromium chromium-driver")
@@ -140,18 +163,20 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     try:
 
         driver.get(info.url + "/dags/daily_retrain")
-        wait.until(lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == "Trigger"])[0].click()
+        _click(wait, _buttons("Trigger"))
         wait.until(ec.presence_of_element_located((By.NAME, "element_stream_stop")))
 
         def set_param(name: str, value: str) -> None:
-            field = driver.find_element(By.NAME, f"element_{name}")
-            field.send_keys(Keys.CONTROL + "a", Keys.DELETE)
-            field.send_keys(value)
+            def attempt(d: Any) -> bool:  # again from the start if the field was re-rendered meanwhile
+                field = d.find_element(By.NAME, f"element_{name}")
+                field.send_keys(Keys.CONTROL + "a", Keys.DELETE)
+                field.send_keys(value)
+                return True
+
+            wait.until(attempt)
 
         def submit() -> None:
-            button = [b for b in driver.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == "Trigger"][-1]
-            driver.execute_script("arguments[0].scrollIntoView()", button)
-            driver.execute_script("arguments[0].click()", button)  # a toast may cover it
+            _click(wait, _buttons("Trigger"), last=True)  # the dialog's, not the page's
 
         set_param("window_days", "3")
         set_param("epochs", "2")
@@ -236,8 +261,7 @@ def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Pat
     driver, wait = _logged_in_browser(info)
     try:
         driver.get(f"{info.url}/dags/daily_retrain/runs/{urllib.parse.quote(dag_run_id, safe='')}")
-        tab = wait.until(lambda d: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Insight report']")])
-        driver.execute_script("arguments[0].click()", tab[0])
+        _click(wait, lambda d: d.find_elements(By.XPATH, "//*[normalize-space(text())='Insight report']"))
         frame = wait.until(lambda d: [f for f in d.find_elements(By.TAG_NAME, "iframe")
                                       if "slipstream/dag_runs" in (f.get_attribute("src") or "")])
         driver.switch_to.frame(frame[0])
