@@ -137,21 +137,25 @@ def latest_run_dir(settings: Settings, kind: str = "daily", t_handoff: datetime 
     """The newest run folder of a kind (and T, if given): what `make demo` prints after
     `airflow dags test`, whose DAG run id the caller does not know in advance."""
     prefix = f"{kind}-{t_handoff:%Y%m%d}-" if t_handoff is not None else f"{kind}-"
-    root = runs_root(settings)
-    runs = [p for p in root.glob(f"{prefix}*") if p.is_dir()] if root.exists() else []
+    runs = run_folders(settings, f"{prefix}*")
     if not runs:
-        raise RunArtifactMissing(f"no run folder {prefix}* under {root}: did the DAG run reach its first task?")
-    return max(runs, key=lambda p: p.stat().st_mtime)
+        raise RunArtifactMissing(f"no run folder {prefix}* under {runs_root(settings)}: did the DAG run reach its first task?")
+    return runs[0]
+
+
+def run_folders(settings: Settings, pattern: str = "*") -> list[Path]:
+    """The run folders whose names match the glob `pattern`, newest (last changed) first."""
+    root = runs_root(settings)
+    if not root.exists():
+        return []
+    found = [p for p in root.glob(pattern) if p.is_dir() and RUN_ID_PATTERN.fullmatch(p.name)]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def run_dirs_of_dag_run(settings: Settings, dag_run_id: str) -> list[Path]:
     """The run folders one Airflow DAG run created (any kind), newest first: `make_run_id` ends
     every run id of a DAG run with the digest of the DAG run's id."""
-    root = runs_root(settings)
-    if not root.exists():
-        return []
-    found = [p for p in root.glob(f"*-{dag_run_digest(dag_run_id)}") if p.is_dir()]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return run_folders(settings, f"*-{dag_run_digest(dag_run_id)}")
 
 
 @dataclass(frozen=True)
@@ -168,12 +172,7 @@ class RunListing:
 
 def list_runs(settings: Settings, limit: int = 200) -> list[RunListing]:
     """The newest `limit` run folders under the runs dir, newest first."""
-    root = runs_root(settings)
-    if not root.exists():
-        return []
-    dirs = sorted((p for p in root.iterdir() if p.is_dir() and RUN_ID_PATTERN.fullmatch(p.name)),
-                  key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
-    return [run_listing(p) for p in dirs]
+    return [run_listing(p) for p in run_folders(settings)[:limit]]
 
 
 def run_listing(path: Path) -> RunListing:

@@ -122,7 +122,10 @@ def group_alive(pgid: int) -> bool:
 def stop_process(pid: int, timeout_s: float = 15.0) -> None:
     """Stop the process group a server was started in (SIGTERM, then SIGKILL after `timeout_s`)
     and return once every process of it has exited, so its ports are free."""
-    if not pid_alive(pid) and not group_alive(pid):
+    def gone() -> bool:
+        return not pid_alive(pid) and not group_alive(pid)
+
+    if gone():
         return
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
         try:
@@ -135,7 +138,7 @@ def stop_process(pid: int, timeout_s: float = 15.0) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-            if not pid_alive(pid) and not group_alive(pid):
+            if gone():
                 return
             time.sleep(0.1)
     log.warning("process group %d still has live processes after SIGKILL", pid)

@@ -161,7 +161,6 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
 
     driver, wait = _logged_in_browser(info)
     try:
-
         driver.get(info.url + "/dags/daily_retrain")
         _click(wait, _buttons("Trigger"))
         wait.until(ec.presence_of_element_located((By.NAME, "element_stream_stop")))
