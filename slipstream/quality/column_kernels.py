@@ -61,6 +61,23 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     return pa.array(values.astype(x.type.to_pandas_dtype(), copy=False), x.type), tallies
 
 
+def small_int_counts(x: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ascending distinct values as int64, their counts) of an integer column of at most 32
+    bits without nulls, when its range is at most a few times its length (labels, flags): one
+    bincount per chunk. None for other columns (wider types, sparse ranges)."""
+    if not (pa.types.is_integer(x.type) and x.type.bit_width <= 32 and len(x)):
+        return None
+    chunks = numpy_chunks(x)
+    lo, hi = min(int(c.min()) for c in chunks), max(int(c.max()) for c in chunks)
+    if hi - lo > max(4 * len(x), 1 << 16):
+        return None
+    counts = np.zeros(hi - lo + 1, dtype=np.int64)
+    for c in chunks:
+        counts += np.bincount(c - lo if lo else c, minlength=len(counts))
+    keys = np.flatnonzero(counts)
+    return keys + lo, counts[keys]
+
+
 def distinct_values(x: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The distinct values of `x` (a column without nulls), in any order. Dense non-negative
     integers (ids below 8x the row count) are marked in a bitmap, one store per row, chunk by

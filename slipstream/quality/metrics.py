@@ -70,45 +70,17 @@ def duplicate_ids(ids: pa.ChunkedArray | pa.Array, examples: int = 5) -> tuple[i
     return surplus, names
 
 
-SIEVE_MAX_BITS = 24
-"""The largest slot table `repeated_hashes` uses: 2**24 int32 row numbers, 64 MB."""
-
-
 def repeated_hashes(h: np.ndarray) -> np.ndarray:
-    """The distinct values that occur more than once in `h` (well-mixed uint64 hashes).
+    """The distinct values that occur more than once in `h`: sort, then compare neighbours.
 
-    Sorting millions of hashes costs ~0.3 s on a core without a vectorised sort. Most hashes
-    are unique, so first a sieve drops them: every row writes its row number into the slot that
-    some of its hash bits pick, and a row that reads back its own number after all the writes
-    shares its slot with no other row, so its hash occurs once. Two sieve rounds on different
-    bits leave ~7 % of the rows, which are then sorted. Equal hashes always share a slot, so no
-    repeat is ever sieved out."""
-    for shift in (40, 16):
-        if len(h) < 1 << 12:
-            break
-        h = _sieve(h, shift)
+    numpy sorts 64-bit integers with a vectorised (AVX2/AVX-512) quicksort: 5M hashes in
+    ~55 ms on the 2-core dev machine. A sieve that first dropped the certainly-unique hashes
+    through a 64 MB slot table (random writes and reads, a cache miss per row) took ~0.2 s
+    for the same 5M, so there is no pre-filter."""
     if len(h) < 2:
         return h[:0]
     s = np.sort(h)
     return np.unique(s[1:][s[1:] == s[:-1]])
-
-
-def _sieve(h: np.ndarray, shift: int) -> np.ndarray:
-    """The hashes of `h` whose slot (bits `shift` and up, a table ~4x as long as `h`) is
-    shared with another row: the rest are certainly unique."""
-    n = len(h)
-    bits = min(SIEVE_MAX_BITS, max(12, int(n - 1).bit_length() + 2))
-    slot = h >> np.uint64(shift)
-    if shift + bits < 64:
-        slot &= np.uint64((1 << bits) - 1)
-    slot = slot.view(np.int64)  # below 2**bits: a view, not a converted copy
-    rows = np.arange(n, dtype=np.int32)
-    last_writer = np.empty(1 << bits, dtype=np.int32)
-    last_writer[slot] = rows
-    winner = last_writer[slot]
-    shared = winner != rows
-    shared[winner[shared]] = True  # the row that kept a shared slot is a candidate too
-    return h[shared]
 
 
 def compute_aggregates(

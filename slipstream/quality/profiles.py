@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.quality.column_kernels import distinct_values, float_min_max, numpy_chunks, value_counts
+from slipstream.quality.column_kernels import distinct_values, float_min_max, numpy_chunks, small_int_counts, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -128,6 +128,17 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
+    def _add_moments_counted(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Moments of integer values given as ascending distinct `keys` and their `counts`."""
+        n_b = int(counts.sum())
+        if n_b == 0:
+            return
+        mean_b = float((keys * counts).sum() / n_b)
+        m2_b = float((np.square(keys - mean_b) * counts).sum())
+        self.min = float(keys[0]) if self.min is None else min(self.min, float(keys[0]))
+        self.max = float(keys[-1]) if self.max is None else max(self.max, float(keys[-1]))
+        self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
+
     def _add_moments_arrow(self, x: pa.Array | pa.ChunkedArray, min_max: tuple[float, float] | None = None) -> None:
         """Moments with Arrow's single-pass kernels (double accumulators, no float64 copy);
         `min_max` when the caller already knows them."""
@@ -165,14 +176,15 @@ class ColumnProfile:
                 self._add_moments_arrow(valid, float_min_max(valid, chunks))
                 self.hist.add_float32(chunks)
                 return
-            x = valid.to_numpy()
-            if x.dtype.kind in "iu" and x.dtype.itemsize <= 4 and len(x):
-                # 32-bit labels: buckets from the count of each value
-                self._add_moments_arrow(valid, (float(x.min()), float(x.max())))
-                self.hist.add_integers(x)
+            counted = small_int_counts(valid) if len(valid) else None
+            if counted is not None:
+                # small-range integers (labels): moments and buckets follow exactly from the
+                # count of each value, one bincount per chunk
+                self._add_moments_counted(*counted)
+                self.hist.add_counted(*counted)
             else:
                 self._add_moments_arrow(valid)
-                self.hist.add(x)
+                self.hist.add(valid.to_numpy())
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
@@ -199,12 +211,7 @@ class ColumnProfile:
                 keys, counts = np.unique(lens, return_counts=True)
             for k, c in zip(keys, counts):
                 self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
-            n_b = int(counts.sum())
-            mean_b = float((keys * counts).sum() / n_b)
-            m2_b = float((np.square(keys - mean_b) * counts).sum())
-            self.min = float(keys[0]) if self.min is None else min(self.min, float(keys[0]))
-            self.max = float(keys[-1]) if self.max is None else max(self.max, float(keys[-1]))
-            self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
+            self._add_moments_counted(keys, counts)
         elif self.kind == "time":
             self.count += len(valid)
             if len(valid):
@@ -318,21 +325,36 @@ class FeatureProfile:
         if ts.null_count or label.null_count:
             ok = pc.and_(pc.is_valid(ts), pc.is_valid(label))
             ts, label = pc.filter(ts, ok), pc.filter(label, ok)
-        hours = pc.cast(ts, pa.int64()).to_numpy() // US_PER_HOUR
-        if len(hours) == 0:
+        if len(ts) == 0:
             return
-        lo = int(hours.min())
-        hours -= lo
-        lab = label.to_numpy()
-        if pa.types.is_integer(label.type) and 0 <= lab.min() and lab.max() <= 1:
-            # 0/1 labels: one count over (hour, label) pairs instead of a plain and a weighted one
-            pairs = np.bincount(hours * 2 + lab)
-            pairs = np.pad(pairs, (0, len(pairs) % 2))
+        us = pc.cast(ts, pa.int64())
+        bounds = pc.min_max(us).as_py()
+        lo = bounds["min"] // US_PER_HOUR
+        hours = bounds["max"] // US_PER_HOUR - lo + 1
+        labels = pc.min_max(label).as_py()
+        if pa.types.is_integer(label.type) and 0 <= labels["min"] and labels["max"] <= 1:
+            # 0/1 labels: one count over (hour, label) pairs per aligned chunk of the two
+            # columns, computed in one reused buffer (no concatenated copies, no page faults)
+            pairs = np.zeros(2 * hours, dtype=np.int64)
+            buf = np.empty(0, dtype=np.int64)
+            for batch in pa.Table.from_arrays([us, label], ["t", "y"]).to_batches():
+                m = batch.num_rows
+                if m == 0:
+                    continue
+                if len(buf) < m:
+                    buf = np.empty(m, dtype=np.int64)
+                key = buf[:m]
+                np.floor_divide(batch.column(0).to_numpy(), US_PER_HOUR, out=key)
+                key -= lo
+                key <<= 1
+                key += batch.column(1).to_numpy()
+                pairs += np.bincount(key, minlength=2 * hours)
             k = pairs[1::2]
             n = pairs[0::2] + k
         else:
-            n = np.bincount(hours)
-            k = np.bincount(hours, weights=lab.astype(np.float64))
+            h = us.to_numpy() // US_PER_HOUR - lo
+            n = np.bincount(h, minlength=hours)
+            k = np.bincount(h, weights=label.to_numpy().astype(np.float64), minlength=hours)
         for i in np.flatnonzero(n):
             h = lo + int(i)
             rows, pos = self.ctr_by_hour.get(h, (0, 0))

@@ -4,6 +4,8 @@ and counts of ids and categories, CTR per hour."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,15 +50,21 @@ def test_cell_histogram_equals_per_value_histogram(sign: str) -> None:
     chunked.add_float32([x[:7], x[7:7], x[7:60_000], x[60_000:]])  # a column's chunks
     assert fast.to_dict() == plain.to_dict()
     assert chunked.to_dict() == plain.to_dict()
-    for labels in (rng.integers(-3, 400_000, 50_000), rng.integers(0, 2, 50_000), rng.integers(-2**31, 2**31 - 1, 5_000)):
+    for labels in (rng.integers(-3, 150_000, 50_000), rng.integers(0, 2, 50_000)):
         plain, fast = LogHistogram(), LogHistogram()
         plain.add(labels.astype(np.int32))
-        fast.add_integers(labels.astype(np.int32))
+        col = pa.chunked_array([pa.array(labels[:9_000], pa.int32()), pa.array(labels[9_000:], pa.int32())])
+        counted = column_kernels.small_int_counts(col)
+        assert counted is not None
+        fast.add_counted(*counted)
         assert fast.to_dict() == plain.to_dict()
+        keys, counts = counted
+        assert keys.tolist() == sorted(set(labels.tolist())) and int(counts.sum()) == len(labels)
+    for sparse in (rng.integers(-3, 400_000, 50_000), rng.integers(-2**31, 2**31 - 1, 5_000)):
+        assert column_kernels.small_int_counts(pa.array(sparse, pa.int32())) is None
+    assert column_kernels.small_int_counts(pa.array([1, 2], pa.int64())) is None  # wider than 32 bits
     with pytest.raises(ValueError, match="use add"):
         LogHistogram().add_float32(x.astype(np.float64))
-    with pytest.raises(ValueError, match="use add"):
-        LogHistogram().add_integers(labels.astype(np.int64))
 
 
 def test_cell_histogram_of_every_float32_in_a_range() -> None:
@@ -152,10 +160,16 @@ def test_ctr_by_hour_counts_rows_and_clicks() -> None:
     lab = (rng.random(40_000) < 0.2).astype(np.int32)
     ts = pa.array(us, pa.timestamp("us", tz="UTC"))
     for labels in (lab, np.where(np.arange(40_000) == 5, 2, lab).astype(np.int32)):  # 0/1, and a bad label
-        prof = profile_table(pa.table({"event_time": ts, "label": pa.array(labels)}))
         hours = us // US_PER_HOUR
         want = {int(h): (int((hours == h).sum()), int(labels[hours == h].sum())) for h in np.unique(hours)}
+        prof = profile_table(pa.table({"event_time": ts, "label": pa.array(labels)}))
         assert prof.ctr_by_hour == want
+        # columns chunked at different rows (as concatenated reads can be)
+        chunked = pa.table({
+            "event_time": pa.chunked_array([ts.slice(0, 1_000), ts.slice(1_000, 30_000), ts.slice(31_000)]),
+            "label": pa.chunked_array([pa.array(labels[:25_000]), pa.array(labels[25_000:])]),
+        })
+        assert profile_table(chunked).ctr_by_hour == want
 
 
 @pytest.mark.parametrize("distinct", [1, 12, 3_000, 40_000])
@@ -171,16 +185,16 @@ def test_category_counts_with_slot_collisions_match_arrow(distinct: int) -> None
     assert sorted(zip(values.to_pylist(), counts.tolist())) == sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
 
 
-@pytest.mark.parametrize("n", [3, 5_000, 300_000])
-def test_sieve_finds_exactly_the_repeated_hashes(n: int) -> None:
+@pytest.mark.parametrize("n", [1, 3, 5_000, 300_000])
+def test_repeated_hashes_are_exactly_the_values_seen_more_than_once(n: int) -> None:
     rng = np.random.default_rng(n)
     cases = {
         "random": rng.integers(0, 2**63, n, dtype=np.int64).view(np.uint64) * np.uint64(2),
-        "one slot": np.arange(n, dtype=np.uint64),  # every hash in the same sieve slots: nothing sieved
+        "consecutive": np.arange(n, dtype=np.uint64),
     }
     for name, h in cases.items():
         h = h.copy()
         h[rng.integers(0, n, 4)] = h[rng.integers(0, n, 4)]  # a few repeats, some maybe three times
-        s = np.sort(h)
-        want = np.unique(s[1:][s[1:] == s[:-1]])
-        assert np.array_equal(np.sort(metrics.repeated_hashes(h)), want), name
+        want = sorted(v for v, k in Counter(h.tolist()).items() if k > 1)
+        assert np.sort(metrics.repeated_hashes(h)).tolist() == want, name
+        assert want or n < 5_000, name  # the large cases do contain repeats

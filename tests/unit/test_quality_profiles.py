@@ -67,6 +67,9 @@ def test_moments_quantiles_and_distinct_match_the_data() -> None:
     assert prof.columns["device_hash"].distinct() == 4  # exact from top-k
     lab = union.column("label").to_numpy()
     assert prof.ctr == pytest.approx(lab.mean())
+    label = prof.columns["label"]  # int32: moments and buckets from the count of each value
+    assert (label.count, label.min, label.max) == (len(lab), float(lab.min()), float(lab.max()))
+    assert label.variance == pytest.approx(lab.var(), rel=1e-12)
     lens = pc.list_value_length(union.column("hist_items")).to_numpy()
     assert prof.columns["hist_items"].lengths == {int(k): int(c) for k, c in zip(*np.unique(lens, return_counts=True))}
 
