@@ -28,7 +28,9 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     counted chunk by chunk in a small table: each value goes to a slot (Fibonacci hashing), the
     first value to reach a slot owns it, and one bincount per chunk counts the rows per slot.
     Rows whose value is not their slot's owner are set aside and counted exactly by `np.unique`
-    at the end, so slot collisions cost time, never exactness. On 5M rows this is ~20 ms; numpy's
+    at the end, so slot collisions cost time, never exactness. The slot numbers are computed in one
+    reused buffer, and only rows that do not match their slot's owner are looked at again. On 5M
+    rows this is ~20 ms; numpy's
     sort (`np.unique`) takes 60-100 ms and Arrow's hash table 25-70 ms."""
     if not (pa.types.is_integer(x.type) and len(x)):
         vc = pc.value_counts(x)
@@ -38,20 +40,28 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     claimed = np.zeros(size, dtype=bool)
     counts = np.zeros(size, dtype=np.int64)
     strays: list[np.ndarray] = []
-    for chunk in numpy_chunks(x):
+    chunks = numpy_chunks(x)
+    buf = np.empty(max(len(c) for c in chunks), dtype=np.uint64)  # reused: no page faults per chunk
+    for chunk in chunks:
         v = chunk.astype(np.int64, copy=False)
+        slot_bits = buf[: len(v)]
         with np.errstate(over="ignore"):
-            slot = ((v.view(np.uint64) * _SLOT_MULTIPLIER) >> np.uint64(64 - SLOT_BITS)).astype(np.intp)
-        free = ~claimed[slot]
-        if free.any():
-            # one of the rows of each free slot claims it (whichever the scatter keeps)
-            owner[slot[free]] = v[free]
-            claimed[slot[free]] = True
+            np.multiply(v.view(np.uint64), _SLOT_MULTIPLIER, out=slot_bits)
+        slot_bits >>= np.uint64(64 - SLOT_BITS)
+        slot = slot_bits.view(np.intp)  # below 2**SLOT_BITS: the same numbers
+        mismatch = owner[slot] != v
+        if mismatch.any():
+            rows = np.flatnonzero(mismatch)
+            free = rows[~claimed[slot[rows]]]
+            if len(free):
+                # one of the rows of each free slot claims it (whichever the scatter keeps)
+                owner[slot[free]] = v[free]
+                claimed[slot[free]] = True
+                rows = rows[owner[slot[rows]] != v[rows]]
+            if len(rows):
+                strays.append(v[rows])
+                counts -= np.bincount(slot[rows], minlength=size)
         counts += np.bincount(slot, minlength=size)
-        stray = owner[slot] != v
-        if stray.any():
-            strays.append(v[stray])
-            counts -= np.bincount(slot[stray], minlength=size)
     held = np.flatnonzero(counts)
     values, tallies = owner[held], counts[held]
     if strays:
@@ -59,6 +69,38 @@ def value_counts(x: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
         more, more_counts = np.unique(np.concatenate(strays), return_counts=True)
         values, tallies = np.concatenate([values, more]), np.concatenate([tallies, more_counts])
     return pa.array(values.astype(x.type.to_pandas_dtype(), copy=False), x.type), tallies
+
+
+def list_length_counts(x: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(ascending distinct list lengths, rows with each) of a list column without nulls: each
+    chunk's lengths are the differences of its offsets, computed into one reused buffer and
+    counted by one bincount (no column-long copies). A runaway length (over 2**16) makes that
+    chunk count with `np.unique`, so it cannot allocate a huge table."""
+    chunks = [c for c in (x.chunks if isinstance(x, pa.ChunkedArray) else [x]) if len(c)]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    buf = np.empty(max(len(c) for c in chunks), dtype=np.intp)
+    table = np.zeros(0, dtype=np.int64)
+    rare: list[tuple[np.ndarray, np.ndarray]] = []
+    for c in chunks:
+        offsets = c.offsets.to_numpy()  # this chunk's n + 1 offsets (a slice's own window)
+        lens = buf[: len(c)]
+        np.subtract(offsets[1:], offsets[:-1], out=lens)
+        if int(lens.max()) <= 1 << 16:
+            counted = np.bincount(lens)
+            if len(counted) > len(table):
+                table = np.pad(table, (0, len(counted) - len(table)))
+            table[: len(counted)] += counted
+        else:
+            rare.append(np.unique(lens, return_counts=True))
+    keys = np.flatnonzero(table)
+    counts = table[keys]
+    if rare:
+        all_keys = np.concatenate([keys] + [k for k, _ in rare])
+        all_counts = np.concatenate([counts] + [n for _, n in rare])
+        keys, where = np.unique(all_keys, return_inverse=True)
+        counts = np.bincount(where, weights=all_counts, minlength=len(keys)).astype(np.int64)
+    return keys.astype(np.int64, copy=False), counts
 
 
 def small_int_counts(x: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:

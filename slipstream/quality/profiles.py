@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.quality.column_kernels import distinct_values, float_min_max, numpy_chunks, small_int_counts, value_counts
+from slipstream.quality.column_kernels import distinct_values, float_min_max, list_length_counts, numpy_chunks, small_int_counts, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
@@ -197,18 +197,11 @@ class ColumnProfile:
                 # Ids repeat (users, items): sketching the distinct ids is cheaper than every row.
                 self.hll.add_hashes(hash_column(distinct_values(valid)))
         elif self.kind == "sequence":
-            lens = pc.list_value_length(valid).to_numpy().astype(np.int64)
-            if len(lens) == 0:
+            keys, counts = list_length_counts(valid)
+            if len(keys) == 0:
                 return
-            # One counting pass; moments and quantiles follow exactly from the length counts, so
-            # sequences need no quantile sketch. A runaway list length falls back to np.unique
-            # so it cannot allocate a huge array.
-            if int(lens.max()) <= 1 << 16:
-                counts = np.bincount(lens)
-                keys = np.flatnonzero(counts)
-                counts = counts[keys]
-            else:
-                keys, counts = np.unique(lens, return_counts=True)
+            # One counting pass per chunk; moments and quantiles follow exactly from the length
+            # counts, so sequences need no quantile sketch.
             for k, c in zip(keys, counts):
                 self.lengths[int(k)] = self.lengths.get(int(k), 0) + int(c)
             self._add_moments_counted(keys, counts)

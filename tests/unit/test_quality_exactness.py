@@ -198,3 +198,19 @@ def test_repeated_hashes_are_exactly_the_values_seen_more_than_once(n: int) -> N
         want = sorted(v for v, k in Counter(h.tolist()).items() if k > 1)
         assert np.sort(metrics.repeated_hashes(h)).tolist() == want, name
         assert want or n < 5_000, name  # the large cases do contain repeats
+
+
+def test_list_length_counts_equal_counting_arrow_list_value_length() -> None:
+    rng = np.random.default_rng(4)
+    lists = [list(range(k)) for k in rng.integers(0, 25, 3_000)]
+    lists[1_500] = list(range(70_000))  # a runaway length: counted without a 70k-slot table
+    for typ in (pa.list_(pa.int64()), pa.large_list(pa.int64())):
+        arr = pa.array(lists, typ)
+        col = pa.chunked_array([arr.slice(0, 1_000), arr.slice(1_000, 0), arr.slice(1_000)])  # sliced chunks, one empty
+        want = Counter(pc.list_value_length(col).to_numpy().tolist())
+        keys, counts = column_kernels.list_length_counts(col)
+        assert keys.dtype == np.int64 and dict(zip(keys.tolist(), counts.tolist())) == want
+        keys, counts = column_kernels.list_length_counts(arr.slice(7, 50))
+        assert dict(zip(keys.tolist(), counts.tolist())) == Counter(len(x) for x in lists[7:57])
+    empty = column_kernels.list_length_counts(pa.array([], pa.list_(pa.int64())))
+    assert len(empty[0]) == 0 and len(empty[1]) == 0
