@@ -61,7 +61,7 @@ class GateResult:
     profile: FeatureProfile | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg), and
-    data_docs (waiting for GX Data Docs after the Iceberg writes, when enabled)."""
+    data_docs (rendering GX Data Docs after the Iceberg writes, when enabled)."""
 
     @property
     def critical_failures(self) -> list[CheckResult]:
@@ -206,25 +206,23 @@ def run_gate(
             if d not in have and part.num_rows:
                 write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-persist") as pool:
-        # The profile's Iceberg commit does not depend on the validation: it runs meanwhile.
-        # Only this thread writes to the catalog until it is joined.
-        stored_profiles = pool.submit(store_profiles)
+    # Validation, the two Iceberg commits and GX's Data Docs are all Python bound by the GIL: one
+    # after the other is faster than side by side on threads (measured: the gate's median 1.60 s
+    # against 1.75 s, 12 alternating gates on the bench's 5M-row day).
+    mark = time.monotonic()
+    warm.result()
+    validation = validate(build_checks(config, agg.values), agg)
+    results = validation.results
+    timings["validate"] = time.monotonic() - mark
+    mark = time.monotonic()
+    store_profiles()
+    write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
+    timings["persist"] = time.monotonic() - mark
+    data_docs = None
+    if docs_dir is not None:
         mark = time.monotonic()
-        warm.result()
-        validation = validate(build_checks(config, agg.values), agg)
-        results = validation.results
-        timings["validate"] = time.monotonic() - mark
-        # GX renders its Data Docs while the results are committed.
-        docs = pool.submit(write_data_docs, validation, docs_dir, slug) if docs_dir is not None else None
-        mark = time.monotonic()
-        stored_profiles.result()
-        write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
-        timings["persist"] = time.monotonic() - mark
-        mark = time.monotonic()
-        data_docs = docs.result() if docs is not None else None
-        if docs is not None:
-            timings["data_docs"] = time.monotonic() - mark
+        data_docs = write_data_docs(validation, docs_dir, slug)
+        timings["data_docs"] = time.monotonic() - mark
 
     result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, profile=profile)
     result.timings = timings
