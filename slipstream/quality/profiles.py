@@ -176,7 +176,7 @@ class ColumnProfile:
                 self._add_moments_arrow(valid, float_min_max(valid, chunks))
                 self.hist.add_float32(chunks)
                 return
-            counted = small_int_counts(valid) if len(valid) else None
+            counted = small_int_counts(valid)
             if counted is not None:
                 # small-range integers (labels): moments and buckets follow exactly from the
                 # count of each value, one bincount per chunk
@@ -329,14 +329,10 @@ class FeatureProfile:
             # 0/1 labels: one count over (hour, label) pairs per aligned chunk of the two
             # columns, computed in one reused buffer (no concatenated copies, no page faults)
             pairs = np.zeros(2 * hours, dtype=np.int64)
-            buf = np.empty(0, dtype=np.int64)
-            for batch in pa.Table.from_arrays([us, label], ["t", "y"]).to_batches():
-                m = batch.num_rows
-                if m == 0:
-                    continue
-                if len(buf) < m:
-                    buf = np.empty(m, dtype=np.int64)
-                key = buf[:m]
+            batches = [b for b in pa.Table.from_arrays([us, label], ["t", "y"]).to_batches() if b.num_rows]
+            buf = np.empty(max(b.num_rows for b in batches), dtype=np.int64)
+            for batch in batches:
+                key = buf[: batch.num_rows]
                 np.floor_divide(batch.column(0).to_numpy(), US_PER_HOUR, out=key)
                 key -= lo
                 key <<= 1
