@@ -88,7 +88,17 @@ def _day_state(settings: Settings) -> dict[date, tuple[int, str]]:
     return out
 
 
-RETRYABLE = ("database is locked", "Another backfill is running")
+def _airflow_retrying(argv: list[str], env: dict[str, str], retryable: tuple[str, ...], timeout_s: float) -> Any:
+    """`airflow <argv>` again (every 2 s, up to `timeout_s`) while it fails with one of the
+    `retryable` messages: a clash with the scheduler's or dag-processor's own writes to the
+    embedded SQLite database, not a wrong command."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = airflow(argv, env)
+        text = out.stdout + out.stderr
+        if out.returncode == 0 or not any(r in text for r in retryable) or time.monotonic() > deadline:
+            return out
+        time.sleep(2.0)
 
 
 def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 300.0) -> Any:
@@ -99,13 +109,8 @@ def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 300.0) 
     later loop than the one that saw its last run succeed). A create that failed half-way can
     leave a backfill without runs, which the scheduler clears only 2 minutes after its creation
     (seen once in CI-like load): hence 300 s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        out = airflow(["backfill", "create", "--dag-id", "preprocess_samples", *args], env)
-        text = out.stdout + out.stderr
-        if out.returncode == 0 or not any(r in text for r in RETRYABLE) or time.monotonic() > deadline:
-            return out
-        time.sleep(2.0)
+    return _airflow_retrying(["backfill", "create", "--dag-id", "preprocess_samples", *args], env,
+                             ("database is locked", "Another backfill is running"), timeout_s)
 
 
 def test_backfill_of_three_days_runs_and_a_reprocess_changes_nothing(scheduler_stack: tuple[Settings, dict[str, str]]) -> None:
@@ -118,9 +123,10 @@ def test_backfill_of_three_days_runs_and_a_reprocess_changes_nothing(scheduler_s
     expected = {date.fromisoformat(d): t.num_rows for d, t in reference_samples(cfg).items()}
 
     # the dag-processor may not have parsed the folder yet; DAGs start paused, and the scheduler
-    # leaves a paused DAG's backfill runs queued
+    # leaves a paused DAG's backfill runs queued. `dags reserialize` can clash with the running
+    # dag-processor inserting the same DAG rows (IntegrityError, seen once): then it runs again.
     for argv in (["dags", "reserialize"], ["dags", "unpause", "preprocess_samples"]):
-        out = airflow(argv, env)
+        out = _airflow_retrying(argv, env, ("database is locked", "IntegrityError"), timeout_s=60)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     out = _create_backfill(env, "--from-date", str(DAYS[0]), "--to-date", str(DAYS[-1]))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
