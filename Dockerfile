@@ -10,6 +10,12 @@ RUN groupadd --gid 1000 slipstream && useradd --uid 1000 --gid 1000 --create-hom
 WORKDIR /opt/slipstream
 COPY requirements.txt ./
 
+# the loader's native list gather, compiled here so the trainer image needs no compiler
+FROM base AS native
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+COPY slipstream/ slipstream/
+RUN SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native python -m slipstream.native
+
 FROM base AS trainer
 # GPU nodes: swap the torch wheel for a CUDA build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -17,6 +23,8 @@ RUN pip install --extra-index-url "${TORCH_INDEX}" \
       $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations)([=<>]|$)' requirements.txt)
 COPY slipstream/ slipstream/
 COPY trainers/ trainers/
+COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
+ENV SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native
 USER 1000:1000
 ENTRYPOINT []
 CMD ["python", "-m", "slipstream.podrun", "--help"]

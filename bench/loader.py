@@ -16,6 +16,10 @@ the loader delivers per second to raw rows per second. `naive` iterates `--naive
 scan of the whole table is prorated to those rows. `vs_naive` (goal >= 10) is the ratio of samples
 delivered per second. Each loader pass is a fresh source's first epoch (the headline) followed by
 its second epoch (`vs_raw_epoch2`), where the source already knows each unit's training rows.
+
+The history lists are gathered by the native kernel (`slipstream.native`) where it is built; the
+same passes with Arrow's `take` instead (`loader_arrow_s`, `vs_raw_arrow`) alternate with them,
+and `native_speedup` is the ratio of the two (`native_kernel` is null where it is not built).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from slipstream import native
 from slipstream.datagen import GeneratorConfig, reference_samples
 from slipstream.iceberg import get_catalog, samples_table
 from slipstream.planning import plan_window_files
@@ -99,8 +104,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         window_us = (int(start.timestamp() * 1e6), int(t.timestamp() * 1e6))
 
-        def run_loader() -> tuple[int, float, int, float]:
+        def run_loader(use_native: bool = True) -> tuple[int, float, int, float]:
             """(samples, seconds, rows read) of a fresh source's first epoch, + seconds of its second."""
+            with native.enabled(use_native):
+                return _epochs()
+
+        def _epochs() -> tuple[int, float, int, float]:
             src = IcebergSource(units, open_file, rank=0, world=1, seed=0, batch_size=args.batch_size,
                                 shuffle_rows=65_536, window_us=window_us)
             times, n = [], 0
@@ -128,13 +137,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         # best of `repeat`, alternating, so a busy moment of a shared machine or a cold page
         # cache does not decide the ratio
-        loader_runs, raw_runs = [], []
+        kern = native.kernels()
+        loader_runs, arrow_runs, raw_runs = [], [], []
         for _ in range(args.repeat):
             loader_runs.append(run_loader())
+            if kern is not None:
+                arrow_runs.append(run_loader(use_native=False))
             raw_runs.append(run_raw())
         n_loader, loader_s, read_loader, _ = min(loader_runs, key=lambda r: r[1])
         later_s = min(r[3] for r in loader_runs)
         n_raw, raw_s = min(raw_runs, key=lambda r: r[1])
+        arrow_s = min(r[1] for r in arrow_runs) if arrow_runs else loader_s
         if read_loader != n_raw:
             raise AssertionError(f"loader read {read_loader} rows, raw read {n_raw}: not the same input")
 
@@ -156,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vs_raw": round(raw_s / loader_s, 3), "vs_raw_delivered": round(loader_rate / raw_rate, 3),
         "loader_epoch2_s": round(later_s, 4), "vs_raw_epoch2": round(raw_s / later_s, 3),
         "loader_runs_s": [round(r[1], 4) for r in loader_runs], "raw_runs_s": [round(r[1], 4) for r in raw_runs],
+        "native_kernel": None if kern is None else str(kern.path), "loader_arrow_s": round(arrow_s, 4),
+        "vs_raw_arrow": round(raw_s / arrow_s, 3), "native_speedup": round(arrow_s / loader_s, 3),
         "vs_naive": round(loader_rate / naive_rate, 1),
         "loader_note": "loader and raw read the same rows and columns; vs_raw = raw_s / loader_s. The loader "
                        "delivers the rows_loader not held out (vs_raw_delivered counts only those), shuffled, as tensors",

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from slipstream.ragged import take_lists
+from slipstream.ragged import flat_list, take_list_column, take_lists
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 SOURCE_ICEBERG = 0
@@ -27,19 +27,6 @@ SOURCE_NAMES = ("iceberg", "kafka", "replay")
 
 READ_COLUMNS = ("sample_id", "event_time", "user_id", "item_id", *DENSE_COLUMNS, *CATEGORICAL_COLUMNS, "hist_items", "label")
 """The sample columns the trainer reads (all of them today; listed so a new column is opt-in)."""
-
-
-def _flat_list(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(values int64, offsets int64 of length n+1) of a list<int64> column, nulls as empty lists."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    if arr.null_count:
-        arr = pc.if_else(pc.is_null(arr), pa.scalar([], arr.type), arr)
-    if arr.offset:  # a sliced array: make offsets start at zero
-        arr = pa.concat_arrays([arr])
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
 def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
@@ -92,9 +79,8 @@ class Rows:
         column). `partition` ... `consumed_ms` are per row of `table`."""
         idx = None if take is None else np.asarray(take, dtype=np.int64)
         n = table.num_rows if idx is None else len(idx)
-        values, offs = _flat_list(table.column("hist_items"))
-        if idx is not None:
-            values, offs = take_lists(values, offs, idx)
+        hist = table.column("hist_items")
+        values, offs = flat_list(hist) if idx is None else take_list_column(hist, idx)
         minus = np.full(n, -1, dtype=np.int64)
         sid = table.column("sample_id")
         sid_arr = sid.combine_chunks() if isinstance(sid, pa.ChunkedArray) else sid

@@ -1,0 +1,5 @@
+"""`python -m slipstream.native`: build the native kernel ahead of the first training run."""
+
+from slipstream.native import main
+
+raise SystemExit(main())
