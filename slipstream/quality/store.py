@@ -2,18 +2,26 @@
 
 Both are small and keyed so that re-running a check replaces its rows (idempotent per data
 interval): results by (run_id, scope), profiles by day.
+
+Every write adds a data file and a manifest, and every keyed overwrite and filtered read opens all
+of them, so a table written by each gate of every daily run would get slower run by run (a write
+took 0.07 s on an empty table and 0.72 s after 300 gates). Once a table holds more than
+`COMPACT_ABOVE_FILES` data files, the writer rewrites it as one file and expires the snapshots
+older than `KEEP_SNAPSHOTS` (the rows carry the samples' snapshot id themselves; nothing reads
+these tables at an old snapshot).
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -27,6 +35,8 @@ log = logging.getLogger(__name__)
 
 RESULTS_TABLE = "quality_results"
 PROFILES_TABLE = "sample_profiles"
+COMPACT_ABOVE_FILES = 32
+KEEP_SNAPSHOTS = timedelta(days=7)
 
 RESULTS_SCHEMA = Schema(
     NestedField(1, "run_id", StringType(), required=False),
@@ -92,6 +102,7 @@ def write_results(
     table = results_table(catalog, namespace)
     with _quiet_first_write():
         table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
+    compact(table)
     return len(rs)
 
 
@@ -106,8 +117,36 @@ def write_profile(
         },
         schema=PROFILES_ARROW,
     )
+    table = profiles_table(catalog, namespace)
     with _quiet_first_write():
-        profiles_table(catalog, namespace).overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+        table.overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+    compact(table)
+
+
+def compact(table: Table) -> bool:
+    """Rewrite a small table as one data file once it holds more than COMPACT_ABOVE_FILES, and
+    expire its snapshots older than KEEP_SNAPSHOTS. Returns whether it rewrote. A concurrent
+    writer wins: its commit makes this one fail, and the next write compacts."""
+    above_files, keep = COMPACT_ABOVE_FILES, KEEP_SNAPSHOTS
+    snap = table.current_snapshot()
+    files = int(snap.summary.additional_properties.get("total-data-files", "0")) if snap and snap.summary else 0
+    if files <= above_files:
+        return False
+    try:
+        rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow()
+        table.overwrite(rows)
+        cutoff = datetime.now(timezone.utc) - keep
+        current = table.current_snapshot()
+        old = [s.snapshot_id for s in table.snapshots()
+               if current is None or s.snapshot_id != current.snapshot_id
+               if datetime.fromtimestamp(s.timestamp_ms / 1000, timezone.utc) < cutoff]
+        if old:
+            table.maintenance.expire_snapshots().by_ids(old).commit()
+    except CommitFailedException as e:
+        log.info("compacting %s skipped, another writer committed first (%s)", table.name(), e)
+        return False
+    log.info("compacted %s: %d data files -> 1 (%d rows)", ".".join(table.name()), files, rows.num_rows)
+    return True
 
 
 @contextmanager
