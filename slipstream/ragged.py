@@ -44,6 +44,9 @@ def take_lists(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tupl
         return _take_blobs(values, offsets, idx)
     values = np.ascontiguousarray(values)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if len(offsets) and (offsets[0] < 0 or offsets[-1] > len(values) or (offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"list offsets must ascend within the {len(values)} values "
+                         f"(got {offsets[0]}..{offsets[-1]}): the lists are corrupt")
     return _native_take(kern.take_lists_i64, idx, [(values.ctypes.data, offsets.ctypes.data, len(offsets) - 1)],
                         values.dtype, int(offsets[-1] - offsets[0]), lambda: np.diff(offsets)[idx])
 

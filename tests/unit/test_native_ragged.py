@@ -74,6 +74,10 @@ def test_numpy_lists_match_and_bad_rows_are_refused() -> None:
         take_lists(values, offsets, np.array([0, 400]))
     with pytest.raises(IndexError, match="out of range"):
         take_list_column(pa.array([[1], [2]], pa.list_(pa.int64())), np.array([-1]))
+    with pytest.raises(ValueError, match="must ascend within the 6 values"):
+        take_lists(np.arange(6, dtype=np.int64), np.array([0, 4, 9]), np.array([1]))  # past the end
+    with pytest.raises(ValueError, match="the lists are corrupt"):
+        take_lists(np.arange(6, dtype=np.int64), np.array([0, 4, 2, 6]), np.array([0]))
 
 
 def test_rows_from_arrow_same_with_and_without_native() -> None:
