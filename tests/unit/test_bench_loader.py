@@ -1,0 +1,20 @@
+"""`slipstream bench loader` at toy sizes: the loader and raw read the same rows, the loader
+delivers the training rows (not the held-out ones) with both list gathers, and the result carries
+its ratio fields (no timing goals)."""
+
+from __future__ import annotations
+
+from slipstream import native
+
+
+def test_bench_loader_reads_the_window_and_reports_ratios() -> None:
+    from bench.loader import main
+
+    out = main(["--json", "--per-day", "4000", "--row-group-rows", "1000", "--repeat", "2", "--naive-rows", "500"])
+    assert out["benchmark"] == "loader"
+    assert out["rows_window"] == 8000  # both days, every row (the bench checks the loader read as many)
+    assert 0.8 * 8000 < out["rows_loader"] < 8000  # about a tenth is held out
+    for key in ("vs_raw", "vs_raw_median", "vs_raw_cpu", "vs_raw_epoch2", "vs_naive", "vs_raw_arrow", "native_speedup"):
+        assert out[key] > 0, key
+    assert len(out["loader_runs_s"]) == len(out["raw_runs_s"]) == 2
+    assert (out["native_kernel"] is not None) == (native.kernels() is not None)
