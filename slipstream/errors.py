@@ -53,3 +53,7 @@ class CacheBusy(CacheError):
 class CacheWarmError(CacheError):
     """Some files of the window could not be copied; the message names them. Re-running resumes:
     files already placed stay cached, nothing partial is ever visible."""
+
+
+class NativeBuildError(SlipstreamError):
+    """The optional native kernel could not be built or loaded; callers fall back to Arrow."""

@@ -30,16 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from slipstream.errors import NativeBuildError
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ragged.c")
 FLAGS = ["-O3", "-std=c99", "-shared", "-fPIC"]
 DISABLE_ENV = "SLIPSTREAM_NATIVE"
 DIR_ENV = "SLIPSTREAM_NATIVE_DIR"
-
-
-class NativeBuildError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
