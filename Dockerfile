@@ -37,6 +37,8 @@ RUN pip install -r requirements.txt psycopg2-binary==2.9.10
 COPY slipstream/ slipstream/
 COPY spark_jobs/ spark_jobs/
 COPY trainers/ trainers/
+COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
+ENV SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native
 COPY plugins/ plugins/
 COPY dags/ dags/
 RUN mkdir -p /opt/airflow /opt/slipstream/home && chown -R 1000:1000 /opt/airflow /opt/slipstream/home
