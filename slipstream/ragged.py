@@ -75,22 +75,20 @@ def take_list_column(column: pa.ChunkedArray | pa.Array, idx: np.ndarray) -> tup
                 and (pa.types.is_list(c.type) or pa.types.is_large_list(c.type)) for c in chunks)
     if kern is None or not plain or not chunks or len(idx) == 0:
         return take_lists(*flat_list(column), idx)
-    large = pa.types.is_large_list(chunks[0].type)
-    if any(pa.types.is_large_list(c.type) != large for c in chunks):
-        return take_lists(*flat_list(column), idx)
+    large = pa.types.is_large_list(chunks[0].type)  # one type for every chunk of a column
     width = 8 if large else 4
     segments = []
-    total = 0
+    offsets = []
     for c in chunks:
         _, offsets_buf, _, values_buf = c.buffers()
         count = c.offset + len(c) + 1
-        offs = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32, count=count)[c.offset :]
-        total += int(offs[-1] - offs[0])
+        offsets.append(np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32, count=count)[c.offset :])
         values_at = values_buf.address + 8 * c.values.offset if values_buf is not None else 0
         segments.append((values_at, offsets_buf.address + width * c.offset, len(c)))
+    total = sum(int(o[-1] - o[0]) for o in offsets)
 
     def lengths() -> np.ndarray:
-        return np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks])[idx]
+        return np.concatenate([np.diff(o) for o in offsets])[idx]
 
     fn = kern.take_lists_i64 if large else kern.take_lists_i32
     return _native_take(fn, idx, segments, np.dtype(np.int64), total, lengths)
@@ -108,7 +106,7 @@ def _native_take(fn: object, idx: np.ndarray, segments: Sequence[tuple[int, int,
     values_at = (ctypes.c_void_p * k)(*[v for v, _, _ in segments])
     offsets_at = (ctypes.c_void_p * k)(*[o for _, o, _ in segments])
     out_offsets = np.empty(len(idx) + 1, dtype=np.int64)
-    for attempt in range(2):
+    for _ in range(2):
         out = np.empty(capacity, dtype=dtype)
         written = fn(len(idx), idx.ctypes.data, k, rows.ctypes.data, values_at, offsets_at, dtype.itemsize,
                      out.ctypes.data, capacity, out_offsets.ctypes.data)  # type: ignore[operator]
