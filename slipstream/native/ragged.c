@@ -1,52 +1,71 @@
-/* Slipstream's one native kernel: gather variable-length lists (a history per row) by row index.
+/* Slipstream's native kernels, over variable-length ranges (a history list or an id string per row).
  *
- * The column may be split into k segments (an Arrow chunked array: one segment a data file); rows
- * row_starts[s] .. row_starts[s + 1] - 1 live in segment s, whose list r (local) is
+ * take_lists_i32 / take_lists_i64 gather lists by row index. The column may be split into k
+ * segments (an Arrow chunked array: one segment a data file); rows row_starts[s] ..
+ * row_starts[s + 1] - 1 live in segment s, whose list r (local) is
  * values[s][offsets[s][r] .. offsets[s][r + 1]), each element itemsize bytes.
  *
  * For every i, list idx[i] is copied to the end of `out` and out_offsets[i + 1] is set to the
- * number of elements written so far (out_offsets[0] = 0). Each list is one memcpy; the offsets of
- * the row 16 ahead and the values of the row 8 ahead are prefetched, so the random reads of a
- * shuffle overlap instead of waiting on memory one after another.
+ * number of elements written so far (out_offsets[0] = 0). Each list is one memcpy. A row is
+ * located (its segment found, its offsets prefetched) AHEAD rows before it is copied, and its
+ * values are prefetched halfway, so the random reads of a shuffle overlap instead of waiting on
+ * memory one after another; each row is located once, into a small ring.
  *
  * The caller checks every idx is in [0, row_starts[k]) and the offsets are Arrow-valid; the kernel
  * still refuses to write past out_capacity elements (returns -1). Returns the elements written.
+ *
+ * fnv1a_divisible marks the strings whose FNV-1a 64-bit hash (NUL bytes skipped, as
+ * slipstream.schema.id_hash does) is a multiple of `modulo`: the held-out sample ids.
  */
 #include <stdint.h>
 #include <string.h>
 
-#define SEGMENT_OF(row, seg)                                        \
-    do {                                                            \
-        seg = 0;                                                    \
-        while (seg + 1 < k && (row) >= row_starts[seg + 1]) seg++;  \
-    } while (0)
+/* The segment holding `row`: the last s with row_starts[s] <= row. A branch-free binary search:
+ * a shuffle's rows fall in random segments, and a branch on each would be mispredicted half the time. */
+static inline int32_t segment_of(int64_t row, int32_t k, const int64_t *row_starts) {
+    int32_t lo = 0, n = k;
+    while (n > 1) {
+        int32_t half = n / 2;
+        lo = row_starts[lo + half] <= row ? lo + half : lo;
+        n -= half;
+    }
+    return lo;
+}
+
+#define AHEAD 16 /* rows between locating a row's list and copying it */
+#define RING 32 /* a power of two above AHEAD */
 
 #define TAKE_LISTS(NAME, OFF_T)                                                               \
-    int64_t NAME(int64_t n, const int64_t *idx, int32_t k, const int64_t *row_starts,          \
-                 const char *const *values, const OFF_T *const *offsets, int64_t itemsize,     \
+    int64_t NAME(int64_t n, const int64_t *idx, int32_t k, const int64_t *row_starts,         \
+                 const char *const *values, const OFF_T *const *offsets, int64_t itemsize,    \
                  char *out, int64_t out_capacity, int64_t *out_offsets) {                     \
+        /* located rows i .. j: their offsets entry and values base */                        \
+        const OFF_T *ring_o[RING];                                                            \
+        const char *ring_v[RING];                                                             \
         int64_t written = 0;                                                                  \
-        int32_t s;                                                                            \
         out_offsets[0] = 0;                                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                     \
-            if (i + 16 < n) {                                                                 \
-                int64_t ahead = idx[i + 16];                                                  \
-                SEGMENT_OF(ahead, s);                                                         \
-                __builtin_prefetch(offsets[s] + (ahead - row_starts[s]));                     \
+        for (int64_t j = 0; j < n + AHEAD; j++) {                                             \
+            if (j < n) { /* locate row j: prefetch its offsets */                             \
+                int64_t row = idx[j];                                                         \
+                int32_t s = segment_of(row, k, row_starts);                                   \
+                const OFF_T *o = offsets[s] + (row - row_starts[s]);                          \
+                ring_o[j & (RING - 1)] = o;                                                   \
+                ring_v[j & (RING - 1)] = values[s];                                           \
+                __builtin_prefetch(o);                                                        \
             }                                                                                 \
-            if (i + 8 < n) {                                                                  \
-                int64_t ahead = idx[i + 8];                                                   \
-                SEGMENT_OF(ahead, s);                                                         \
-                const OFF_T *o = offsets[s] + (ahead - row_starts[s]);                        \
-                __builtin_prefetch(values[s] + (int64_t)o[0] * itemsize);                     \
+            int64_t h = j - AHEAD / 2; /* halfway: prefetch its values */                     \
+            if (h >= 0 && h < n) {                                                            \
+                const OFF_T *o = ring_o[h & (RING - 1)];                                      \
+                __builtin_prefetch(ring_v[h & (RING - 1)] + (int64_t)o[0] * itemsize);        \
             }                                                                                 \
-            int64_t row = idx[i];                                                             \
-            SEGMENT_OF(row, s);                                                               \
-            const OFF_T *o = offsets[s] + (row - row_starts[s]);                              \
+            int64_t i = j - AHEAD; /* copy it */                                              \
+            if (i < 0) continue;                                                              \
+            const OFF_T *o = ring_o[i & (RING - 1)];                                          \
             int64_t len = (int64_t)(o[1] - o[0]);                                             \
             if (len < 0 || written + len > out_capacity) return -1;                           \
             if (len)                                                                          \
-                memcpy(out + written * itemsize, values[s] + (int64_t)o[0] * itemsize,        \
+                memcpy(out + written * itemsize,                                              \
+                       ring_v[i & (RING - 1)] + (int64_t)o[0] * itemsize,                     \
                        (size_t)(len * itemsize));                                             \
             written += len;                                                                   \
             out_offsets[i + 1] = written;                                                     \
@@ -56,3 +75,12 @@
 
 TAKE_LISTS(take_lists_i32, int32_t)
 TAKE_LISTS(take_lists_i64, int64_t)
+
+void fnv1a_divisible(int64_t n, const int32_t *offsets, const uint8_t *data, uint64_t modulo, uint8_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = 0xCBF29CE484222325ULL;
+        for (int32_t j = offsets[i]; j < offsets[i + 1]; j++)
+            if (data[j]) h = (h ^ data[j]) * 0x100000001B3ULL;
+        out[i] = h % modulo == 0;
+    }
+}

@@ -53,6 +53,15 @@ def test_chunked_sliced_and_repeated_rows_match_the_arrow_path() -> None:
     _both(col.chunk(0), np.arange(10)[::-1].copy())
 
 
+def test_many_chunks_with_empty_ones_anywhere() -> None:
+    # each row is found in its chunk however many chunks there are (empty ones first, between, last)
+    rng = np.random.default_rng(9)
+    for sizes in ((0, 3, 0, 0, 5, 1, 0, 7, 2, 0), (0, 0, 40), (40, 0, 0), tuple(range(1, 18))):
+        col = pa.chunked_array([pa.array(_lists(rng, n, 6), pa.list_(pa.int64())) for n in sizes], pa.list_(pa.int64()))
+        _both(col, rng.permutation(len(col)))
+        _both(col, rng.integers(0, len(col), size=50))
+
+
 def test_empty_lists_nulls_and_large_lists() -> None:
     rng = np.random.default_rng(8)
     _both(pa.array([[], [], []], pa.list_(pa.int64())), np.array([2, 0, 1, 1]))
