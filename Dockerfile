@@ -10,7 +10,7 @@ RUN groupadd --gid 1000 slipstream && useradd --uid 1000 --gid 1000 --create-hom
 WORKDIR /opt/slipstream
 COPY requirements.txt ./
 
-# the loader's native list gather, compiled here so the trainer image needs no compiler
+# the loader's native kernels, compiled here so the trainer image needs no compiler
 FROM base AS native
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY slipstream/ slipstream/

@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml slipstream/native/ragged.c
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
-	@# the loader's native list gather (optional: without a C compiler the loader uses Arrow's take)
+	@# the loader's native kernels (optional: without a C compiler the loader uses Arrow's take and numpy)
 	-$(PY) -m slipstream.native
 	@touch $(STAMP)
 

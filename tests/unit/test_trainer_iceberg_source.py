@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from slipstream import native
 from slipstream.errors import ResumeError
 from slipstream.planning import plan_window_files
 from slipstream.ragged import take_lists, take_ranges
@@ -145,6 +147,16 @@ def test_epoch_units_is_a_permutation_dealt_to_ranks() -> None:
     assert not np.array_equal(epoch_units(101, 4, 9, 0, 1), epoch_units(101, 5, 9, 0, 1))
 
 
+@pytest.fixture(params=[False, True], ids=["numpy", "native"])
+def hasher(request: pytest.FixtureRequest) -> Iterator[None]:
+    """holdout_mask's numpy path, then its native kernel."""
+    if request.param and native.kernels() is None:
+        pytest.skip("the native kernels are not built here (no C compiler)")
+    with native.enabled(request.param):
+        yield
+
+
+@pytest.mark.usefixtures("hasher")
 def test_holdout_mask_matches_schema_rule() -> None:
     ids = pa.array([f"imp-{i % 13:04d}-{i}" for i in range(5000)] + ["", "x" * 40])
     assert np.array_equal(holdout_mask(ids), is_holdout(ids))
@@ -208,6 +220,7 @@ def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) ->
     assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
 
 
+@pytest.mark.usefixtures("hasher")
 def test_holdout_mask_over_runs_of_equal_length_ids() -> None:
     # counters (runs of one length sharing a prefix), fixed-length ids with no shared prefix, a
     # NUL inside a run, and the same ids hashed by both strategies (runs and longest first)
