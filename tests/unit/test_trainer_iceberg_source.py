@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,8 @@ from slipstream.schema import is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
 from trainers.data import holdout
 from trainers.data.holdout import holdout_mask
-from trainers.data.iceberg_source import IcebergSource
+from trainers.data import iceberg_source
+from trainers.data.iceberg_source import IcebergSource, read_units
 from trainers.data.units import epoch_units, file_opener, plan_units
 from trainers.rows import Rows
 
@@ -78,6 +80,34 @@ def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str,
     other = _source(samples, **kw)
     assert _epoch_ids(other, 1) == _epoch_ids(default, 1)
     assert other.stats == default.stats
+
+
+def test_row_groups_read_side_by_side_give_the_same_table(samples: SamplesFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _source(samples)
+    picked = [src.units[i] for i in (0, 1, 2, len(src.units) - 2, len(src.units) - 1)]  # two files at least
+    assert len({u.path for u in picked}) >= 2
+    opened: list[Any] = []
+
+    def opener(path: str) -> Any:
+        opened.append(src.open_file(path))
+        return opened[-1]
+
+    with ThreadPoolExecutor(3) as pool:
+        assert read_units(picked, opener, pool).equals(read_units(picked, src.open_file))
+        assert len(opened) == len({u.path for u in picked})  # each file opened once
+        # a failed row group read surfaces, after the others finished and with every file closed
+        opened.clear()
+        real = iceberg_source._read_group
+
+        def flaky(fh: Any, metadata: Any, group: int, columns: list[str]) -> Any:
+            if group == picked[1].row_group:
+                raise OSError("bad block")
+            return real(fh, metadata, group, columns)
+
+        monkeypatch.setattr(iceberg_source, "_read_group", flaky)
+        with pytest.raises(OSError, match="bad block"):
+            read_units(picked, opener, pool)
+        assert opened and all(f.closed for f in opened)
 
 
 def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture) -> None:
