@@ -5,7 +5,7 @@ hot path that costs more than reading the row group. This computes the same FNV-
 the Arrow data buffer: with the native kernel (`slipstream.native`, one pass over the bytes) where
 it is built, else with numpy (tests check all three agree on every id).
 
-The hash runs one numpy pass per byte position. Ids of one length stored next to each other (a
+The numpy path runs one pass per byte position. Ids of one length stored next to each other (a
 row group of counters or UUIDs holds a few such runs) are a 2-d byte matrix over the Arrow buffer,
 so a pass reads one column of it with no gather, and the leading columns every id of the run
 shares (`imp-0001-`) are hashed once, as a scalar. Arrays of many short runs (lengths that vary
