@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,10 @@ for p in (str(REPO), str(REPO / "plugins")):
         sys.path.insert(0, p)
 
 from slipstream.settings import Settings  # noqa: E402
+
+# py4j's gateway says goodbye at INFO from a destructor at interpreter exit, after pytest has closed
+# the stream its log handler writes to ("--- Logging error ---" at the end of a green run)
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture
