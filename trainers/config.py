@@ -120,8 +120,8 @@ class DataConfig:
     """Read warehouse files through slipstream.cache.reader.CacheReader from this folder (empty:
     read them directly)."""
     prefetch_chunks: int = 2
-    """Shuffle chunks read ahead by the background reader (up to 2 read at a time; at most
-    prefetch_chunks + 1 chunks are held ahead of training)."""
+    """Shuffle chunks read ahead by the background reader: at most prefetch_chunks + 1 chunks are
+    held ahead of training (being read or queued), all of them read at the same time if need be."""
     exchange: bool = False
     """Stream phase: deal every rank's fresh rows to all ranks (an all-to-all each stream-loop
     iteration) so every rank's batch mixes all partitions, not only the ones it reads. Costs two

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,6 +81,31 @@ def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str,
     other = _source(samples, **kw)
     assert _epoch_ids(other, 1) == _epoch_ids(default, 1)
     assert other.stats == default.stats
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_read_ahead_holds_at_most_prefetch_plus_one_chunks(samples: SamplesFixture, prefetch: int) -> None:
+    src = _source(samples, shuffle_rows=700, batch_size=350, prefetch_chunks=prefetch)
+    n_chunks = len(src.epoch_plan(0)[1]) - 1
+    assert n_chunks > prefetch + 3
+    started: list[int] = []
+    read_chunk = src.read_chunk
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        started.append(a[3])
+        return read_chunk(*a, **kw)
+
+    src.read_chunk = counted  # type: ignore[method-assign]
+    src.start_epoch(0)
+    time.sleep(0.5)  # nothing taken yet: the reader fills its slots and stops there
+    assert len(started) == prefetch + 1
+    taken = 0
+    while (b := src.next_batch()) is not None:
+        taken = src._chunk + 1  # chunks the consumer has taken so far
+        assert len(started) <= taken + prefetch + 1
+        assert len(b)
+    src.close()
+    assert sorted(started) == list(range(n_chunks))
 
 
 def test_row_groups_read_side_by_side_give_the_same_table(samples: SamplesFixture, monkeypatch: pytest.MonkeyPatch) -> None:

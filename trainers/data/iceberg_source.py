@@ -9,8 +9,9 @@ Order of samples on rank r in epoch e, fully determined by (seed, e, r, world si
 The cursor (epoch, chunk, offset) is therefore the whole shuffle state: a resume re-reads one
 chunk, re-derives its permutation and skips `offset` rows, reproducing the same order without
 saving buffer contents. A background thread reads and permutes chunks ahead of training, up to
-`read_threads` chunks at a time (pyarrow and numpy release the GIL), each chunk's row groups
-decoded side by side, and hands them over in order.
+`read_threads` chunks at a time (pyarrow and numpy release the GIL) and never more than
+`prefetch_chunks + 1` ahead of the consumer, each chunk's row groups decoded side by side, and
+hands them over in order.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class IcebergSource:
         shuffle_rows: int,
         window_us: tuple[int, int],
         prefetch_chunks: int = 2,
-        read_threads: int = 2,
+        read_threads: int = 3,
     ) -> None:
         self.units = units
         self.open_file = open_file
@@ -129,9 +130,11 @@ class IcebergSource:
         self.shuffle_rows = shuffle_rows
         self.window_us = window_us
         self.prefetch_chunks = prefetch_chunks
-        # chunks read at the same time; at most prefetch_chunks + 1 are ever held ahead of the
-        # consumer (queued, being read or waiting for the queue), as with one reader thread
-        self.read_threads = max(1, min(read_threads, prefetch_chunks))
+        # chunks read at the same time. At most prefetch_chunks + 1 are ever held ahead of the
+        # consumer (being read or queued): a chunk's read takes one of that many slots, and the
+        # consumer frees it when it takes the chunk, so the next read starts then, not when a
+        # queued chunk leaves a full queue
+        self.read_threads = max(1, min(read_threads, prefetch_chunks + 1))
         self.digest = units_digest(units)
         self.stats = ChunkStats()
         self.wait_s = 0.0
@@ -140,6 +143,7 @@ class IcebergSource:
         self._pos = 0
         self._rows: Rows | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(prefetch_chunks + 1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._done = True
@@ -194,44 +198,46 @@ class IcebergSource:
         self._skip = offset
         order, bounds = self.epoch_plan(epoch)
         self._n_chunks = len(bounds) - 1
-        self._queue = queue.Queue(maxsize=self.prefetch_chunks + 1 - self.read_threads)
+        self._queue = queue.Queue()  # bounded by the slots
+        self._slots = threading.Semaphore(self.prefetch_chunks + 1)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
-            target=self._read_ahead, args=(epoch, order, bounds, chunk, self._queue, self._stop),
+            target=self._read_ahead, args=(epoch, order, bounds, chunk, self._queue, self._slots, self._stop),
             name=f"iceberg-prefetch-r{self.rank}", daemon=True,
         )
         self._thread.start()
 
-    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any], stop: threading.Event) -> None:
+    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any],
+                    slots: threading.Semaphore, stop: threading.Event) -> None:
         pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
         # the row groups of the chunks being read; these threads wait while Arrow's pool decodes
         groups = ThreadPoolExecutor(4 * self.read_threads, thread_name_prefix=f"iceberg-group-r{self.rank}")
 
-        def read(c: int) -> tuple[Rows, ChunkStats]:
+        def read(c: int) -> tuple[Rows, ChunkStats] | None:
+            while not slots.acquire(timeout=0.1):  # wait for the consumer to take an earlier chunk
+                if stop.is_set():
+                    return None
             stats = ChunkStats()
             return self.read_chunk(epoch, order, bounds, c, stats, groups), stats
 
         try:
-            pending: deque[Future[tuple[Rows, ChunkStats]]] = deque()
+            pending: deque[Future[tuple[Rows, ChunkStats] | None]] = deque()
             nxt, end = first, len(bounds) - 1
             for c in range(first, end):
-                # keep read_threads chunks being read: this one and the next ones, in order
+                # keep read_threads chunks being read (or waiting for a slot): this one and the
+                # next ones, in order
                 while pool is not None and nxt < end and len(pending) < self.read_threads:
                     pending.append(pool.submit(read, nxt))
                     nxt += 1
-                rows, stats = pending.popleft().result() if pool is not None else read(c)
+                done = pending.popleft().result() if pool is not None else read(c)
+                if done is None or stop.is_set():
+                    return
+                rows, stats = done
                 self.stats.rows_read += stats.rows_read
                 self.stats.rows_outside_window += stats.rows_outside_window
                 self.stats.rows_holdout += stats.rows_holdout
-                while not stop.is_set():
-                    try:
-                        q.put((c, rows), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
+                q.put((c, rows))
             q.put(_End())
         except BaseException as e:  # surfaced in the training thread
             q.put(e)
@@ -252,6 +258,7 @@ class IcebergSource:
             self._chunk, self._pos = self._n_chunks, 0
             return False
         self._chunk, self._rows = item
+        self._slots.release()  # the reader may start the chunk after the ones it holds
         self._pos = min(self._skip, len(self._rows))
         self._skip = 0
         return True
@@ -278,7 +285,7 @@ class IcebergSource:
         if self._thread is not None:
             self._stop.set()
             while self._thread.is_alive():
-                try:  # unblock a producer waiting on a full queue
+                try:  # drop the chunks read ahead
                     self._queue.get_nowait()
                 except queue.Empty:
                     self._thread.join(timeout=0.05)
