@@ -136,10 +136,11 @@ def test_row_groups_read_side_by_side_give_the_same_table(samples: SamplesFixtur
         assert opened and all(f.closed for f in opened)
 
 
-def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture) -> None:
+@pytest.mark.parametrize("where", [0, -1])
+def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture, where: int) -> None:
     src = _source(samples)
     good = src.open_file
-    bad = src.units[int(src.epoch_plan(0)[0][-1])].path  # read in the last chunk
+    bad = src.units[int(src.epoch_plan(0)[0][where])].path  # read in the first or the last chunk
 
     def opener(path: str):  # type: ignore[no-untyped-def]
         if path == bad:

@@ -24,7 +24,7 @@ import time
 from collections import defaultdict, deque
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -48,11 +48,13 @@ class ChunkStats:
     rows_holdout: int = 0
 
 
-def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None = None) -> pa.Table:
+def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None = None,
+               submitted: Callable[[], None] | None = None) -> pa.Table:
     """Read the given units (row groups) in the given order into one table. With a pool, every
     row group is read by a task of its own (each file is still opened once), so Arrow decodes the
     row groups side by side: a chunk's slowest column (the history lists) is then split across
-    cores instead of being decoded one row group after another."""
+    cores instead of being decoded one row group after another. `submitted` is called once every
+    read is queued on the pool (or, without one, before reading)."""
     by_file: dict[str, list[int]] = defaultdict(list)
     for u in units:
         by_file[u.path].append(u.row_group)  # files in order of first appearance
@@ -68,10 +70,14 @@ def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None =
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
             readers.append((fh, pf, groups, names))
         if pool is None or len(units) < 2:
+            if submitted is not None:
+                submitted()
             tables = [pf.read_row_groups(groups, columns=names, use_threads=True) for _, pf, groups, names in readers]
         else:
             # one ParquetFile per task over the file's shared handle (ReadAt is thread-safe) and footer
             futures = [pool.submit(_read_group, fh, pf.metadata, g, names) for fh, pf, groups, names in readers for g in groups]
+            if submitted is not None:
+                submitted()
             wait(futures)  # every read is done before the files close, even when one failed
             tables = [f.result() for f in futures]
     if not tables:
@@ -159,9 +165,9 @@ class IcebergSource:
         return order, chunk_bounds(rows, self.shuffle_rows)
 
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None,
-                   pool: Executor | None = None) -> Rows:
+                   pool: Executor | None = None, submitted: Callable[[], None] | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
-        table = read_units([self.units[i] for i in idx], self.open_file, pool)
+        table = read_units([self.units[i] for i in idx], self.open_file, pool, submitted)
         train = self._training_rows(table, idx, self.stats if stats is None else stats)
         perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
@@ -211,15 +217,33 @@ class IcebergSource:
     def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any],
                     slots: threading.Semaphore, stop: threading.Event) -> None:
         pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
-        # the row groups of the chunks being read; these threads wait while Arrow's pool decodes
-        groups = ThreadPoolExecutor(4 * self.read_threads, thread_name_prefix=f"iceberg-group-r{self.rank}")
+        # the row groups of the chunks being read, queued in chunk order (see `read`): a few at a
+        # time, so the chunk needed first is decoded first; these threads wait while Arrow's pool
+        # decodes
+        groups = ThreadPoolExecutor(4, thread_name_prefix=f"iceberg-group-r{self.rank}")
+        turn = [first]  # the chunk whose row groups are queued next
+        turns = threading.Condition()
+
+        def queued(c: int) -> None:
+            with turns:
+                if turn[0] == c:
+                    turn[0] += 1
+                    turns.notify_all()
 
         def read(c: int) -> tuple[Rows, ChunkStats] | None:
             while not slots.acquire(timeout=0.1):  # wait for the consumer to take an earlier chunk
                 if stop.is_set():
                     return None
+            with turns:
+                while turn[0] != c:
+                    if stop.is_set():
+                        return None
+                    turns.wait(0.1)
             stats = ChunkStats()
-            return self.read_chunk(epoch, order, bounds, c, stats, groups), stats
+            try:
+                return self.read_chunk(epoch, order, bounds, c, stats, groups, lambda: queued(c)), stats
+            finally:
+                queued(c)  # also when the read failed before queueing anything
 
         try:
             pending: deque[Future[tuple[Rows, ChunkStats] | None]] = deque()
