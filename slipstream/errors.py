@@ -56,4 +56,4 @@ class CacheWarmError(CacheError):
 
 
 class NativeBuildError(SlipstreamError):
-    """The optional native kernel could not be built or loaded; callers fall back to Arrow."""
+    """The optional native kernels could not be built or loaded; callers fall back to Arrow and numpy."""

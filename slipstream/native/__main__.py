@@ -1,4 +1,4 @@
-"""`python -m slipstream.native`: build the native kernel ahead of the first training run."""
+"""`python -m slipstream.native`: build the native kernels ahead of the first training run."""
 
 from slipstream.native import main
 

@@ -127,15 +127,14 @@ def compact(table: Table) -> bool:
     """Rewrite a small table as one data file once it holds more than COMPACT_ABOVE_FILES, and
     expire its snapshots older than KEEP_SNAPSHOTS. Returns whether it rewrote. A concurrent
     writer wins: its commit makes this one fail, and the next write compacts."""
-    above_files, keep = COMPACT_ABOVE_FILES, KEEP_SNAPSHOTS
     snap = table.current_snapshot()
     files = int(snap.summary.additional_properties.get("total-data-files", "0")) if snap and snap.summary else 0
-    if files <= above_files:
+    if files <= COMPACT_ABOVE_FILES:
         return False
     try:
         rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow()
         table.overwrite(rows)
-        cutoff = datetime.now(timezone.utc) - keep
+        cutoff = datetime.now(timezone.utc) - KEEP_SNAPSHOTS
         current = table.current_snapshot()
         old = [s.snapshot_id for s in table.snapshots()
                if current is None or s.snapshot_id != current.snapshot_id
@@ -143,7 +142,7 @@ def compact(table: Table) -> bool:
         if old:
             table.maintenance.expire_snapshots().by_ids(old).commit()
     except CommitFailedException as e:
-        log.info("compacting %s skipped, another writer committed first (%s)", table.name(), e)
+        log.info("compacting %s skipped, another writer committed first (%s)", ".".join(table.name()), e)
         return False
     log.info("compacted %s: %d data files -> 1 (%d rows)", ".".join(table.name()), files, rows.num_rows)
     return True
