@@ -79,6 +79,9 @@ class Rows:
         column). `partition` ... `consumed_ms` are per row of `table`."""
         idx = None if take is None else np.asarray(take, dtype=np.int64)
         n = table.num_rows if idx is None else len(idx)
+        if idx is not None and n and (idx.min() < 0 or idx.max() >= table.num_rows):
+            # numpy would wrap a negative row around and Arrow would refuse it: say which it is
+            raise IndexError(f"rows to take must be in [0, {table.num_rows}) (got {idx.min()}..{idx.max()})")
         hist = table.column("hist_items")
         values, offs = flat_list(hist) if idx is None else take_list_column(hist, idx)
         minus = np.full(n, -1, dtype=np.int64)

@@ -16,7 +16,7 @@ from slipstream import native
 from slipstream.errors import ResumeError
 from slipstream.planning import plan_window_files
 from slipstream.ragged import take_lists, take_ranges
-from slipstream.schema import is_holdout
+from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
 from trainers.data import holdout
 from trainers.data.holdout import holdout_mask
@@ -242,6 +242,14 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     for f in fields(Rows):
         a, b = getattr(direct, f.name), getattr(later, f.name)
         assert a.equals(b) if f.name == "sample_id" else (np.array_equal(a, b) and a.dtype == b.dtype), f.name
+    picked = table.take(pa.array([0, 5, 3, 499, 0]))
+    for matrix, names in ((direct.cats, CATEGORICAL_COLUMNS), (direct.dense, DENSE_COLUMNS)):
+        assert matrix.shape == (5, len(names))
+        for j, name in enumerate(names):  # column j of the matrix is feature j, row i is taken row i
+            np.testing.assert_allclose(matrix[:, j], picked.column(name).to_numpy(), rtol=1e-6)
+    for bad in ([0, -1], [500, 1]):  # a negative row would wrap around, one past the end would clip
+        with pytest.raises(IndexError, match=r"rows to take must be in \[0, 500\)"):
+            Rows.from_arrow(table, source=0, take=np.array(bad))
     both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
     assert np.array_equal(both.hist_values, rows.hist_values)
     assert np.array_equal(both.hist_offsets, rows.hist_offsets)
