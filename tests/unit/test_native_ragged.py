@@ -1,4 +1,5 @@
-"""The native list gather (slipstream/native/ragged.c) gives exactly the arrays of the Arrow path."""
+"""The native kernels (slipstream/native/ragged.c): the list gather gives exactly the arrays of the
+Arrow path, and the id hash follows the schema's rule."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from slipstream import native
 from slipstream.ragged import flat_list, take_list_column, take_lists
+from slipstream.schema import HOLDOUT_MODULO, id_hash
 from trainers.rows import Rows, SOURCE_ICEBERG
 
 
@@ -115,6 +117,22 @@ def test_rows_from_arrow_same_with_and_without_native() -> None:
     for name in ("hist_values", "hist_offsets", "user", "cats", "dense", "label"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
     assert got.sample_id.equals(want.sample_id)
+
+
+def test_id_hash_kernel_is_the_schema_rule_for_any_modulo(built: native.Kernels) -> None:
+    # ids of every length 0..30 (some with NUL bytes, which the hash skips), a count that is not
+    # a multiple of the kernel's four lanes, and moduli odd, even, powers of two and the extremes
+    rng = np.random.default_rng(3)
+    alphabet = np.array(list("imp-0123456789\x00"))
+    ids = ["".join(rng.choice(alphabet, size=int(rng.integers(0, 31)))) for _ in range(1003)]
+    arr = pa.array(ids, pa.string())
+    bufs = arr.buffers()
+    hashes = id_hash(ids)
+    for modulo in (1, 2, 3, 10, 16, 97, 2**63, 2**64 - 1, HOLDOUT_MODULO):
+        out = np.empty(len(ids), dtype=np.uint8)
+        built.fnv1a_divisible(len(ids), bufs[1].address, bufs[2].address, modulo, out.ctypes.data)
+        np.testing.assert_array_equal(out.view(np.bool_), hashes % np.uint64(modulo) == 0, err_msg=f"modulo {modulo}")
+    assert 0 < np.count_nonzero(hashes % np.uint64(HOLDOUT_MODULO) == 0) < len(ids)
 
 
 def test_no_compiler_falls_back_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
