@@ -4,7 +4,11 @@ On one generated window (SQLite catalog in a temp folder), in the same run:
 - `loader`: `trainers.data.iceberg_source.IcebergSource` over an epoch (global shuffle, window and
   holdout filter, in-rank shuffle, background prefetch) up to model-ready tensors;
 - `raw`: pyarrow reads the same files' columns straight into numpy (the ceiling);
-- `naive`: pyiceberg scan → pandas → a row-indexed torch Dataset + DataLoader (the common way).
+- `naive`: pyiceberg scan → pandas → a row-indexed torch Dataset + DataLoader (the common way);
+- `floor`: raw's reads, the files side by side, each followed by one seeded permutation gather of
+  every column (numpy, the list gather, Arrow's take for the ids) and nothing else: the least a
+  reader that shuffles rows does. `floor_vs_raw` is what a full row shuffle costs on this machine,
+  `vs_floor` how close the loader (window, holdout, chunks, prefetch, batches, tensors) comes to it.
 
 Fairness: `loader` and `raw` read the same files, the same columns (`READ_COLUMNS`) and the same
 rows (every row of the window; checked), each with pyarrow's thread pool available; both start from
@@ -29,13 +33,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -44,6 +52,7 @@ from slipstream import native
 from slipstream.datagen import GeneratorConfig, reference_samples
 from slipstream.iceberg import get_catalog, samples_table
 from slipstream.planning import plan_window_files
+from slipstream.ragged import take_list_column
 from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from slipstream.settings import Settings
 from trainers.data.iceberg_source import IcebergSource
@@ -130,6 +139,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     cpu = time.process_time() - cpu0
             return n, times[0], src.stats.rows_read // 2, times[1], cpu
 
+        def run_floor() -> tuple[int, float]:
+            """(rows, seconds) of the shuffle floor: read, permute, gather; no window, no batches."""
+            def one(k: int, path: str) -> int:
+                with open_file(path) as fh:
+                    tbl = pq.read_table(fh, columns=list(READ_COLUMNS))
+                perm = np.random.default_rng([0, k]).permutation(tbl.num_rows)
+                _ = ([tbl.column(c).to_numpy()[perm] for c in READ_COLUMNS if c not in ("sample_id", "hist_items")],
+                     take_list_column(tbl.column("hist_items"), perm),
+                     tbl.column("sample_id").combine_chunks().take(pa.array(perm)))
+                return tbl.num_rows
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max(1, min(len(plan.files), os.cpu_count() or 1))) as pool:
+                n = sum(pool.map(one, range(len(plan.files)), [f.path for f in plan.files]))
+            return n, time.perf_counter() - t0
+
         def run_raw() -> tuple[int, float, float]:
             t0, cpu0 = time.perf_counter(), time.process_time()
             n = 0
@@ -145,12 +170,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # best of `repeat`, alternating, so a busy moment of a shared machine or a cold page
         # cache does not decide the ratio
         kern = native.kernels()
-        loader_runs, arrow_runs, raw_runs = [], [], []
+        loader_runs, arrow_runs, raw_runs, floor_runs = [], [], [], []
         for _ in range(args.repeat):
             loader_runs.append(run_loader())
             if kern is not None:
                 arrow_runs.append(run_loader(use_native=False))
             raw_runs.append(run_raw())
+            floor_runs.append(run_floor())
         n_loader, loader_s, read_loader, _, _ = min(loader_runs, key=lambda r: r[1])
         later_s = min(r[3] for r in loader_runs)
         n_raw, raw_s, _ = min(raw_runs, key=lambda r: r[1])
@@ -158,8 +184,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loader_med_s, raw_med_s = statistics.median(r[1] for r in loader_runs), statistics.median(r[1] for r in raw_runs)
         loader_cpu_s, raw_cpu_s = statistics.median(r[4] for r in loader_runs), statistics.median(r[2] for r in raw_runs)
         arrow_s = min(r[1] for r in arrow_runs) if arrow_runs else loader_s
-        if read_loader != n_raw:
-            raise AssertionError(f"loader read {read_loader} rows, raw read {n_raw}: not the same input")
+        floor_s, floor_med_s = min(r[1] for r in floor_runs), statistics.median(r[1] for r in floor_runs)
+        if not read_loader == n_raw == floor_runs[0][0]:
+            raise AssertionError(f"loader read {read_loader} rows, raw {n_raw}, floor {floor_runs[0][0]}: not the same input")
 
         t0 = time.perf_counter()
         df = table.scan(snapshot_id=snap.snapshot_id).to_pandas()
@@ -184,6 +211,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vs_naive": round(loader_rate / naive_rate, 1),
         "vs_raw_median": round(raw_med_s / loader_med_s, 3),
         "loader_cpu_s": round(loader_cpu_s, 4), "raw_cpu_s": round(raw_cpu_s, 4), "vs_raw_cpu": round(raw_cpu_s / loader_cpu_s, 3),
+        "floor_s": round(floor_s, 4), "floor_runs_s": [round(r[1], 4) for r in floor_runs],
+        "floor_vs_raw": round(raw_s / floor_s, 3), "floor_vs_raw_median": round(raw_med_s / floor_med_s, 3),
+        "vs_floor": round(floor_s / loader_s, 3), "vs_floor_median": round(floor_med_s / loader_med_s, 3),
         "loader_note": "loader and raw read the same rows and columns; vs_raw = raw_s / loader_s. The loader "
                        "delivers the rows_loader not held out (vs_raw_delivered counts only those), shuffled, as tensors",
     }
