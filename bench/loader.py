@@ -3,12 +3,14 @@
 On one generated window (SQLite catalog in a temp folder), in the same run:
 - `loader`: `trainers.data.iceberg_source.IcebergSource` over an epoch (global shuffle, window and
   holdout filter, in-rank shuffle, background prefetch) up to model-ready tensors;
-- `raw`: pyarrow reads the same files' columns straight into numpy (the ceiling);
+- `raw`: pyarrow reads the same files' columns straight into numpy, one file after another with
+  pyarrow's threads within each (the limit `vs_raw` is measured against);
 - `naive`: pyiceberg scan → pandas → a row-indexed torch Dataset + DataLoader (the common way);
 - `floor`: raw's reads, the files side by side, each followed by one seeded permutation gather of
   every column (numpy, the list gather, Arrow's take for the ids) and nothing else: the least a
-  reader that shuffles rows does. `floor_vs_raw` is what a full row shuffle costs on this machine,
-  `vs_floor` how close the loader (window, holdout, chunks, prefetch, batches, tensors) comes to it.
+  reader that shuffles rows does. `floor_vs_raw` is what a full row shuffle costs on this machine
+  (above 1 where reading files side by side gains more than the gathers cost), `vs_floor` how close
+  the loader (window, holdout, chunks, prefetch, batches, tensors) comes to it.
 
 Fairness: `loader` and `raw` read the same files, the same columns (`READ_COLUMNS`) and the same
 rows (every row of the window; checked), each with pyarrow's thread pool available; both start from

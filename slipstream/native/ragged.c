@@ -87,7 +87,7 @@ static inline uint64_t fnv1a_step(uint64_t h, uint64_t byte) {
 void fnv1a_divisible(int64_t n, const int32_t *offsets, const uint8_t *data, uint64_t modulo, uint8_t *out) {
     /* h % modulo == 0 without a division (modulo >= 1): with modulo = 2^k * d, d odd, that is the
      * low k bits of h clear and (h >> k) * d^-1 mod 2^64 <= (2^64 - 1) / d */
-    if (modulo == 0) { /* no multiple of 0 but 0 itself: mark none rather than loop forever */
+    if (modulo == 0) { /* nothing to divide by: mark none (the loop below would never end) */
         memset(out, 0, (size_t)n);
         return;
     }
