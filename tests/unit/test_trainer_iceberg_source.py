@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -247,7 +247,7 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
         assert matrix.shape == (5, len(names))
         for j, name in enumerate(names):  # column j of the matrix is feature j, row i is taken row i
             np.testing.assert_allclose(matrix[:, j], picked.column(name).to_numpy(), rtol=1e-6)
-    for bad in ([0, -1], [500, 1]):  # a negative row would wrap around, one past the end would clip
+    for bad in ([0, -1], [500, 1]):  # a negative row would wrap around in numpy; one past the end
         with pytest.raises(IndexError, match=r"rows to take must be in \[0, 500\)"):
             Rows.from_arrow(table, source=0, take=np.array(bad))
     both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
