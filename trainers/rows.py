@@ -125,13 +125,16 @@ class Rows:
 
     def slice(self, start: int, stop: int) -> "Rows":
         stop = min(stop, len(self))
-        a, b = int(self.hist_offsets[start]), int(self.hist_offsets[stop])
-        kw = {name: getattr(self, name)[start:stop] for name in self._plain()}
+        offsets = self.hist_offsets[start : stop + 1]
+        a = int(offsets[0])
+        # once per batch on the training thread: views only, no per-field getattr
         return Rows(
-            **kw,
-            hist_values=self.hist_values[a:b],
-            hist_offsets=self.hist_offsets[start : stop + 1] - a,
-            sample_id=self.sample_id.slice(start, stop - start),
+            user=self.user[start:stop], item=self.item[start:stop], cats=self.cats[start:stop],
+            dense=self.dense[start:stop], hist_values=self.hist_values[a : int(offsets[-1])], hist_offsets=offsets - a,
+            label=self.label[start:stop], event_us=self.event_us[start:stop],
+            sample_id=self.sample_id.slice(start, stop - start), source=self.source[start:stop],
+            epoch=self.epoch[start:stop], partition=self.partition[start:stop], offset=self.offset[start:stop],
+            record_ms=self.record_ms[start:stop], consumed_ms=self.consumed_ms[start:stop],
         )
 
     def take(self, idx: np.ndarray) -> "Rows":
@@ -178,25 +181,13 @@ class Features:
 
     @classmethod
     def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
-        def t(a: np.ndarray) -> torch.Tensor:
-            a = np.ascontiguousarray(a)
-            if a.flags.writeable:
-                x = torch.from_numpy(a)
-            else:
-                with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
-                    warnings.simplefilter("ignore", UserWarning)
-                    x = torch.from_numpy(a)
-            return x.pin_memory() if pin else x
-
-        return cls(
-            user=t(rows.user),
-            item=t(rows.item),
-            cats=t(rows.cats),
-            dense=t(rows.dense),
-            hist_values=t(rows.hist_values),
-            hist_offsets=t(rows.hist_offsets[:-1]),
-            label=t(rows.label),
-        )
+        arrays = (rows.user, rows.item, rows.cats, rows.dense, rows.hist_values, rows.hist_offsets[:-1], rows.label)
+        if pin or not all(a.flags.c_contiguous and a.flags.writeable for a in arrays):
+            tensors = [_tensor(a, pin) for a in arrays]
+        else:  # the common case, once per batch: views of writeable contiguous arrays, nothing to check
+            tensors = list(map(torch.from_numpy, arrays))
+        user, item, cats, dense, hist_values, hist_offsets, label = tensors
+        return cls(user=user, item=item, cats=cats, dense=dense, hist_values=hist_values, hist_offsets=hist_offsets, label=label)
 
     def to(self, device: torch.device) -> "Features":
         if device.type == "cpu":
@@ -206,6 +197,17 @@ class Features:
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
+
+
+def _tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        x = torch.from_numpy(a)
+    else:
+        with warnings.catch_warnings():  # read-only Arrow buffers; the tensors are only read
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.from_numpy(a)
+    return x.pin_memory() if pin else x
 
 
 def rows_to_state(rows: Rows) -> dict[str, object]:
