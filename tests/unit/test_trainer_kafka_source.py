@@ -30,7 +30,7 @@ class _Msg:
         return self.v
 
     def key(self) -> bytes:
-        return b"k"
+        return b"k%d-%d" % (self.p, self.o)
 
     def timestamp(self) -> tuple[int, int]:
         return (1, 1_000 + self.o)
@@ -84,10 +84,17 @@ def test_binary_records_train_and_bad_ones_are_dead_letters_with_their_origin(mo
     msgs = [_Msg(0, 10, good[0])] + [_Msg(0, o, v) for o, v in bad.items()] + [_Msg(0, 15, good[2])]
     src = _source({0: 10}, [msgs])
     letters: list[tuple[int, int, str]] = []
-    monkeypatch.setattr(src, "_dead_letter", lambda value, key, reason, p, o: letters.append((p, o, reason)))
+    kept: list[tuple[bytes | None, bytes | None]] = []
+
+    def dead_letter(value: bytes | None, key: bytes | None, reason: str, p: int, o: int) -> None:
+        letters.append((p, o, reason))
+        kept.append((value, key))
+
+    monkeypatch.setattr(src, "_dead_letter", dead_letter)
     rows = src.poll()
     assert src.positions == {0: 16}
     assert [(p, o) for p, o, _ in letters] == [(0, o) for o in bad]
+    assert kept == [(v, b"k0-%d" % o) for o, v in bad.items()]  # each letter keeps its own record's value and key
     assert "not a finite number" in letters[1][2] and letters[2][2] == "empty value"
     trained = set(rows.sample_id.to_pylist())
     assert trained <= {day.column("sample_id")[i].as_py() for i in (0, 2)} and src.counters.records == 6

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from slipstream.codec import decode_samples
@@ -127,11 +129,10 @@ class KafkaSource:
             parts, offs = parts[keep], offs[keep]
         values: list[bytes | None] = [m.value() for m in good]
         stamps = np.asarray([m.timestamp()[1] for m in good], dtype=np.int64)
-        keys: list[bytes | None] = [m.key() for m in good]
         self.idle = len(msgs) < self.consume_batch
         if not values:
             return Rows.empty()
-        return self._decode(values, parts, offs, stamps, keys)
+        return self._decode(values, parts, offs, stamps, good)
 
     def _all_new(self, parts: np.ndarray, offs: np.ndarray) -> bool:
         """True (and positions advanced) when, per partition, the offsets rise strictly from at
@@ -146,30 +147,32 @@ class KafkaSource:
         return True
 
     def _decode(self, values: list[bytes | None], parts: np.ndarray, offs: np.ndarray, stamps: np.ndarray,
-                keys: list[bytes | None]) -> Rows:
+                msgs: list[Any]) -> Rows:
+        """Training rows of one consume call's good records; `msgs` are those records (their keys
+        are read only for dead letters)."""
         c = self.counters
         c.records += len(values)
         decoded = decode_samples(values)
         for i, reason in decoded.bad:
-            self._dead_letter(values[i], keys[i], reason, int(parts[i]), int(offs[i]))
+            self._dead_letter(values[i], msgs[i].key(), reason, int(parts[i]), int(offs[i]))
         idx = decoded.good_index
         table = decoded.table
         if table.num_rows == 0:
             return Rows.empty()
         now_ms = int(time.time() * 1000)
-        rows = Rows.from_arrow(
-            table, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
-            consumed_ms=np.full(len(idx), now_ms, dtype=np.int64),
-        )
-        before = rows.event_us < self.t_us
-        hold = holdout_mask(rows.sample_id)
+        # which rows train is decided on the decoded columns, so `Rows` gathers only those rows
+        event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
+        before = event_us < self.t_us
+        hold = holdout_mask(table.column("sample_id"))
         c.dropped_before_t += int(before.sum())
         c.holdout += int((hold & ~before).sum())
-        if len(rows):
-            c.newest_event_us = max(c.newest_event_us, int(rows.event_us.max()))
-        keep = ~before & ~hold
-        c.fresh += int(keep.sum())
-        return rows.mask(keep)
+        c.newest_event_us = max(c.newest_event_us, int(event_us.max()))
+        keep = np.flatnonzero(~before & ~hold)
+        c.fresh += len(keep)
+        return Rows.from_arrow(
+            table, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
+            consumed_ms=np.full(len(idx), now_ms, dtype=np.int64), take=None if len(keep) == len(idx) else keep,
+        )
 
     def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int) -> None:
         c = self.counters
