@@ -250,6 +250,15 @@ def test_rows_take_and_concat_keep_histories(samples: SamplesFixture) -> None:
     for bad in ([0, -1], [500, 1]):  # a negative row would wrap around in numpy; one past the end
         with pytest.raises(IndexError, match=r"rows to take must be in \[0, 500\)"):
             Rows.from_arrow(table, source=0, take=np.array(bad))
+    # a slice is the take of its range, field by field (per-row fields that differ from row to row)
+    n = table.num_rows
+    marked = Rows.from_arrow(table, source=1, epoch=2, partition=np.arange(n) % 7, offset=np.arange(n) + 100,
+                             record_ms=np.arange(n) * 3, consumed_ms=np.arange(n) * 5)
+    for a, b in ((0, 10), (17, 350), (499, 500)):
+        part, want_part = marked.slice(a, b), marked.take(np.arange(a, b))
+        for f in fields(Rows):
+            x, y = getattr(part, f.name), getattr(want_part, f.name)
+            assert x.equals(y) if f.name == "sample_id" else (np.array_equal(x, y) and x.dtype == y.dtype), (f.name, a, b)
     both = Rows.concat([rows.slice(0, 10), rows.slice(10, 500)])
     assert np.array_equal(both.hist_values, rows.hist_values)
     assert np.array_equal(both.hist_offsets, rows.hist_offsets)
