@@ -8,8 +8,9 @@ from datetime import date
 import numpy as np
 import pytest
 
-from slipstream.codec import encode_samples
+from slipstream.codec import decode_samples, encode_samples
 from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.schema import is_holdout
 from trainers.data.kafka_source import KafkaSource, StreamCounters
 
 
@@ -73,6 +74,17 @@ def test_poll_reads_each_offset_once(values: list[bytes], order: str) -> None:
     assert len(pairs) == len(set(pairs)) and set(pairs) <= {(0, 5), (0, 6), (0, 7), (0, 8), (1, 2), (1, 3)}
     assert src.positions == {0: 9, 1: 4}
     assert np.all(rows.record_ms == 1_000 + rows.offset)
+
+
+def test_held_out_records_are_counted_and_never_train(values: list[bytes]) -> None:
+    src = _source({0: 0}, [[_Msg(0, o, v) for o, v in enumerate(values)]])
+    rows = src.poll()
+    ids = decode_samples(values).table.column("sample_id")
+    held = is_holdout(ids)
+    assert 0 < held.sum() < len(values)  # the day holds both kinds
+    assert src.counters.holdout == int(held.sum()) and src.counters.fresh == len(rows) == len(values) - held.sum()
+    assert sorted(rows.sample_id.to_pylist()) == sorted(i for i, h in zip(ids.to_pylist(), held) if not h)
+    assert np.array_equal(rows.offset, np.flatnonzero(~held))  # each trained row keeps its own record's offset
 
 
 def test_binary_records_train_and_bad_ones_are_dead_letters_with_their_origin(monkeypatch: pytest.MonkeyPatch) -> None:
