@@ -14,7 +14,7 @@ COPY requirements.txt ./
 FROM base AS native
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY slipstream/ slipstream/
-RUN SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native python -m slipstream.native
+RUN SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native python -m slipstream.samples.native
 
 FROM base AS trainer
 # GPU nodes: swap the torch wheel for a CUDA build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
@@ -27,7 +27,7 @@ COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
 ENV SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native
 USER 1000:1000
 ENTRYPOINT []
-CMD ["python", "-m", "slipstream.podrun", "--help"]
+CMD ["python", "-m", "slipstream.pipeline.podrun", "--help"]
 
 FROM base AS airflow
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \

@@ -18,13 +18,13 @@ check-java:
 	  echo "or 'brew install openjdk@17' (macOS), then run this command again."; exit 1; }
 	@java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || { echo "Spark needs Java 17 or newer; found:"; java -version; exit 1; }
 
-$(STAMP): requirements.txt pyproject.toml slipstream/native/ragged.c
+$(STAMP): requirements.txt pyproject.toml slipstream/samples/native/ragged.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	@# the loader's native kernels (optional: without a C compiler the loader uses Arrow's take and numpy)
-	-$(PY) -m slipstream.native
+	-$(PY) -m slipstream.samples.native
 	@touch $(STAMP)
 
 venv: $(STAMP)

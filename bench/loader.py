@@ -23,7 +23,7 @@ scan of the whole table is prorated to those rows. `vs_naive` (goal >= 10) is th
 delivered per second. Each loader pass is a fresh source's first epoch (the headline) followed by
 its second epoch (`vs_raw_epoch2`), where the source already knows each unit's training rows.
 
-The history lists are gathered by the native kernel (`slipstream.native`) where it is built; the
+The history lists are gathered by the native kernel (`slipstream.samples.native`) where it is built; the
 same passes with Arrow's `take` instead (`loader_arrow_s`, `vs_raw_arrow`) alternate with them,
 and `native_speedup` is the ratio of the two (`native_kernel` is null where it is not built).
 `vs_raw_median` is the ratio of the median passes, and `vs_raw_cpu` that of the median process
@@ -57,12 +57,12 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from slipstream import native
-from slipstream.datagen import GeneratorConfig, reference_samples
-from slipstream.iceberg import get_catalog, samples_table
-from slipstream.planning import plan_window_files
-from slipstream.ragged import take_list_column
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples import native
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
+from slipstream.lake.iceberg import get_catalog, samples_table
+from slipstream.lake.planning import plan_window_files
+from slipstream.samples.ragged import take_list_column
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from slipstream.settings import Settings
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import file_opener, plan_units

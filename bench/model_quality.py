@@ -33,10 +33,10 @@ import numpy as np
 import pyarrow as pa
 
 from bench.train import fill_samples
-from slipstream.datagen import GeneratorConfig, auc, generate_world, reference_samples
-from slipstream.kafka import create_topic, produce_samples
-from slipstream.schema import is_holdout
-from slipstream.stack import free_port, start_kafka, stop_process
+from slipstream.dev.datagen import GeneratorConfig, auc, generate_world, reference_samples
+from slipstream.stream.kafka import create_topic, produce_samples
+from slipstream.samples.schema import is_holdout
+from slipstream.dev.stack import free_port, start_kafka, stop_process
 from trainers.config import load_config
 
 log = logging.getLogger("bench.model_quality")

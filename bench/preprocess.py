@@ -20,12 +20,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from slipstream.datagen import GeneratorConfig, generate
-from slipstream.iceberg import get_catalog
-from slipstream.raw_zone import IMPRESSIONS, day_dir
-from slipstream.schema import ATTRIBUTION_WINDOW_S
+from slipstream.dev.datagen import GeneratorConfig, generate
+from slipstream.lake.iceberg import get_catalog
+from slipstream.lake.raw_zone import IMPRESSIONS, day_dir
+from slipstream.samples.schema import ATTRIBUTION_WINDOW_S
 from slipstream.settings import Settings
-from slipstream.spark_settings import SparkSettings
+from slipstream.pipeline.spark_settings import SparkSettings
 
 log = logging.getLogger(__name__)
 DAY = date(2026, 11, 1)

@@ -75,13 +75,13 @@ def _rounded(xs: list[float]) -> list[float]:
 def main(argv: list[str]) -> dict[str, Any]:
     args = _parse(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    from slipstream.datagen import GeneratorConfig, reference_samples
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.dev.datagen import GeneratorConfig, reference_samples
+    from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.quality.gate import run_gate
     from slipstream.quality.config import GateConfig
     from slipstream.quality.profiles import profile_table
     from slipstream.quality.store import write_profile
-    from slipstream.schema import ARROW_SCHEMA, SAMPLE_COLUMNS
+    from slipstream.samples.schema import ARROW_SCHEMA, SAMPLE_COLUMNS
     from slipstream.settings import Settings
 
     home = Path(tempfile.mkdtemp(prefix="slipstream-bench-quality-"))

@@ -7,7 +7,7 @@ Throughput, for each value codec of `--codecs` (default binary, then JSON) on a 
 holding the same N generated samples (P partitions, event times after T), in the same run, best of
 `--repeat` alternating passes over the whole topic:
 - `stream`: `trainers.data.kafka_source.KafkaSource`, the trainer's stream-phase source, from the
-  handoff offsets (`slipstream.handoff.find_handoff`, as the trainer computes them) to the end, with
+  handoff offsets (`slipstream.stream.handoff.find_handoff`, as the trainer computes them) to the end, with
   the trainer's default `consume_batch`/`consume_timeout_s`: consume, batch decode, T and
   holdout filter, `Rows`, then `Features.from_rows` (model-ready tensors; `--no-tensors` skips it);
 - `raw`: a plain confluent-kafka `Consumer` (same client settings) assigned the same partitions and
@@ -43,12 +43,12 @@ import pyarrow as pa
 import torch
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.codec import CODECS, encode_samples
-from slipstream.datagen import GeneratorConfig, generate_world, samples_table, simulate
-from slipstream.handoff import find_handoff
-from slipstream.kafka import consumer_config, create_topic, end_offsets, produce_samples
+from slipstream.samples.codec import CODECS, encode_samples
+from slipstream.dev.datagen import GeneratorConfig, generate_world, samples_table, simulate
+from slipstream.stream.handoff import find_handoff
+from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
 from slipstream.settings import Settings
-from slipstream.stack import free_port, start_kafka, stop_process
+from slipstream.dev.stack import free_port, start_kafka, stop_process
 from trainers.config import DataConfig, load_config
 from trainers.data.holdout import holdout_mask
 from trainers.data.kafka_source import KafkaSource

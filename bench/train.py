@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from slipstream.datagen import GeneratedData, GeneratorConfig, generate, reference_samples, write_manifest
-from slipstream.iceberg import get_catalog, samples_table
-from slipstream.planning import plan_window_files
+from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, reference_samples, write_manifest
+from slipstream.lake.iceberg import get_catalog, samples_table
+from slipstream.lake.planning import plan_window_files
 from slipstream.settings import Settings
 from trainers.config import load_config
 from trainers.data.iceberg_source import IcebergSource

@@ -213,8 +213,8 @@ def _incremental_case(workdir: Path, endpoint: Any) -> dict[str, Any]:
     from datetime import date, datetime, timedelta, timezone
 
     from slipstream.cache.warm import warm_window
-    from slipstream.datagen import GeneratorConfig, reference_samples
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.dev.datagen import GeneratorConfig, reference_samples
+    from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.settings import Settings
 
     days = list(reference_samples(GeneratorConfig(start_day=date(2026, 3, 1), days=4, impressions_per_day=2000)).values())
@@ -273,7 +273,7 @@ def _upload(endpoint: Any, prefix: str, count: int, size: int, threads: int) -> 
 
 def main(argv: list[str]) -> dict[str, Any]:
     args = _parse(argv)
-    from slipstream.s3server import S3Server
+    from slipstream.dev.s3server import S3Server
 
     thread_counts = [int(t) for t in args.threads.split(",")]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="slipstream-bench-warmup-"))

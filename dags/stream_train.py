@@ -12,7 +12,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from slipstream.cluster import ClusterSettings
+from slipstream.pipeline.cluster import ClusterSettings
 from slipstream_airflow import stream_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator

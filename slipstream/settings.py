@@ -52,7 +52,7 @@ class Settings:
 
     kafka_codec: str = "json"
     """SLIPSTREAM_KAFKA_CODEC: value format Slipstream's producers write, `json` (readable) or `binary`
-    (compact, several times cheaper to decode; `slipstream.binary_codec`). Readers take either."""
+    (compact, several times cheaper to decode; `slipstream.samples.binary_codec`). Readers take either."""
 
     cache_dir: str = ""
     """SLIPSTREAM_CACHE_DIR: node-local cache of warehouse files (default <home>/cache)."""

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.schema import CATEGORICAL_FEATURES, HIST_LEN, SEQUENCE_COLUMN, hash_category
+from slipstream.samples.schema import CATEGORICAL_FEATURES, HIST_LEN, SEQUENCE_COLUMN, hash_category
 
 
 class SampleFinisher:

@@ -27,9 +27,9 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from slipstream.errors import RawDataError, RejectRateExceeded
-from slipstream.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
-from slipstream.raw_zone import IMPRESSIONS, click_dirs, day_dir
-from slipstream.schema import ARROW_SCHEMA
+from slipstream.lake.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
+from slipstream.lake.raw_zone import IMPRESSIONS, click_dirs, day_dir
+from slipstream.samples.schema import ARROW_SCHEMA
 from spark_jobs.arrow_finish import SampleFinisher
 from spark_jobs.raw_input import CLICK_SCHEMA, IMPRESSION_SCHEMA, SOURCE, list_raw_files, read_raw
 from spark_jobs.transforms import (
@@ -157,7 +157,7 @@ def _parquet_drift(files: list[str]) -> list[str]:
     """Parquet files whose footer lacks a required column (read on the driver, no data)."""
     import pyarrow.parquet as pq
 
-    from slipstream.raw_zone import filesystem
+    from slipstream.lake.raw_zone import filesystem
 
     found: list[str] = []
     for path in files:

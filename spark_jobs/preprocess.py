@@ -27,9 +27,9 @@ from datetime import date  # noqa: E402
 from typing import Any  # noqa: E402
 
 from slipstream.errors import SlipstreamError  # noqa: E402
-from slipstream.schema import ATTRIBUTION_WINDOW_S  # noqa: E402
+from slipstream.samples.schema import ATTRIBUTION_WINDOW_S  # noqa: E402
 from slipstream.settings import Settings  # noqa: E402
-from slipstream.spark_settings import SparkSettings, check_job_limits  # noqa: E402
+from slipstream.pipeline.spark_settings import SparkSettings, check_job_limits  # noqa: E402
 
 log = logging.getLogger("spark_jobs.preprocess")
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
     t0 = time.monotonic()
     spark = None
     try:
-        from slipstream.iceberg import get_catalog
+        from slipstream.lake.iceberg import get_catalog
         from spark_jobs.day_job import DayOptions, preprocess_day
 
         opts = DayOptions(

@@ -1,5 +1,5 @@
 """Reading the raw zone into Spark: file listing through Spark's own filesystem layer, and
-JSON lines or Parquet read with the explicit schema from `slipstream.schema`.
+JSON lines or Parquet read with the explicit schema from `slipstream.samples.schema`.
 
 Malformed JSON lines are kept (PERMISSIVE mode) with the line in `_corrupt_record`, and every
 row carries the file it came from, so validation can send bad records to `samples_rejects`.
@@ -15,8 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from slipstream.raw_zone import raw_format
-from slipstream.schema import CLICK_ARROW_SCHEMA, IMPRESSION_ARROW_SCHEMA
+from slipstream.lake.raw_zone import raw_format
+from slipstream.samples.schema import CLICK_ARROW_SCHEMA, IMPRESSION_ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 attribution, features and the sequence feature. No I/O here, so each step is testable on rows
 made by hand.
 
-The feature arithmetic mirrors `slipstream.schema` exactly (`DenseFeature`, `hash_category`): the
+The feature arithmetic mirrors `slipstream.samples.schema` exactly (`DenseFeature`, `hash_category`): the
 stream producer computes the same numbers in Python, and a test holds Spark's output equal to
-`slipstream.datagen.reference_samples` (no batch/stream skew).
+`slipstream.dev.datagen.reference_samples` (no batch/stream skew).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from slipstream.schema import (
+from slipstream.samples.schema import (
     ARROW_SCHEMA,
     ATTRIBUTION_WINDOW_S,
     CATEGORICAL_FEATURES,

@@ -59,7 +59,7 @@ def write_run(runs_dir: Path, run_id: str, auc: float | None) -> Path:
 def airflow_cli_env(home: Path) -> dict[str, str]:
     """Environment of an Airflow CLI subprocess on a SQLite database under `home`."""
     from slipstream.settings import Settings
-    from slipstream.stack import airflow_env
+    from slipstream.dev.stack import airflow_env
 
     env = {**os.environ, **airflow_env(Settings(home=home))}
     env["SLIPSTREAM_HOME"] = str(home)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from slipstream.s3server import S3Endpoint, S3Server
+from slipstream.dev.s3server import S3Endpoint, S3Server
 from slipstream.settings import Settings
 
 START_DAY = date(2026, 3, 1)
@@ -37,7 +37,7 @@ def s3_endpoint(s3_server: S3Server) -> S3Endpoint:
 @pytest.fixture(scope="session")
 def day_tables() -> dict[str, pa.Table]:
     """The reference samples of DAYS small days (computed once per session)."""
-    from slipstream.datagen import GeneratorConfig, reference_samples
+    from slipstream.dev.datagen import GeneratorConfig, reference_samples
 
     return reference_samples(GeneratorConfig(start_day=START_DAY, days=DAYS, impressions_per_day=300, users=100, items=50))
 
@@ -60,8 +60,8 @@ def s3_settings(home: Path, endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatc
 
 def append_days(settings: Settings, day_tables: dict[str, pa.Table], days: range, table: str = "samples") -> int:
     """Append the given day indexes (one commit, one data file each); returns the new snapshot id."""
-    from slipstream.iceberg import ensure_table, get_catalog
-    from slipstream.schema import ICEBERG_SCHEMA, PARTITION_SPEC
+    from slipstream.lake.iceberg import ensure_table, get_catalog
+    from slipstream.samples.schema import ICEBERG_SCHEMA, PARTITION_SPEC
 
     tbl = ensure_table(get_catalog(settings), f"{settings.namespace}.{table}", ICEBERG_SCHEMA, PARTITION_SPEC)
     tables = list(day_tables.values())

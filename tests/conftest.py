@@ -33,7 +33,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 @pytest.fixture
 def catalog(settings: Settings):  # type: ignore[no-untyped-def]
-    from slipstream.iceberg import get_catalog
+    from slipstream.lake.iceberg import get_catalog
 
     return get_catalog(settings)
 
@@ -41,7 +41,7 @@ def catalog(settings: Settings):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Kafka-protocol broker (noida-db) for the whole test session."""
-    from slipstream.stack import free_port, start_kafka, stop_process
+    from slipstream.dev.stack import free_port, start_kafka, stop_process
 
     home = tmp_path_factory.mktemp("kafka-home")
     svc = start_kafka(home, free_port())
@@ -54,7 +54,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def topic(kafka_bootstrap: str, request: pytest.FixtureRequest) -> str:
     """A fresh topic name per test (4 partitions, created)."""
-    from slipstream.kafka import create_topic
+    from slipstream.stream.kafka import create_topic
 
     name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name)[:80] + f"-{os.getpid()}"
     create_topic(kafka_bootstrap, name, 4)

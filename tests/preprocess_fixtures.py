@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from slipstream.iceberg import day_predicate
+from slipstream.lake.iceberg import day_predicate
 
 HAND_DAY = date(2026, 10, 20)
 """A day of hand-made rows, far from the generated days so neither sees the other's clicks."""

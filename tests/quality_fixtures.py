@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from slipstream.datagen import GeneratorConfig, reference_samples
-from slipstream.iceberg import samples_table
-from slipstream.schema import ARROW_SCHEMA, is_holdout
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
+from slipstream.lake.iceberg import samples_table
+from slipstream.samples.schema import ARROW_SCHEMA, is_holdout
 
 START = date(2026, 11, 1)
 DAYS = 8

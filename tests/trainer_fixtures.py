@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table import Table
 
-from slipstream.datagen import GeneratorConfig, generate, reference_samples
-from slipstream.iceberg import get_catalog, samples_table
+from slipstream.dev.datagen import GeneratorConfig, generate, reference_samples
+from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def make_samples(home: Path, *, days: int = 2, per_day: int = 3000, row_group_ro
 
 def generated(home: Path, fixture: SamplesFixture):  # type: ignore[no-untyped-def]
     """The generator's stream (and manifest) for the same config as the fixture's table."""
-    from slipstream.datagen import write_manifest
+    from slipstream.dev.datagen import write_manifest
 
     data = generate(fixture.gen, home / "raw")
     write_manifest(data, home / "generator" / "manifest.json")
@@ -89,7 +89,7 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from slipstream.stack import broker_argv
+        from slipstream.dev.stack import broker_argv
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"broker-{self.port}.log", "ab")
@@ -107,7 +107,7 @@ class Broker:
         raise RuntimeError(f"noida-db did not listen on {self.port} within 30s")
 
     def stop(self) -> None:
-        from slipstream.stack import stop_process
+        from slipstream.dev.stack import stop_process
 
         if self.proc is not None:
             stop_process(self.proc.pid, timeout_s=10)  # waits for the whole group: the port is free after
@@ -117,7 +117,7 @@ class Broker:
 
 def training_ids(fx: SamplesFixture, window_days: int | None = None) -> set[str]:
     """Ids the batch phase must train: the window's samples that are not held out."""
-    from slipstream.schema import is_holdout
+    from slipstream.samples.schema import is_holdout
 
     days = sorted(fx.days)[-(window_days or len(fx.days)):]
     ids = pa.concat_tables([fx.days[d] for d in days]).column("sample_id")
@@ -128,7 +128,7 @@ def stream_ids(stream: pa.Table, t_handoff: datetime) -> set[str]:
     """Ids the stream phase must train: event_time >= T and not held out."""
     import pyarrow.compute as pc
 
-    from slipstream.schema import is_holdout
+    from slipstream.samples.schema import is_holdout
 
     after = stream.filter(pc.greater_equal(stream.column("event_time"), pa.scalar(t_handoff, pa.timestamp("us", tz="UTC"))))
     ids = after.column("sample_id")

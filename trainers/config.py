@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from slipstream.errors import ConfigError
-from slipstream.schema import SAMPLES_TABLE
+from slipstream.samples.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
 
 STOP_MODES = ("caught_up", "duration", "samples", "continuous")

@@ -1,6 +1,6 @@
 """Held-out evaluation: AUC and logloss of a model on rows, gathered over ranks.
 
-Held-out rows (`slipstream.schema.is_holdout`) never train. Before T they come from the batch
+Held-out rows (`slipstream.samples.schema.is_holdout`) never train. Before T they come from the batch
 window at the pinned snapshot; after T from the Kafka records the stream phase read (re-read by
 offset range, so the evaluation set does not depend on when a run was killed and resumed).
 """
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from slipstream.datagen import auc as roc_auc
+from slipstream.dev.datagen import auc as roc_auc
 from trainers.rows import Features, Rows
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slipstream.codec import decode_samples
-from slipstream.schema import HOLDOUT_MODULO, SCHEMA_VERSION
+from slipstream.samples.codec import decode_samples
+from slipstream.samples.schema import HOLDOUT_MODULO, SCHEMA_VERSION
 from trainers.audit import merge_parts
 from trainers.checkpoint import atomic_torch_save, atomic_write_text
 from trainers.data.holdout import holdout_mask

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from trainers.config import ModelConfig
 from trainers.rows import Features
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from slipstream.ragged import flat_list, take_list_column, take_lists
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.ragged import flat_list, take_list_column, take_lists
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 SOURCE_ICEBERG = 0
 SOURCE_KAFKA = 1
@@ -116,7 +116,7 @@ class Rows:
 
     @classmethod
     def empty(cls) -> "Rows":
-        from slipstream.schema import ARROW_SCHEMA
+        from slipstream.samples.schema import ARROW_SCHEMA
 
         return cls.from_arrow(ARROW_SCHEMA.empty_table(), source=SOURCE_ICEBERG)
 

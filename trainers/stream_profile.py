@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from slipstream.quality.profiles import FeatureProfile, merge_profiles
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from trainers.rows import Rows
 
 

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.errors import ResumeError
-from slipstream.handoff import find_handoff
-from slipstream.iceberg import get_catalog
-from slipstream.kafka import create_topic
-from slipstream.planning import pin_snapshot, plan_window_files
+from slipstream.stream.handoff import find_handoff
+from slipstream.lake.iceberg import get_catalog
+from slipstream.stream.kafka import create_topic
+from slipstream.lake.planning import pin_snapshot, plan_window_files
 from slipstream.settings import Settings
 from trainers.audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint import Checkpointer, atomic_torch_save

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def raw_ready(day: Any, attribution_s: int) -> bool:
     """Sensor poke: the raw day is complete once its click attribution window has passed."""
-    from slipstream.preprocess_launch import raw_day_ready
+    from slipstream.pipeline.preprocess_launch import raw_day_ready
 
     settings = Settings.from_env()
     ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s))
@@ -28,7 +28,7 @@ def preprocess_run_id(day: Any) -> str:
 
 def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
     """Replace one day in `samples` (idempotent: a re-run or a backfill rewrites the same day)."""
-    from slipstream.preprocess_launch import run_preprocess
+    from slipstream.pipeline.preprocess_launch import run_preprocess
 
     settings = Settings.from_env()
     result = run_preprocess(settings, day, preprocess_run_id(day))

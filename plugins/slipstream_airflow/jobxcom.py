@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from slipstream.jobspec import TrainJobSpec
+from slipstream.pipeline.jobspec import TrainJobSpec
 
 RENDER_TASK_ID = "render_job"
 JOB_XCOM_KEY = "job"

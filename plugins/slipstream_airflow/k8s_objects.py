@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from kubernetes.client import models as k8s
 
-from slipstream.cluster import VolumeSource
-from slipstream.jobspec import TrainJobSpec
+from slipstream.pipeline.cluster import VolumeSource
+from slipstream.pipeline.jobspec import TrainJobSpec
 
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "slipstream-cache"
@@ -126,7 +126,7 @@ def run_dir_in_pod(spec: TrainJobSpec) -> str:
 
 def train_command(spec: TrainJobSpec, *, xcom: bool) -> list[str]:
     """The container command: podrun wraps torchrun (the args) and hands lineage to the XCom sidecar."""
-    cmd = ["python", "-m", "slipstream.podrun", "--run-dir", run_dir_in_pod(spec)]
+    cmd = ["python", "-m", "slipstream.pipeline.podrun", "--run-dir", run_dir_in_pod(spec)]
     if xcom:
         cmd += ["--xcom", XCOM_RETURN]
     return [*cmd, "--"]

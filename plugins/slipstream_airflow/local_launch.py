@@ -19,8 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator
 
-from slipstream.jobspec import TrainJobSpec
-from slipstream.runlayout import read_metrics, run_dir, training_lineage
+from slipstream.pipeline.jobspec import TrainJobSpec
+from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
 

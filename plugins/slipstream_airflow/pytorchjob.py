@@ -22,9 +22,9 @@ from kubernetes.client.exceptions import ApiException
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.sdk import BaseOperator
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainJobSpec
-from slipstream.runlayout import RunArtifactMissing, read_metrics, run_dir, training_lineage
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainJobSpec
+from slipstream.pipeline.runlayout import RunArtifactMissing, read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow import k8s_objects as ko
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, master_host, pull_job

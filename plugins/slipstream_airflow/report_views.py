@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
-from slipstream.runlayout import (
+from slipstream.pipeline.runlayout import (
     REPORT_FILE, RUN_ID_PATTERN, RunListing, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
 )
 from slipstream.settings import Settings

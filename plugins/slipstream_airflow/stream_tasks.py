@@ -10,17 +10,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainRequest, build_train_spec
-from slipstream.runlayout import update_summary, run_dir
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
+from slipstream.pipeline.runlayout import update_summary, run_dir
 from slipstream.settings import Settings
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob, launch_kind
 
 
 def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    from slipstream.iceberg import get_catalog, samples_table
-    from slipstream.planning import pin_snapshot
-    from slipstream.retrain_plan import days_present
+    from slipstream.lake.iceberg import get_catalog, samples_table
+    from slipstream.lake.planning import pin_snapshot
+    from slipstream.lake.retrain_plan import days_present
 
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
     request = TrainRequest.from_params(params)

@@ -14,9 +14,9 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainRequest, build_train_spec, warmup_args
-from slipstream.runlayout import format_summary, make_run_id, read_summary, run_dir, update_summary
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainRequest, build_train_spec, warmup_args
+from slipstream.pipeline.runlayout import format_summary, make_run_id, read_summary, run_dir, update_summary
 from slipstream.settings import Settings
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, LAUNCH_TASKS, TRAIN_TASK_IDS, RenderedJob, launch_kind
 
@@ -57,19 +57,19 @@ def scalars(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _samples_table(settings: Settings) -> Any:
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.lake.iceberg import get_catalog, samples_table
 
     return samples_table(get_catalog(settings), settings.namespace)
 
 
 def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Build the interval's day and every missing window day in ONE preprocessing call."""
-    from slipstream.preprocess_launch import run_preprocess_days
-    from slipstream.retrain_plan import plan_days
+    from slipstream.pipeline.preprocess_launch import run_preprocess_days
+    from slipstream.lake.retrain_plan import plan_days
 
     settings = Settings.from_env()
     run_id = run_id_of(context)
-    from slipstream.planning import pin_snapshot
+    from slipstream.lake.planning import pin_snapshot
 
     start, end = interval(context)
     request = TrainRequest.from_params(params)
@@ -91,7 +91,7 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
 def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Mapping[str, Any]) -> dict[str, Any]:
     """Stops the run (QualityGateFailed) when a critical expectation fails on the training window
     (the new day was also gated on its own by preprocess_samples)."""
-    from slipstream.planning import window_bounds
+    from slipstream.lake.planning import window_bounds
     from slipstream.quality.gate import run_gate
 
     settings = Settings.from_env()
@@ -151,7 +151,7 @@ def training_result(context: Mapping[str, Any]) -> dict[str, Any]:
 
 def publish(context: Mapping[str, Any]) -> dict[str, Any]:
     """Package the model into the registry; champion/challenger decides promotion."""
-    from slipstream.registry import ModelRegistry, RegistryConfig
+    from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
     settings = Settings.from_env()
     lineage = training_result(context)

@@ -13,8 +13,8 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.secret import Secret
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainJobSpec
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream_airflow import k8s_objects as ko
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
 
@@ -88,7 +88,7 @@ class _SpecPodOperator(KubernetesPodOperator):
 
 
 class TrainPodOperator(_SpecPodOperator):
-    """One node's training pod: `torchrun --nproc-per-node <gpus>` wrapped by slipstream.podrun,
+    """One node's training pod: `torchrun --nproc-per-node <gpus>` wrapped by slipstream.pipeline.podrun,
     which hands the run's lineage to the XCom sidecar."""
 
     component = "trainer"

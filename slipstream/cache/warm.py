@@ -99,7 +99,7 @@ def qualified_table(settings: Settings, table: str) -> str:
 def plan_cache_items(table: Table, snapshot_id: int, start: datetime, end: datetime) -> list[CacheItem]:
     """Everything a reader of the window at `snapshot_id` opens: table metadata, manifest list,
     manifests, data files and their delete files (deduplicated, metadata first)."""
-    from slipstream.planning import plan_window_files
+    from slipstream.lake.planning import plan_window_files
 
     snapshot = table.snapshot_by_id(snapshot_id)
     assert snapshot is not None, "pin_snapshot checked it"
@@ -120,8 +120,8 @@ def warm_window(settings: Settings, table: str, window_days: int, end: datetime,
                 cache_dir: str | None, budget_bytes: int | None) -> WarmReport:
     """Warm the cache with the window [end - window_days, end) of `table` at `snapshot_id`
     (None: the current snapshot, pinned now). Returns what was copied, kept and evicted."""
-    from slipstream.iceberg import get_catalog, s3_io_properties
-    from slipstream.planning import pin_snapshot, window_bounds
+    from slipstream.lake.iceberg import get_catalog, s3_io_properties
+    from slipstream.lake.planning import pin_snapshot, window_bounds
 
     cache = CacheSettings.from_env(settings)
     name = qualified_table(settings, table)

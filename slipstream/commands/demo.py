@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from slipstream.demo import DemoOptions, format_summary, run_demo
+from slipstream.dev.demo import DemoOptions, format_summary, run_demo
 from slipstream.settings import Settings
 
 

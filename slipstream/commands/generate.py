@@ -7,7 +7,7 @@ import json
 import logging
 from datetime import date
 
-from slipstream.datagen import GeneratorConfig, generate, write_manifest
+from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     data = generate(cfg, settings.raw_dir)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
     if not args.no_stream:
-        from slipstream.kafka import create_topic, produce_samples
+        from slipstream.stream.kafka import create_topic, produce_samples
 
         create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
         n = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)

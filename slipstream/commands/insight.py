@@ -35,8 +35,8 @@ def run_insight(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from slipstream.errors import ConfigError
-    from slipstream.iceberg import get_catalog
-    from slipstream.planning import pin_snapshot
+    from slipstream.lake.iceberg import get_catalog
+    from slipstream.lake.planning import pin_snapshot
     from slipstream.quality.gate import run_gate
     from slipstream.quality.reading import load_samples
 

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _registry(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from slipstream.registry import ModelRegistry, RegistryConfig
+    from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
     location = args.registry or RegistryConfig.from_env(Settings.from_env()).location
     return ModelRegistry(location)

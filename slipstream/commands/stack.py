@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from slipstream import stack
+from slipstream.dev import stack
 from slipstream.settings import Settings
 
 

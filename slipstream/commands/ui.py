@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from slipstream import ui
+    from slipstream.dev import ui
 
     info = ui.up(Settings.from_env(), port=args.port)
     print(f"Airflow UI  {info.url}")
@@ -30,7 +30,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from slipstream import ui
+    from slipstream.dev import ui
 
     stopped = ui.down(Settings.from_env())
     print("stopped: " + (", ".join(stopped) if stopped else "no Airflow component was running"))

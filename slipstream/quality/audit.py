@@ -3,7 +3,7 @@ and of its Kafka range exactly once (per epoch), and how well was the batch phas
 
 Expected ids: the Iceberg window [window_start, t_handoff) at the run's pinned snapshot, and the
 Kafka records in [handoff_offsets, final_offsets) with event_time >= t_handoff, both minus the
-evaluation holdout (`slipstream.schema.is_holdout`), which is never trained on. Trained ids: the
+evaluation holdout (`slipstream.samples.schema.is_holdout`), which is never trained on. Trained ids: the
 trainer's `audit/rank-*.parquet` (rows only for checkpointed progress).
 """
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from slipstream.schema import is_holdout
+from slipstream.samples.schema import is_holdout
 
 log = logging.getLogger(__name__)
 EXAMPLES = 10
@@ -121,8 +121,8 @@ def read_kafka_range(
     """Decode the records of [start, end) per partition (sample columns + partition/offset)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from slipstream.codec import decode_samples
-    from slipstream.kafka import consumer_config
+    from slipstream.samples.codec import decode_samples
+    from slipstream.stream.kafka import consumer_config
 
     c = Consumer(consumer_config(bootstrap, group="slipstream-audit"))
     parts: list[pa.Table] = []

@@ -12,7 +12,7 @@ import numpy as np
 
 from slipstream.quality.profiles import ColumnProfile, FeatureProfile
 from slipstream.quality.sketches import LogHistogram
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
 
 DRIFT_FEATURES = (*DENSE_COLUMNS, *CATEGORICAL_COLUMNS, SEQUENCE_COLUMN, LABEL_COLUMN)
 PSI_BINS = 10

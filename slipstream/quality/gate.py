@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slipstream.errors import ConfigError, QualityGateFailed
-from slipstream.iceberg import get_catalog
-from slipstream.planning import pin_snapshot
+from slipstream.lake.iceberg import get_catalog
+from slipstream.lake.planning import pin_snapshot
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift, compare_profiles

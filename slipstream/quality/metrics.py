@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from slipstream.quality.hashing import hash_strings
 from slipstream.quality.profiles import FeatureProfile
-from slipstream.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_FEATURES, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_FEATURES, LABEL_COLUMN, SEQUENCE_COLUMN
 
 
 @dataclass

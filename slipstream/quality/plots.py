@@ -10,7 +10,7 @@ import numpy as np
 
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.profiles import ColumnProfile, FeatureProfile, US_PER_HOUR
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 
 def _plt() -> Any:

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from slipstream.quality.column_kernels import distinct_values, float_min_max, list_length_counts, numpy_chunks, small_int_counts, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
 
 PROFILE_VERSION = 1
 US_PER_HOUR = 3_600_000_000

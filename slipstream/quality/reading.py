@@ -15,7 +15,7 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
 from slipstream.errors import ConfigError
-from slipstream.schema import SAMPLE_COLUMNS, SAMPLES_TABLE
+from slipstream.samples.schema import SAMPLE_COLUMNS, SAMPLES_TABLE
 
 log = logging.getLogger(__name__)
 EPOCH = date(1970, 1, 1)

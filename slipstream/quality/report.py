@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slipstream.errors import ConfigError
-from slipstream.iceberg import get_catalog
+from slipstream.lake.iceberg import get_catalog
 from slipstream.quality import plots
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
 from slipstream.quality.drift import FeatureShift, compare_profiles
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
-from slipstream.runlayout import REPORT_FILE
+from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)

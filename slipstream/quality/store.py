@@ -27,7 +27,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BooleanType, DateType, LongType, NestedField, StringType, TimestamptzType
 
-from slipstream.iceberg import ensure_table
+from slipstream.lake.iceberg import ensure_table
 from slipstream.quality.profiles import FeatureProfile
 from slipstream.quality.suites import CheckResult
 

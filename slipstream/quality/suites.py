@@ -21,7 +21,7 @@ from typing import Any
 
 from slipstream.quality.config import GateConfig
 from slipstream.quality.metrics import Aggregates
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_FEATURES, HIST_LEN, SAMPLE_COLUMNS
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_FEATURES, HIST_LEN, SAMPLE_COLUMNS
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,9 @@ DAYS = [FIRST + timedelta(days=i) for i in range(3)]
 @pytest.fixture
 def scheduler_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Settings, dict[str, str]]]:
     """The stack's Airflow components on 127.0.0.1 (stopped by PID afterwards) and the CLI env."""
-    from slipstream import stack, ui
-    from slipstream.stack import free_port
+    from slipstream.dev import stack
+    from slipstream.dev import ui
+    from slipstream.dev.stack import free_port
 
     port = free_port()
     monkeypatch.setenv("SLIPSTREAM_HOME", str(tmp_path / "home"))
@@ -77,7 +78,7 @@ def _interval_day(run: dict[str, Any]) -> str:
 
 
 def _day_state(settings: Settings) -> dict[date, tuple[int, str]]:
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.lake.iceberg import get_catalog, samples_table
     from tests.preprocess_fixtures import content_checksum, day_rows
 
     table = samples_table(get_catalog(settings), settings.namespace)
@@ -114,8 +115,8 @@ def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 300.0) 
 
 
 def test_backfill_of_three_days_runs_and_a_reprocess_changes_nothing(scheduler_stack: tuple[Settings, dict[str, str]]) -> None:
-    from slipstream.datagen import GeneratorConfig, generate, reference_samples
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.dev.datagen import GeneratorConfig, generate, reference_samples
+    from slipstream.lake.iceberg import get_catalog, samples_table
 
     settings, env = scheduler_stack
     cfg = GeneratorConfig(start_day=FIRST, days=len(DAYS), impressions_per_day=1500, users=200, items=60, seed=3)

@@ -20,7 +20,7 @@ from tests.airflow_fixtures import STANDIN_TRAINER, airflow, airflow_cli_env, mi
 
 pytestmark = pytest.mark.integration
 
-CONTRACTS = ("slipstream.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
+CONTRACTS = ("slipstream.pipeline.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
 
 
 def _missing() -> list[str]:
@@ -37,8 +37,8 @@ def _missing() -> list[str]:
 @pytest.mark.skipif(bool(_missing()), reason=f"contract modules not merged yet: {', '.join(_missing())}")
 @pytest.mark.skipif(shutil.which("java") is None, reason="Java 17 is needed by the Spark preprocessing")
 def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str, tmp_path: Path, migrated_airflow_db: Path) -> None:  # noqa: F811
-    from slipstream.datagen import GeneratorConfig, generate, write_manifest
-    from slipstream.kafka import create_topic, produce_samples
+    from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
+    from slipstream.stream.kafka import create_topic, produce_samples
 
     cfg = GeneratorConfig(start_day=date(2025, 1, 1), days=2, impressions_per_day=3000, users=300, items=80, stream_minutes=20)
     data = generate(cfg, settings.raw_dir)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainRequest, build_train_spec
-from slipstream.registry import ModelRegistry
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
+from slipstream.pipeline.registry import ModelRegistry
 from slipstream.settings import Settings
 from tests.airflow_fixtures import STANDIN_TRAINER, T_HANDOFF
 

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_stream_train_runs_the_continuous_trainer(settings: Settings, catalog, migrated_airflow_db: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    from slipstream.datagen import GeneratorConfig, reference_samples
-    from slipstream.iceberg import samples_table
+    from slipstream.dev.datagen import GeneratorConfig, reference_samples
+    from slipstream.lake.iceberg import samples_table
 
     table = samples_table(catalog, settings.namespace)
     for tbl in reference_samples(GeneratorConfig(start_day=date(2025, 1, 1), days=2, impressions_per_day=200)).values():

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-CONTRACTS = ("slipstream.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
+CONTRACTS = ("slipstream.pipeline.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
 
 
 def _have(name: str) -> bool:
@@ -35,8 +35,9 @@ def _have(name: str) -> bool:
 
 @pytest.fixture
 def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from slipstream import stack, ui
-    from slipstream.stack import free_port
+    from slipstream.dev import stack
+    from slipstream.dev import ui
+    from slipstream.dev.stack import free_port
 
     port = free_port()
     monkeypatch.setenv("SLIPSTREAM_HOME", str(tmp_path / "home"))
@@ -56,8 +57,8 @@ def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
 def _generate_recent_days(settings: Settings, days: int) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from slipstream.datagen import GeneratorConfig, generate, write_manifest
-    from slipstream.kafka import create_topic, produce_samples
+    from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
+    from slipstream.stream.kafka import create_topic, produce_samples
 
     today = datetime.now(timezone.utc).date()
     cfg = GeneratorConfig(start_day=today - timedelta(days=days), days=days, impressions_per_day=2000,
@@ -227,7 +228,7 @@ def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Pat
     behind Airflow's login; the browser part runs where headless Chromium is installed."""
     from datetime import datetime, timezone
 
-    from slipstream.runlayout import make_run_id
+    from slipstream.pipeline.runlayout import make_run_id
 
     info = airflow_ui
     token = _token(info)

@@ -19,7 +19,7 @@ from slipstream.cache.reader import CacheReader
 from slipstream.cache.remote import filesystem_for
 from slipstream.cache.warm import CacheItem, warm_files, warm_window
 from slipstream.errors import CacheWarmError
-from slipstream.s3server import S3Endpoint, S3Server
+from slipstream.dev.s3server import S3Endpoint, S3Server
 from tests.cache_fixtures import (  # noqa: F401 - fixtures
     append_days, day_tables, s3_endpoint, s3_server, s3_settings, upload_files, window_end,
 )
@@ -59,7 +59,7 @@ def test_warm_window_from_s3_incremental_and_read_through_cache(
     assert len(new_data) == 1 and new_data[0] not in data  # only the new day's data file
     assert r2.evicted_out_of_window >= 1
 
-    from slipstream.iceberg import get_catalog
+    from slipstream.lake.iceberg import get_catalog
 
     tasks = list(get_catalog(settings).load_table(settings.table).scan(snapshot_id=snap4).plan_files())
     with CacheReader(settings.cache_dir, s3_endpoint.io_properties()) as reader:
@@ -173,9 +173,9 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
 
 
 def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slipstream.iceberg import local_s3_properties
+    from slipstream.lake.iceberg import local_s3_properties
     from slipstream.settings import Settings
-    from slipstream.stack import StackState, start_s3_if_wanted, stop_process
+    from slipstream.dev.stack import StackState, start_s3_if_wanted, stop_process
 
     settings = Settings(home=tmp_path / "home")
     monkeypatch.delenv("SLIPSTREAM_S3", raising=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.stack import StackState, pid_alive
+from slipstream.dev.stack import StackState, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 

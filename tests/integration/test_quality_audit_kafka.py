@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from slipstream.iceberg import get_catalog
-from slipstream.kafka import end_offsets, produce_samples
+from slipstream.lake.iceberg import get_catalog
+from slipstream.stream.kafka import end_offsets, produce_samples
 from slipstream.quality.report import render_report
 from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, write_fake_run

@@ -7,10 +7,10 @@ from datetime import date
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from slipstream import stack
-from slipstream.codec import decode_samples
-from slipstream.datagen import GeneratorConfig, generate
-from slipstream.kafka import consumer_config, end_offsets, produce_samples
+from slipstream.dev import stack
+from slipstream.samples.codec import decode_samples
+from slipstream.dev.datagen import GeneratorConfig, generate
+from slipstream.stream.kafka import consumer_config, end_offsets, produce_samples
 from slipstream.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from slipstream.kafka import create_topic, end_offsets, produce_samples
+from slipstream.stream.kafka import create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
     assert_trained_once,

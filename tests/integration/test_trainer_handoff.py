@@ -1,4 +1,4 @@
-"""slipstream.handoff against the real broker: verified offsets_for_times, the binary-search
+"""slipstream.stream.handoff against the real broker: verified offsets_for_times, the binary-search
 fallback for brokers that answer wrongly, empty partitions and out-of-order (late) records."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from slipstream.errors import HandoffError
-from slipstream.handoff import find_handoff, handoff_offsets, target_ms
-from slipstream.kafka import consumer_config, create_topic
+from slipstream.stream.handoff import find_handoff, handoff_offsets, target_ms
+from slipstream.stream.kafka import consumer_config, create_topic
 
 pytestmark = pytest.mark.integration
 

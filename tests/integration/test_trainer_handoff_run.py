@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.kafka import consumer_config, create_topic, end_offsets, produce_samples
+from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
     generated,
@@ -140,7 +140,7 @@ def test_run_layout_and_summary(run: Run) -> None:
 def test_the_exported_model_loads_and_scores(run: Run) -> None:
     import torch
 
-    from slipstream.schema import SCHEMA_VERSION
+    from slipstream.samples.schema import SCHEMA_VERSION
     from trainers.config import ModelConfig
     from trainers.model import CTRModel
     from trainers.rows import Features, Rows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.kafka import create_topic, produce_samples
+from slipstream.stream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import generated, make_samples, train_config
 
 pytestmark = pytest.mark.integration

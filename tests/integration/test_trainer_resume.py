@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from slipstream.kafka import create_topic, produce_samples
+from slipstream.stream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import (
     REPO,
     assert_trained_once,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.podrun import run as podrun
+from slipstream.pipeline.podrun import run as podrun
 
 
 @dataclass

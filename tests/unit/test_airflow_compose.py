@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slipstream.cluster import ClusterSettings, cluster_env_names
+from slipstream.pipeline.cluster import ClusterSettings, cluster_env_names
 from slipstream.settings import Settings
 from tests.airflow_fixtures import REPO
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slipstream.errors import ConfigError
-from slipstream.jobspec import KNOBS, TrainRequest, trainer_overrides
+from slipstream.pipeline.jobspec import KNOBS, TrainRequest, trainer_overrides
 from tests.airflow_fixtures import T_HANDOFF
 
 REQUIRED = ("window_days", "epochs", "stream_stop", "gpus", "batch_size", "lr", "replay_share", "backend")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from slipstream.cluster import ClusterSettings
-from slipstream.jobspec import TrainRequest, build_train_spec
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
 from slipstream.settings import Settings
 from tests.airflow_fixtures import T_HANDOFF, kubeconfig  # noqa: F401  (fixture)
 
@@ -48,7 +48,7 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert base["image"] == "registry.example/slipstream-trainer:1.2.3"
     # podrun wraps torchrun and writes the lineage where the XCom sidecar picks it up
     assert base["command"] == [
-        "python", "-m", "slipstream.podrun", "--run-dir", "/runs/daily-20250103-abcd1234",
+        "python", "-m", "slipstream.pipeline.podrun", "--run-dir", "/runs/daily-20250103-abcd1234",
         "--xcom", "/airflow/xcom/return.json", "--",
     ]
     args = base["args"]
@@ -113,7 +113,7 @@ def test_cpu_pod_asks_for_no_gpu_and_caught_up_stop(settings: Settings, kubeconf
 
 def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
     """A value with shell syntax stays one argument; the pod's command runs no shell."""
-    from slipstream.jobspec import TrainJobSpec
+    from slipstream.pipeline.jobspec import TrainJobSpec
 
     spec = spec_for(settings, gpus=1)
     evil = TrainJobSpec.from_dict({**spec.to_dict(), "overrides": {**spec.overrides, "run.note": "x; rm -rf / $(id)"}})
@@ -125,7 +125,7 @@ def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) 
 def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
     from kubernetes.client import ApiClient
 
-    from slipstream.jobspec import warmup_args
+    from slipstream.pipeline.jobspec import warmup_args
     from slipstream_airflow.training import WarmupPodOperator
 
     spec = spec_for(settings, gpus=2)
@@ -156,7 +156,7 @@ def test_pytorchjob_manifest(settings: Settings) -> None:
         pod = reps[role]["template"]["spec"]
         (c,) = pod["containers"]
         assert c["name"] == "pytorch" and c["image"] == CLUSTER.trainer_image
-        assert c["command"][:3] == ["python", "-m", "slipstream.podrun"] and "--xcom" not in c["command"]
+        assert c["command"][:3] == ["python", "-m", "slipstream.pipeline.podrun"] and "--xcom" not in c["command"]
         args = c["args"]
         assert args[:4] == ["torchrun", "--nnodes", "3", "--nproc-per-node"] and args[4] == "8"
         assert "--standalone" not in args
@@ -193,7 +193,7 @@ def test_placement_matches_the_cache_teams(settings: Settings, monkeypatch: pyte
     """The pods' node affinity, cache volume and mount are the ones slipstream.cache.placement
     computes from the same settings (defaults and overrides)."""
     placement = pytest.importorskip("slipstream.cache.placement", reason="the cache team's module is not merged yet")
-    from slipstream.cluster import VolumeSource
+    from slipstream.pipeline.cluster import VolumeSource
 
     for env in ({}, {"SLIPSTREAM_CACHE_NODE_SELECTOR": "a=b,c=d", "SLIPSTREAM_CACHE_VOLUME": "pvc:warm",
                      "SLIPSTREAM_CACHE_MOUNT_PATH": "/warm"}):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.registry import ModelRegistry, decide_promotion
-from slipstream.runlayout import RunArtifactMissing, make_run_id, update_summary, read_summary
+from slipstream.pipeline.registry import ModelRegistry, decide_promotion
+from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, update_summary, read_summary
 from tests.airflow_fixtures import T_HANDOFF, write_run
 
 
@@ -83,7 +83,7 @@ def test_run_ids_and_summary_sections(tmp_path: Path) -> None:
 def test_latest_run_dir_finds_the_newest_run_of_a_day(settings) -> None:  # type: ignore[no-untyped-def]
     import os
 
-    from slipstream.runlayout import latest_run_dir
+    from slipstream.pipeline.runlayout import latest_run_dir
 
     runs = Path(settings.runs_dir)
     old = write_run(runs, "daily-20250104-aaaa0000", 0.7)

@@ -7,7 +7,7 @@ from datetime import date, datetime, timezone
 import pytest
 
 from slipstream.errors import ConfigError
-from slipstream.retrain_plan import days_present, days_to_preprocess, plan_days, window_days
+from slipstream.lake.retrain_plan import days_present, days_to_preprocess, plan_days, window_days
 
 
 def test_window_days_end_exclusive() -> None:
@@ -24,8 +24,8 @@ def test_interval_day_plus_missing() -> None:
 
 
 def test_plan_reads_day_partitions_of_a_real_table(catalog, settings) -> None:  # type: ignore[no-untyped-def]
-    from slipstream.datagen import GeneratorConfig, reference_samples
-    from slipstream.iceberg import samples_table
+    from slipstream.dev.datagen import GeneratorConfig, reference_samples
+    from slipstream.lake.iceberg import samples_table
 
     table = samples_table(catalog, settings.namespace)
     assert days_present(table) == set()

@@ -11,7 +11,7 @@ import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
 
-from slipstream.runlayout import make_run_id
+from slipstream.pipeline.runlayout import make_run_id
 from slipstream.settings import Settings
 from slipstream_airflow.report_views import create_app
 

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from slipstream.schema import hash_category
+from slipstream.samples.schema import hash_category
 from spark_jobs.arrow_finish import SampleFinisher
 
 CATS = (("device", "device_hash"), ("country", "country_hash"))

@@ -4,7 +4,7 @@ them too, and the result carries its ratio fields (no timing goals)."""
 
 from __future__ import annotations
 
-from slipstream import native
+from slipstream.samples import native
 
 
 def test_bench_loader_reads_the_window_and_reports_ratios() -> None:

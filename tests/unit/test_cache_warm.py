@@ -23,7 +23,7 @@ def _data_files(cache_dir: str) -> set[str]:
 
 def _table_data_files(settings: Settings, snapshot: int) -> dict[str, str]:
     """{day partition value: data file name} at a snapshot."""
-    from slipstream.iceberg import get_catalog
+    from slipstream.lake.iceberg import get_catalog
 
     tbl = get_catalog(settings).load_table(settings.table)
     return {Path(t.file.file_path).parent.name: Path(t.file.file_path).name
@@ -125,7 +125,7 @@ def test_lock_contention_and_concurrent_warmups(settings: Settings, day_tables, 
 def test_reader_hits_misses_and_populate(settings: Settings, day_tables) -> None:  # noqa: F811
     snap = append_days(settings, day_tables, range(3))
     warm_window(settings, "samples", 1, window_end(3), snap, None, None)  # only the last day
-    from slipstream.iceberg import get_catalog
+    from slipstream.lake.iceberg import get_catalog
 
     tasks = list(get_catalog(settings).load_table(settings.table).scan(snapshot_id=snap).plan_files())
     paths = sorted(t.file.file_path for t in tasks)  # day 0, 1, 2: only day 2 is cached

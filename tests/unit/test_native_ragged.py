@@ -1,4 +1,4 @@
-"""The native kernels (slipstream/native/ragged.c): the list gather gives exactly the arrays of the
+"""The native kernels (slipstream/samples/native/ragged.c): the list gather gives exactly the arrays of the
 Arrow path, and the id hash follows the schema's rule."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from slipstream import native
-from slipstream.ragged import flat_list, take_list_column, take_lists
-from slipstream.schema import HOLDOUT_MODULO, id_hash
+from slipstream.samples import native
+from slipstream.samples.ragged import flat_list, take_list_column, take_lists
+from slipstream.samples.schema import HOLDOUT_MODULO, id_hash
 from trainers.rows import Rows, SOURCE_ICEBERG
 
 
@@ -93,7 +93,7 @@ def test_numpy_lists_match_and_bad_rows_are_refused() -> None:
 
 def test_rows_from_arrow_same_with_and_without_native() -> None:
     rng = np.random.default_rng(10)
-    from slipstream.schema import ARROW_SCHEMA
+    from slipstream.samples.schema import ARROW_SCHEMA
 
     n = 2000
     data = {}
@@ -143,7 +143,7 @@ def test_no_compiler_falls_back_with_one_warning(tmp_path: Path, monkeypatch: py
         native.build()
     assert not list((tmp_path / "cache").iterdir())  # the failed build left nothing behind
     monkeypatch.setattr(native, "_loaded", [])
-    with caplog.at_level(logging.WARNING, logger="slipstream.native"):
+    with caplog.at_level(logging.WARNING, logger="slipstream.samples.native"):
         assert native.kernels() is None
         assert native.kernels() is None
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError
-from slipstream.iceberg import commit_day_overwrite, samples_table
-from slipstream.schema import NAMESPACE
+from slipstream.lake.iceberg import commit_day_overwrite, samples_table
+from slipstream.samples.schema import NAMESPACE
 from tests.preprocess_fixtures import content_checksum, day_rows
 
 CFG = GeneratorConfig(start_day=date(2026, 11, 1), days=2, impressions_per_day=400, users=50, items=30)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from slipstream.errors import ConfigError, PreprocessError, RejectRateExceeded
-from slipstream.preprocess_launch import preprocess_command, preprocess_days_command, raw_day_ready, run_preprocess
+from slipstream.pipeline.preprocess_launch import preprocess_command, preprocess_days_command, raw_day_ready, run_preprocess
 from slipstream.settings import Settings
-from slipstream.spark_settings import SparkSettings
+from slipstream.pipeline.spark_settings import SparkSettings
 
 DAY = date(2026, 11, 1)
 

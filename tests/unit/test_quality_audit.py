@@ -45,7 +45,7 @@ def test_a_partial_last_epoch_is_not_loss_but_a_partial_first_epoch_is() -> None
     n = 200
     ids = pa.array([f"s{i}" for i in range(n)])
     times = pa.array(np.arange(n) * 1_000_000, pa.timestamp("us", tz="UTC"))
-    from slipstream.schema import is_holdout
+    from slipstream.samples.schema import is_holdout
 
     train = [x for x, h in zip(ids.to_pylist(), is_holdout(ids)) if not h]
     e0 = _audit(train, np.arange(len(train)))

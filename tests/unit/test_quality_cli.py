@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.cli import main
-from slipstream.iceberg import get_catalog
+from slipstream.lake.iceberg import get_catalog
 from slipstream.settings import Settings
 from tests.quality_fixtures import day_of, fill_samples, reference_days, replace_column
 

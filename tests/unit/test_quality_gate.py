@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from slipstream.errors import ConfigError, QualityGateFailed
-from slipstream.iceberg import get_catalog
+from slipstream.lake.iceberg import get_catalog
 from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.profiles import profile_table
@@ -127,7 +127,7 @@ def test_planted_fault_fails_naming_expectation_and_value(
 def test_event_time_outside_day_is_caught(settings: Settings) -> None:
     # A file that sits in the day's partition but holds a row of the next day (a bad add_files).
     snap = _setup(settings)
-    from slipstream.iceberg import samples_table
+    from slipstream.lake.iceberg import samples_table
     import pyarrow.parquet as pq
 
     table = samples_table(get_catalog(settings), settings.namespace)
@@ -178,7 +178,7 @@ def test_window_mode_and_snapshot_pinning(settings: Settings) -> None:
     assert res.passed and res.rows == 4000 * (DAYS - 1)
     assert res.scope.startswith("window:")
     # a bad commit after the pin does not change what the pinned gate sees
-    from slipstream.iceberg import samples_table
+    from slipstream.lake.iceberg import samples_table
 
     samples_table(get_catalog(settings), settings.namespace).append(_duplicates(_last()).slice(4000))
     again = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
@@ -203,7 +203,7 @@ def test_empty_day_fails_with_one_clear_expectation(settings: Settings) -> None:
 
 def test_schema_problems_name_column_and_types() -> None:
     from slipstream.quality.metrics import schema_problems
-    from slipstream.schema import ARROW_SCHEMA
+    from slipstream.samples.schema import ARROW_SCHEMA
 
     assert schema_problems(ARROW_SCHEMA) == []
     bad = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("label"))

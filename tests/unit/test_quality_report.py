@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.errors import ConfigError
-from slipstream.iceberg import get_catalog
+from slipstream.lake.iceberg import get_catalog
 from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.report import render_report

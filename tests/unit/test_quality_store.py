@@ -6,7 +6,7 @@ from datetime import date, timedelta
 
 import pytest
 
-from slipstream.iceberg import get_catalog
+from slipstream.lake.iceberg import get_catalog
 from slipstream.quality import store
 from slipstream.quality.profiles import FeatureProfile
 from slipstream.quality.suites import CheckResult

@@ -9,8 +9,10 @@ import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from slipstream import codec, schema
-from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.samples import codec
+
+from slipstream.samples import schema
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_codec_screens_each_odd_value_alone(day: pa.Table, odd: bytes | None) ->
 
 def _binary_with(value: bytes, **fields: object) -> bytes:
     """A copy of one binary-encoded value with head fields replaced."""
-    from slipstream.binary_codec import FIXED
+    from slipstream.samples.binary_codec import FIXED
 
     head = np.frombuffer(value[: FIXED.itemsize], dtype=FIXED).copy()
     for name, v in fields.items():

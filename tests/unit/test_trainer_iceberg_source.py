@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from slipstream import native
+from slipstream.samples import native
 from slipstream.errors import ResumeError
-from slipstream.planning import plan_window_files
-from slipstream.ragged import take_lists, take_ranges
-from slipstream.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, is_holdout
+from slipstream.lake.planning import plan_window_files
+from slipstream.samples.ragged import take_lists, take_ranges
+from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
 from trainers.data import holdout
 from trainers.data.holdout import holdout_mask

@@ -8,9 +8,9 @@ from datetime import date
 import numpy as np
 import pytest
 
-from slipstream.codec import decode_samples, encode_samples
-from slipstream.datagen import GeneratorConfig, reference_samples
-from slipstream.schema import is_holdout
+from slipstream.samples.codec import decode_samples, encode_samples
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
+from slipstream.samples.schema import is_holdout
 from trainers.data.kafka_source import KafkaSource, StreamCounters
 
 

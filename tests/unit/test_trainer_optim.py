@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError
-from slipstream.jobspec import KNOBS_BY_NAME
+from slipstream.pipeline.jobspec import KNOBS_BY_NAME
 from slipstream.settings import Settings
 from trainers.config import DataConfig, ModelConfig, OptimConfig, load_config
 from trainers.drift import DriftGauge

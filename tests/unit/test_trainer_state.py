@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from slipstream.datagen import GeneratorConfig, reference_samples
+from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError, ResumeError
 from slipstream.settings import Settings
 from trainers.audit import AuditWriter, drop_uncommitted, read_audit

@@ -1,8 +1,8 @@
-"""`slipstream.schema.is_holdout` computed straight from an Arrow string column's buffers.
+"""`slipstream.samples.schema.is_holdout` computed straight from an Arrow string column's buffers.
 
 `is_holdout` takes any sequence and converts it through Python string objects; on the loader's
 hot path that costs more than reading the row group. This computes the same FNV-1a hash over
-the Arrow data buffer: with the native kernel (`slipstream.native`, one pass over the bytes) where
+the Arrow data buffer: with the native kernel (`slipstream.samples.native`, one pass over the bytes) where
 it is built, else with numpy (tests check all three agree on every id).
 
 The numpy path runs one pass per byte position. Ids of one length stored next to each other (a
@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream import native
-from slipstream.schema import HOLDOUT_MODULO
+from slipstream.samples import native
+from slipstream.samples.schema import HOLDOUT_MODULO
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)

@@ -81,7 +81,7 @@ def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None =
             wait(futures)  # every read is done before the files close, even when one failed
             tables = [f.result() for f in futures]
     if not tables:
-        from slipstream.schema import ARROW_SCHEMA
+        from slipstream.samples.schema import ARROW_SCHEMA
 
         return ARROW_SCHEMA.empty_table()
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

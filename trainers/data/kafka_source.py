@@ -3,7 +3,7 @@
 - Partitions are assigned deterministically (sorted, dealt round-robin: rank r reads
   `parts[r::world]`), by `assign`, never by a consumer group: offsets are ours, kept in the
   checkpoint, so a resume on any world size re-deals them.
-- A consume call's values are decoded in one batch (`slipstream.codec.decode_samples`: one Arrow
+- A consume call's values are decoded in one batch (`slipstream.samples.codec.decode_samples`: one Arrow
   JSON parse, or numpy views for the binary codec; no per-record dicts). Records with event_time < T are dropped and counted (the batch
   phase trained them); held-out records are kept out of training; bad records go to the dead-letter
   topic with the reason and their origin in headers.
@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from slipstream.codec import decode_samples
+from slipstream.samples.codec import decode_samples
 from slipstream.errors import HandoffError
-from slipstream.kafka import consumer_config
+from slipstream.stream.kafka import consumer_config
 from trainers.data.holdout import holdout_mask
 from trainers.rows import SOURCE_KAFKA, Rows
 

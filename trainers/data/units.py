@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from slipstream.errors import ConfigError
-from slipstream.planning import WindowPlan
+from slipstream.lake.planning import WindowPlan
 
 log = logging.getLogger(__name__)
 

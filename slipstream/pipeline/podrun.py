@@ -1,6 +1,6 @@
 """Entry point of the training container: run torchrun, then hand its lineage to Airflow.
 
-`python -m slipstream.podrun --run-dir D --xcom /airflow/xcom/return.json -- torchrun ...`
+`python -m slipstream.pipeline.podrun --run-dir D --xcom /airflow/xcom/return.json -- torchrun ...`
 
 The KubernetesPodOperator's XCom sidecar returns whatever the main container leaves in
 `/airflow/xcom/return.json`; this wrapper writes the run's small lineage dict there once the
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from slipstream.runlayout import read_metrics, training_lineage, write_json_atomic
+from slipstream.pipeline.runlayout import read_metrics, training_lineage, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def run(command: list[str], run_dir: Path, xcom_path: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slipstream.podrun", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m slipstream.pipeline.podrun", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path, help="the run folder the trainer writes")
     parser.add_argument("--xcom", type=Path, default=None, help="where to write the lineage JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- torchrun ...")

@@ -15,7 +15,7 @@
  * still refuses to write past out_capacity elements (returns -1). Returns the elements written.
  *
  * fnv1a_divisible marks the strings whose FNV-1a 64-bit hash (NUL bytes skipped, as
- * slipstream.schema.id_hash does) is a multiple of `modulo` (>= 1): the held-out sample ids. It
+ * slipstream.samples.schema.id_hash does) is a multiple of `modulo` (>= 1): the held-out sample ids. It
  * hashes four ids at a time and tests divisibility with a multiply instead of a division.
  */
 #include <stdint.h>

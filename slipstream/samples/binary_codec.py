@@ -15,7 +15,7 @@ One record, little-endian, no padding:
 
 A batch is decoded without per-record Python: the values are joined once, the fixed part of every
 record is read through a structured numpy view, and the history and sample id of every record are
-cut out of the joined buffer with Arrow's binary take (`slipstream.ragged.take_ranges`). Every
+cut out of the joined buffer with Arrow's binary take (`slipstream.samples.ragged.take_ranges`). Every
 check of the JSON path has its binary counterpart (truncated or oversize value, wrong header,
 label, NaN/inf), so a bad record is a dead letter with a reason either way.
 """
@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.ragged import take_ranges
-from slipstream.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.ragged import take_ranges
+from slipstream.samples.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_COLUMNS
 
 MARKER = 0xB1
 _C, _D = len(CATEGORICAL_COLUMNS), len(DENSE_COLUMNS)

@@ -7,7 +7,7 @@ them (while producers switch).
   joined into one buffer and parsed by Arrow's multithreaded JSON reader against the explicit
   schema. Only when a batch holds a bad record does decoding fall back to checking records one by
   one, to name the bad ones (dead letters). `event_time` travels as integer microseconds (UTC).
-- `binary`: a compact fixed layout (`slipstream.binary_codec`) decoded with numpy views and block
+- `binary`: a compact fixed layout (`slipstream.samples.binary_codec`) decoded with numpy views and block
   copies; about half the bytes and a small fraction of the JSON parse's CPU.
 Neither builds per-record Python objects on the hot path.
 """
@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from slipstream.binary_codec import MARKER, decode_binary, encode_binary
-from slipstream.schema import ARROW_SCHEMA, DENSE_COLUMNS, SAMPLE_COLUMNS
+from slipstream.samples.binary_codec import MARKER, decode_binary, encode_binary
+from slipstream.samples.schema import ARROW_SCHEMA, DENSE_COLUMNS, SAMPLE_COLUMNS
 from slipstream.settings import KAFKA_CODECS as CODECS
 
 MAX_VALUE_BYTES = 64 * 1024

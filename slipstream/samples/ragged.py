@@ -1,7 +1,7 @@
 """Gathers of variable-length ranges (a history list per row, a field inside each record).
 
 numpy can only gather ragged ranges value by value (an index per value). Lists are gathered by
-`slipstream.native` (one prefetched memcpy per list, straight from the Arrow chunks) where it is
+`slipstream.samples.native` (one prefetched memcpy per list, straight from the Arrow chunks) where it is
 built; otherwise, and for the ranges of `take_ranges`, Arrow's binary `take` copies each range as
 one block: each range is handed to Arrow as one binary value over the numpy buffer (zero-copy), and
 the gathered bytes come back as a numpy array (zero-copy). Both paths give the same arrays.
@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream import native
+from slipstream.samples import native
 
 
 def _take_blobs(values: np.ndarray, bounds: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

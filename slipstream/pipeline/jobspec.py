@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, Mapping
 
-from slipstream.cluster import ClusterSettings, SecretEnv, VolumeSource
+from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
 from slipstream.errors import ConfigError
 from slipstream.settings import BACKENDS, Settings
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import StackError
-from slipstream.stack import pid_alive as _pid_alive
+from slipstream.dev.stack import pid_alive as _pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class S3Endpoint:
         return f"S3Endpoint(url={self.url!r}, bucket={self.bucket!r}, access_key={self.access_key!r})"
 
     def env(self) -> dict[str, str]:
-        """The variables `slipstream.iceberg.s3_properties_from_env` maps to pyiceberg's FileIO."""
+        """The variables `slipstream.lake.iceberg.s3_properties_from_env` maps to pyiceberg's FileIO."""
         return {
             "SLIPSTREAM_S3_ENDPOINT": self.url,
             "SLIPSTREAM_S3_ACCESS_KEY_ID": self.access_key,

@@ -16,7 +16,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from slipstream.schema import ICEBERG_SCHEMA, PARTITION_SPEC, SAMPLES_TABLE
+from slipstream.samples.schema import ICEBERG_SCHEMA, PARTITION_SPEC, SAMPLES_TABLE
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform  # noqa: E402
 from pyiceberg.types import DateType, NestedField, StringType  # noqa: E402
 
 from slipstream.errors import CommitConflict, ConfigError  # noqa: E402
-from slipstream.schema import REJECTS_TABLE  # noqa: E402
+from slipstream.samples.schema import REJECTS_TABLE  # noqa: E402
 
 
 REJECTS_SCHEMA = Schema(
@@ -260,7 +260,7 @@ def s3_mode() -> str:
 
 def local_s3_properties(settings: Settings) -> dict[str, str]:
     """FileIO properties of the local stack's S3 server under SLIPSTREAM_HOME, if it was started."""
-    from slipstream.s3server import S3Server
+    from slipstream.dev.s3server import S3Server
 
     endpoint = S3Server(settings.home).last_endpoint()
     return endpoint.io_properties() if endpoint else {}

@@ -2,7 +2,7 @@
 
 Every stage derives its view from here: the Iceberg table (`ICEBERG_SCHEMA`), Arrow
 (`ARROW_SCHEMA`), the raw-log input contract (`IMPRESSION_ARROW_SCHEMA`,
-`CLICK_ARROW_SCHEMA`) and the Kafka value codec (`slipstream.codec`). Feature transforms that
+`CLICK_ARROW_SCHEMA`) and the Kafka value codec (`slipstream.samples.codec`). Feature transforms that
 both the batch path (Spark) and the online path (the stream producer) apply are defined here as
 numbers, so the two implementations cannot silently disagree (the skew report checks they don't).
 """

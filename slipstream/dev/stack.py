@@ -23,7 +23,7 @@ from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
 
 
@@ -178,7 +178,7 @@ def start_kafka(home: Path, port: int) -> ServiceState:
             stop_process(pid)
             raise StackError(f"the Kafka broker did not listen on 127.0.0.1:{port} within 30s")
         time.sleep(0.1)
-    from slipstream.kafka import wait_for_broker
+    from slipstream.stream.kafka import wait_for_broker
 
     wait_for_broker(f"127.0.0.1:{port}")
     return ServiceState("kafka", pid, f"127.0.0.1:{port}", str(home / "logs" / "kafka.log"))
@@ -214,7 +214,7 @@ def prepare_airflow(settings: Settings) -> None:
 
 
 def prepare_catalog(settings: Settings) -> str:
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.lake.iceberg import get_catalog, samples_table
 
     table = samples_table(get_catalog(settings), settings.namespace)
     return ".".join(table.name())
@@ -224,8 +224,8 @@ def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | 
     """The local S3 server (SeaweedFS) when SLIPSTREAM_S3 is `on`, or `auto` (the default) and the
     warehouse is on s3://; keys from SLIPSTREAM_S3_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else generated
     once and kept (0600) under <home>/s3. Port: SLIPSTREAM_S3_PORT, else a free one, reused."""
-    from slipstream.iceberg import s3_mode, warehouse_on_s3
-    from slipstream.s3server import S3Server
+    from slipstream.lake.iceberg import s3_mode, warehouse_on_s3
+    from slipstream.dev.s3server import S3Server
 
     mode = s3_mode()
     if mode == "off" or (mode == "auto" and not warehouse_on_s3(settings)):
@@ -258,7 +258,7 @@ def up(settings: Settings, *, airflow: bool = True) -> StackState:
         state.services["s3"] = s3
         state.env["SLIPSTREAM_S3_ENDPOINT"] = s3.address
         state.save(home)
-    from slipstream.kafka import create_topic
+    from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
     create_topic(bootstrap, settings.topic, settings.topic_partitions)

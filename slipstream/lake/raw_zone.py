@@ -18,7 +18,7 @@ from datetime import date, datetime, timedelta, timezone
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from slipstream.iceberg import s3_properties_from_env
+from slipstream.lake.iceberg import s3_properties_from_env
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"

@@ -9,7 +9,7 @@ about five times as fast as numpy's pass per byte position.
 Nothing needs it: without a compiler, when the build fails, or with `SLIPSTREAM_NATIVE=0`,
 `kernels()` returns None and callers use their Arrow path (same results); the reason is logged
 once. The library is built once per source version into `SLIPSTREAM_NATIVE_DIR` (default
-`~/.cache/slipstream/native`); `make venv` builds it ahead (`python -m slipstream.native`), so
+`~/.cache/slipstream/native`); `make venv` builds it ahead (`python -m slipstream.samples.native`), so
 ranks that start together find it ready. Concurrent builds are safe: each writes a temporary file
 and renames it into place.
 """

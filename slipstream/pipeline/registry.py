@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import pyarrow.fs as pafs
 
 from slipstream.errors import ConfigError
-from slipstream.runlayout import RunArtifactMissing, read_json, read_metrics
+from slipstream.pipeline.runlayout import RunArtifactMissing, read_json, read_metrics
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)

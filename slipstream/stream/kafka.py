@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from slipstream.codec import encode_samples
+from slipstream.samples.codec import encode_samples
 from slipstream.errors import StackError
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def produce_samples(
     bootstrap: str, topic: str, table: pa.Table, *, progress_every: int = 100_000, codec: str = "json"
 ) -> int:
     """Produce sample rows in table order: key = user_id (a user's samples stay in order on one
-    partition), value = the sample in `codec` (`slipstream.codec`), timestamp = event_time in ms.
+    partition), value = the sample in `codec` (`slipstream.samples.codec`), timestamp = event_time in ms.
     Idempotent producer: a retry never duplicates a record. Returns the number produced."""
     producer = Producer(
         {

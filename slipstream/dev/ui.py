@@ -1,7 +1,7 @@
 """`make ui`: Airflow's api-server, scheduler, dag-processor and triggerer on 127.0.0.1.
 
 Each component starts on its own (Airflow's `standalone` binds log servers on 0.0.0.0 and ignores
-SIGTERM in its children), with the embedded stack's environment (`slipstream.stack.airflow_env`),
+SIGTERM in its children), with the embedded stack's environment (`slipstream.dev.stack.airflow_env`),
 and is recorded in the stack's `stack.json` so `slipstream ui down` (and `stack down`) stop
 exactly those processes by PID. Login is Airflow 3's simple auth manager with one admin user whose
 password is written to the passwords file before the api-server starts (SLIPSTREAM_UI_PASSWORD,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from slipstream.errors import StackError
 from slipstream.settings import Settings
-from slipstream.stack import (
+from slipstream.dev.stack import (
     ServiceState, StackState, _bin, airflow_env, free_port, pid_alive, port_open, start_process, stop_process,
 )
 
@@ -103,7 +103,7 @@ def wait_healthy(url: str, pid: int, log_path: str, timeout_s: float) -> None:
 
 def up(settings: Settings, *, port: int | None = None, password: str | None = None, timeout_s: float = 180.0) -> UiInfo:
     """Start the four components (the stack's Kafka and catalog first, if not running)."""
-    from slipstream import stack
+    from slipstream.dev import stack
 
     state = stack.up(settings, airflow=True)
     running = {n: s for n, s in state.services.items() if n in COMPONENTS and pid_alive(s.pid)}

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.errors import ConfigError
-from slipstream.schema import (
+from slipstream.samples.schema import (
     ARROW_SCHEMA,
     ATTRIBUTION_WINDOW_S,
     CATEGORICAL_FEATURES,

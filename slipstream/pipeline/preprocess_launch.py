@@ -24,13 +24,13 @@ from typing import Any, Sequence
 
 from slipstream import errors
 from slipstream.errors import PreprocessError
-from slipstream.raw_zone import raw_day_ready
+from slipstream.lake.raw_zone import raw_day_ready
 from slipstream.settings import Settings
-from slipstream.spark_settings import SparkSettings
+from slipstream.pipeline.spark_settings import SparkSettings
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_MODULE = "spark_jobs.preprocess"
 STDERR_TAIL_LINES = 40
 __all__ = [

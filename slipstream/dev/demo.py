@@ -23,8 +23,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from slipstream import stack
-from slipstream.datagen import GeneratorConfig, generate, write_manifest
+from slipstream.dev import stack
+from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
 from slipstream.errors import SlipstreamError
 from slipstream.settings import Settings
 
@@ -117,7 +117,7 @@ def rows_per_day(settings: Settings) -> tuple[int | None, dict[str, int]]:
     """Current snapshot id of `samples` and its row count per UTC day."""
     import pyarrow.compute as pc
 
-    from slipstream.iceberg import get_catalog, samples_table
+    from slipstream.lake.iceberg import get_catalog, samples_table
 
     table = samples_table(get_catalog(settings), settings.namespace)
     snap = table.current_snapshot()
@@ -146,7 +146,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
                               stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
         data = generate(cfg, settings.raw_dir)
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
-        from slipstream.kafka import produce_samples
+        from slipstream.stream.kafka import produce_samples
 
         produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
         # A manual run at T covers the last complete day before it: the generator's last day, so
@@ -157,7 +157,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = json.loads((run_dir / "metrics.json").read_text())
         # what the DAG's publish and report tasks decided lives in the run summary
-        from slipstream.runlayout import SUMMARY_FILE, read_summary
+        from slipstream.pipeline.runlayout import SUMMARY_FILE, read_summary
 
         run_summary = read_summary(run_dir) if (run_dir / SUMMARY_FILE).exists() else {}
         snapshot_id, per_day = rows_per_day(settings)

@@ -23,7 +23,7 @@ from typing import Callable
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from slipstream.errors import HandoffError
-from slipstream.kafka import consumer_config
+from slipstream.stream.kafka import consumer_config
 
 log = logging.getLogger(__name__)
 
