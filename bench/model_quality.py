@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.train import fill_samples
-from slipstream.dev.datagen import GeneratorConfig, auc, generate_world, reference_samples
+from slipstream.dev.datagen import GeneratorConfig, generate_world, reference_samples
+from slipstream.scoring import auc
 from slipstream.stream.kafka import create_topic, produce_samples
 from slipstream.samples.schema import is_holdout
 from slipstream.dev.stack import free_port, start_kafka, stop_process

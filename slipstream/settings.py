@@ -3,11 +3,17 @@
 Every setting is an environment variable `SLIPSTREAM_<NAME>`; the defaults describe the embedded
 local stack under `.slipstream/` in the working directory. Components take the fields they need
 as arguments: nothing below the CLI/DAG edge reads the environment itself.
+
+A settings file `<SLIPSTREAM_HOME>/settings.env` (`NAME=value` lines) supplies values the
+environment leaves unset: `slipstream stack up` writes the endpoints it started there (the broker's
+address, the S3 server's endpoint and keys), so every later command, task and child process of that
+home talks to exactly those servers. A variable set in the environment always wins.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
@@ -16,6 +22,10 @@ from slipstream.errors import ConfigError
 
 BACKENDS = ("local", "kubernetes")
 KAFKA_CODECS = ("json", "binary")
+SETTINGS_FILE = "settings.env"
+SECRET_FIELDS = ("s3_secret_access_key",)
+"""Never copied into a child's environment by `as_env` (pods get them from Secrets; local
+children read them from the settings file of the same home)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +48,9 @@ class Settings:
     raw_dir: str = ""
     """SLIPSTREAM_RAW_DIR: raw zone with impressions/ and clicks/ (default <home>/raw)."""
 
-    kafka_bootstrap: str = "127.0.0.1:19092"
-    """SLIPSTREAM_KAFKA_BOOTSTRAP: bootstrap.servers of the broker holding the sample stream."""
+    kafka_bootstrap: str = ""
+    """SLIPSTREAM_KAFKA_BOOTSTRAP: bootstrap.servers of the broker holding the sample stream
+    (default: the local stack's broker, 127.0.0.1:<kafka_port>)."""
 
     kafka_port: int = 19092
     """SLIPSTREAM_KAFKA_PORT: port the local stack's broker listens on (127.0.0.1 only)."""
@@ -63,6 +74,18 @@ class Settings:
     training_backend: str = "local"
     """SLIPSTREAM_TRAINING_BACKEND: `local` (torchrun subprocess) or `kubernetes` (a pod)."""
 
+    s3_endpoint: str = ""
+    """SLIPSTREAM_S3_ENDPOINT: endpoint URL of the S3 store holding the warehouse (empty: AWS's)."""
+
+    s3_access_key_id: str = ""
+    """SLIPSTREAM_S3_ACCESS_KEY_ID: S3 access key (empty: the client's default credential chain)."""
+
+    s3_secret_access_key: str = field(default="", repr=False)
+    """SLIPSTREAM_S3_SECRET_ACCESS_KEY: S3 secret key."""
+
+    s3_region: str = ""
+    """SLIPSTREAM_S3_REGION: S3 region."""
+
     def __post_init__(self) -> None:
         if self.training_backend not in BACKENDS:
             raise ConfigError(
@@ -77,6 +100,8 @@ class Settings:
             raise ConfigError(f"SLIPSTREAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
         home = Path(self.home).resolve()
         object.__setattr__(self, "home", home)
+        if not self.kafka_bootstrap:
+            object.__setattr__(self, "kafka_bootstrap", f"127.0.0.1:{self.kafka_port}")
         for name, default in (
             ("warehouse", (home / "warehouse").as_uri()),
             ("raw_dir", str(home / "raw")),
@@ -88,7 +113,10 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """From the environment (or `env`), over the settings file of the home it names."""
         env = os.environ if env is None else env
+        home = Path(env.get("SLIPSTREAM_HOME") or ".slipstream")
+        env = {**read_settings_file(home), **{k: v for k, v in env.items() if v != ""}}
         kwargs: dict[str, object] = {}
         for f in fields(cls):
             key = f"SLIPSTREAM_{f.name.upper()}"
@@ -107,9 +135,68 @@ class Settings:
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def as_env(self) -> dict[str, str]:
-        """The settings as environment variables, for child processes (torchrun, spark-submit)."""
-        return {f"SLIPSTREAM_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+        """The settings as environment variables, for child processes (torchrun, spark-submit);
+        secrets stay out (see SECRET_FIELDS)."""
+        return {
+            f"SLIPSTREAM_{f.name.upper()}": str(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in SECRET_FIELDS
+        }
+
+    def s3_io_properties(self) -> dict[str, str]:
+        """pyiceberg/pyarrow S3 FileIO properties (`s3.endpoint`, keys, region) of the settings set."""
+        props = {
+            "s3.endpoint": self.s3_endpoint,
+            "s3.access-key-id": self.s3_access_key_id,
+            "s3.secret-access-key": self.s3_secret_access_key,
+            "s3.region": self.s3_region,
+        }
+        return {k: v for k, v in props.items() if v}
 
     @property
     def table(self) -> str:
         return f"{self.namespace}.samples"
+
+
+def read_settings_file(home: Path) -> dict[str, str]:
+    """`<home>/settings.env` as a dict (empty when there is none). Blank lines and `#` comments are
+    skipped; a line without `=` is refused with its number."""
+    path = Path(home) / SETTINGS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{path}:{n}: expected NAME=value, got {line!r}: fix or delete the line")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def write_settings_file(home: Path, values: Mapping[str, str]) -> Path:
+    """Replace `<home>/settings.env` with `values`, atomically and readable by the owner only
+    (it may hold keys): the file is created with mode 0600, never widened afterwards."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=home, prefix=f".{SETTINGS_FILE}.")  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("# written by `slipstream stack up`: the endpoints it started; the environment wins\n")
+            for key in sorted(values):
+                if "\n" in values[key]:
+                    raise ConfigError(f"setting {key} must be one line, got {values[key]!r}")
+                f.write(f"{key}={values[key]}\n")
+        os.replace(tmp, home / SETTINGS_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return home / SETTINGS_FILE
+
+
+def remove_settings_file(home: Path) -> None:
+    (Path(home) / SETTINGS_FILE).unlink(missing_ok=True)

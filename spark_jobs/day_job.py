@@ -15,9 +15,9 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, Mapping
 
 from py4j.protocol import Py4JJavaError
 from pyiceberg.catalog import Catalog
@@ -33,7 +33,6 @@ from slipstream.samples.schema import ARROW_SCHEMA
 from spark_jobs.arrow_finish import SampleFinisher
 from spark_jobs.raw_input import CLICK_SCHEMA, IMPRESSION_SCHEMA, SOURCE, list_raw_files, read_raw
 from spark_jobs.transforms import (
-    KIND_CLICK,
     REASON,
     UNFINISHED_COLUMNS,
     build_samples,
@@ -63,6 +62,8 @@ class DayOptions:
     target_bytes: int
     write_mode: str = "pyarrow"
     spark_catalog: str = ""
+    raw_io: Mapping[str, str] = field(default_factory=dict)
+    """FileIO properties (S3 endpoint, keys) the driver reads raw Parquet footers with."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def _native_snapshot_id(catalog: Catalog, opts: DayOptions, day: date) -> int | 
     return None
 
 
-def _parquet_drift(files: list[str]) -> list[str]:
+def _parquet_drift(files: list[str], io_properties: Mapping[str, str]) -> list[str]:
     """Parquet files whose footer lacks a required column (read on the driver, no data)."""
     import pyarrow.parquet as pq
 
@@ -164,7 +165,7 @@ def _parquet_drift(files: list[str]) -> list[str]:
         if not path.endswith(".parquet"):
             continue
         schema = IMPRESSION_SCHEMA if f"/{IMPRESSIONS}/" in path else CLICK_SCHEMA
-        fs, inner = filesystem(path)
+        fs, inner = filesystem(path, io_properties)
         try:
             names = set(pq.read_schema(inner, filesystem=fs).names)
         except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError
@@ -206,7 +207,7 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     if not click_files:
         log.warning("day %s: no click files found; every sample of the day will have label 0", day)
     log.info("day %s: %d impression files, %d click files", day, len(imp_files), len(click_files))
-    drift = _parquet_drift(imp_files + click_files)
+    drift = _parquet_drift(imp_files + click_files, opts.raw_io)
     if drift:
         raise RawDataError(
             f"schema drift in the raw data of day {day}: {'; '.join(drift[:WORST_FILES_SHOWN])}. "

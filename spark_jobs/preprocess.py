@@ -79,6 +79,7 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
             attribution_s=args.attribution_s, max_reject_rate=args.max_reject_rate,
             target_bytes=args.target_file_mb * 1024 * 1024, write_mode=args.write_mode,
             spark_catalog=spark_settings.iceberg_catalog or settings.catalog,
+            raw_io=settings.s3_io_properties(),
         )
         catalog = get_catalog(settings)
         spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")

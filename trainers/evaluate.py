@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from slipstream.dev.datagen import auc as roc_auc
+from slipstream.scoring import auc as roc_auc
 from trainers.rows import Features, Rows
 
 log = logging.getLogger(__name__)

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slipstream.samples.codec import decode_samples
-from slipstream.samples.schema import HOLDOUT_MODULO, SCHEMA_VERSION
+from slipstream.samples.schema import HOLDOUT_MODULO
 from trainers.audit import merge_parts
-from trainers.checkpoint import atomic_torch_save, atomic_write_text
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import ChunkStats, read_units, select_rows
 from trainers.data.kafka_source import assigned_partitions, read_range
 from trainers.evaluate import auc_logloss, score
+from trainers.export import export_model
 from trainers.metrics import percentile
 from trainers.model import build_model
 from trainers.rows import Rows
@@ -114,24 +114,6 @@ def best_auc(path: str) -> dict[str, Any]:
     return {"best_auc": best, "best_auc_before_t": best.get("holdout_before_t"), "best_auc_after_t": best.get("holdout_after_t")}
 
 
-def export_model(tr: "Trainer", summary: dict[str, Any] | None = None) -> Path:
-    d = tr.run_dir / "export"
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = tr.cfg
-    cpu_state = {k: v.detach().cpu() for k, v in tr.model.state_dict().items()}  # loadable without a GPU
-    atomic_torch_save({"state_dict": cpu_state, "model_config": cfg.to_dict()["model"],
-                       "schema_version": SCHEMA_VERSION}, d / "model.pt")
-    info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": "trainers.model.CTRModel",
-            "model_config": cfg.to_dict()["model"], "snapshot_id": cfg.data.snapshot_id,
-            "t_handoff": cfg.data.handoff_time.isoformat(), "step": tr.step, "phase": tr.phase,
-            "positions": {str(k): v for k, v in tr.positions.items()},
-            "exported_at": datetime.now(timezone.utc).isoformat(),
-            "metrics": {k: (summary or {}).get(k) for k in ("auc", "logloss", "auc_after_t")}}
-    atomic_write_text(d / "model.json", json.dumps(info, indent=2, default=str))
-    log.info("exported the model to %s", d)
-    return d / "model.pt"
-
-
 def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     final = tr.global_positions()
@@ -169,7 +151,8 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
         "checkpoint": tr.last_checkpoint,
         "cache": tr.cache_reader.stats() if tr.cache_reader is not None else None,
     }
-    summary["export"] = str(export_model(tr, summary))
+    summary["export"] = str(export_model(tr.model, tr.cfg, tr.run_dir, step=tr.step, phase=tr.phase,
+                                         positions=tr.positions, metrics=summary))
     tr.metrics.summary(summary)
     for k in ("auc", "auc_after_t", "auc_after_t_batch_only"):
         v = summary.get(k)

@@ -27,14 +27,15 @@ from trainers.audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint import Checkpointer, atomic_torch_save
 from trainers.config import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
-from trainers.data.kafka_source import KafkaSource, assigned_partitions, topic_partitions
+from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange_split, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.distributed import Dist
 from trainers.drift import DriftGauge
+from trainers.export import export_model
 from trainers.metrics import MetricsLogger
 from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
-from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_to_state
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows
 from trainers.state import ResumePoint, resume_point
 from trainers import stream_profile
 
@@ -459,7 +460,5 @@ class Trainer:
         self._loss_sum, self._loss_n = 0.0, 0
 
     def export(self) -> None:
-        from trainers.finish import export_model
-
         if self.d.is_main:
-            export_model(self)
+            export_model(self.model, self.cfg, self.run_dir, step=self.step, phase=self.phase, positions=self.positions)

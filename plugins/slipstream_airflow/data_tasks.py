@@ -16,7 +16,7 @@ def raw_ready(day: Any, attribution_s: int) -> bool:
     from slipstream.pipeline.preprocess_launch import raw_day_ready
 
     settings = Settings.from_env()
-    ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s))
+    ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s, io_properties=settings.s3_io_properties()))
     log.info("raw day %s under %s ready: %s", day, settings.raw_dir, ready)
     return ready
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator
 
 from slipstream.pipeline.jobspec import TrainJobSpec
+from slipstream.processes import descendants, pid_alive, signal_quietly
 from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
@@ -82,61 +83,19 @@ class LocalProcess:
             return
         tree = [proc.pid, *descendants(proc.pid)]
         log.warning("stopping %s: pids %s", self.command[:3], tree)
-        _signal_group(proc.pid, signal.SIGTERM)
+        signal_quietly(proc.pid, signal.SIGTERM, group=True)
         for pid in tree[1:]:
-            _signal_pid(pid, signal.SIGTERM)
+            signal_quietly(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.kill_grace_s
         while time.monotonic() < deadline:
             proc.poll()
-            if not any(_alive(pid) for pid in tree):
+            if not any(pid_alive(pid) for pid in tree):
                 return
             time.sleep(0.1)
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_quietly(proc.pid, signal.SIGKILL, group=True)
         for pid in tree:
-            _signal_pid(pid, signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
         proc.wait()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (children first), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop(0)
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal_pid(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class LocalTorchrunOperator(BaseOperator):

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.errors import ConfigError
+from slipstream.scoring import auc
 from slipstream.samples.schema import (
     ARROW_SCHEMA,
     ATTRIBUTION_WINDOW_S,
@@ -326,20 +327,6 @@ def _produce_order(cfg: GeneratorConfig, ts_us: np.ndarray, salt: int) -> np.nda
     return np.argsort(ts_us + (delay * US_PER_S).astype(np.int64), kind="stable")
 
 
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC with ties averaged (Mann-Whitney U)."""
-    labels = np.asarray(labels).astype(bool)
-    pos = int(labels.sum())
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    s = np.asarray(scores)[order]
-    ranks = np.empty(len(s), dtype=np.float64)
-    _, first, counts = np.unique(s, return_index=True, return_counts=True)
-    avg = first + (counts - 1) / 2.0 + 1
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def generate(cfg: GeneratorConfig, raw_dir: Path | str) -> GeneratedData:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import StackError
-from slipstream.dev.stack import pid_alive as _pid_alive
+from slipstream.processes import pid_alive as _pid_alive, process_argv
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class S3Endpoint:
         return f"S3Endpoint(url={self.url!r}, bucket={self.bucket!r}, access_key={self.access_key!r})"
 
     def env(self) -> dict[str, str]:
-        """The variables `slipstream.lake.iceberg.s3_properties_from_env` maps to pyiceberg's FileIO."""
+        """The settings (`slipstream.settings.Settings`) that reach this endpoint."""
         return {
             "SLIPSTREAM_S3_ENDPOINT": self.url,
             "SLIPSTREAM_S3_ACCESS_KEY_ID": self.access_key,
@@ -105,12 +105,10 @@ def weed_binary() -> str:
 
 def _is_weed(pid: int) -> bool:
     """Guards `stop()` against a recycled PID: only signal a process that is `weed mini`."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
+    argv = process_argv(pid)
+    if argv is None:
         return _pid_alive(pid)
-    return len(argv) > 1 and argv[0].endswith(b"weed") and argv[1] == b"mini"
+    return len(argv) > 1 and argv[0].endswith("weed") and argv[1] == "mini"
 
 
 def _ports_free(ports: list[int]) -> bool:

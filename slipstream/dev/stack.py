@@ -6,11 +6,11 @@ port) in `<home>/stack.json`; `down` stops exactly those processes, by PID.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,8 +18,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from slipstream.errors import StackError
-from slipstream.settings import Settings
+from slipstream.errors import ConfigError, StackError
+from slipstream.processes import pid_alive, start_process, stop_process
+from slipstream.settings import Settings, remove_settings_file, write_settings_file
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,6 @@ class StackState:
         tmp.replace(home / "stack.json")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours is not alive
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def port_open(host: str, port: int) -> bool:
@@ -91,57 +80,6 @@ def _bin(name: str) -> str:
     return found
 
 
-def start_process(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
-    """Start a server in its own process group (so `stop_process` ends its children too)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as fh:
-        proc = subprocess.Popen(
-            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})},
-        )
-    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
-    return proc.pid
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of process group `pgid` is still running (zombies do not count).
-
-    A server's leader can exit before its children do (a launcher that waits on the real binary
-    dies on SIGTERM at once while the binary still closes its listener), so stopping waits for
-    the whole group, not only for the PID that was recorded."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended while we looked
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def stop_process(pid: int, timeout_s: float = 15.0) -> None:
-    """Stop the process group a server was started in (SIGTERM, then SIGKILL after `timeout_s`)
-    and return once every process of it has exited, so its ports are free."""
-    def gone() -> bool:
-        return not pid_alive(pid) and not group_alive(pid)
-
-    if gone():
-        return
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            if gone():
-                return
-            time.sleep(0.1)
-    log.warning("process group %d still has live processes after SIGKILL", pid)
 
 
 def broker_argv(port: int, data_dir: Path) -> list[str]:
@@ -220,12 +158,24 @@ def prepare_catalog(settings: Settings) -> str:
     return ".".join(table.name())
 
 
+S3_MODES = ("auto", "on", "off")
+
+
+def s3_mode() -> str:
+    """SLIPSTREAM_S3: whether `stack up` starts the local S3 server: `auto` (default: only when the
+    warehouse is on s3://, so a local-disk stack stays fast), `on` (always), `off` (never)."""
+    mode = os.environ.get("SLIPSTREAM_S3", "").strip().lower() or "auto"
+    if mode not in S3_MODES:
+        raise ConfigError(f"SLIPSTREAM_S3 must be one of {', '.join(S3_MODES)}, got {mode!r}")
+    return mode
+
+
 def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | None:
     """The local S3 server (SeaweedFS) when SLIPSTREAM_S3 is `on`, or `auto` (the default) and the
     warehouse is on s3://; keys from SLIPSTREAM_S3_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else generated
     once and kept (0600) under <home>/s3. Port: SLIPSTREAM_S3_PORT, else a free one, reused."""
-    from slipstream.lake.iceberg import s3_mode, warehouse_on_s3
     from slipstream.dev.s3server import S3Server
+    from slipstream.lake.iceberg import warehouse_on_s3
 
     mode = s3_mode()
     if mode == "off" or (mode == "auto" and not warehouse_on_s3(settings)):
@@ -256,15 +206,25 @@ def up(settings: Settings, *, airflow: bool = True) -> StackState:
     s3 = start_s3_if_wanted(settings, state)
     if s3 is not None:
         state.services["s3"] = s3
-        state.env["SLIPSTREAM_S3_ENDPOINT"] = s3.address
-        state.save(home)
     from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
     create_topic(bootstrap, settings.topic, settings.topic_partitions)
     create_topic(bootstrap, f"{settings.topic}.dlq", 1)
     state.env["SLIPSTREAM_KAFKA_BOOTSTRAP"] = bootstrap
-    prepare_catalog(settings)
+    # every later command and child process of this home finds these servers through the settings
+    # file (0600; the environment still wins), never through this module; stack.json keeps no key
+    endpoint_env: dict[str, str] = {}
+    if "s3" in state.services:
+        from slipstream.dev.s3server import S3Server
+
+        endpoint = S3Server(home).last_endpoint()
+        endpoint_env = endpoint.env() if endpoint else {}
+        state.env["SLIPSTREAM_S3_ENDPOINT"] = endpoint_env.get("SLIPSTREAM_S3_ENDPOINT", "")
+    write_settings_file(home, {**endpoint_env, **state.env})
+    state.save(home)
+    given = {k.removeprefix("SLIPSTREAM_").lower(): v for k, v in endpoint_env.items()}
+    prepare_catalog(dataclasses.replace(settings, **{k: v for k, v in given.items() if not getattr(settings, k)}))
     if airflow:
         prepare_airflow(settings)
     state.save(home)
@@ -278,7 +238,9 @@ def down(settings: Settings) -> list[str]:
         stop_process(svc.pid)
         stopped.append(f"{name} (pid {svc.pid})")
         del state.services[name]
+    state.env.clear()
     state.save(settings.home)
+    remove_settings_file(settings.home)
     return stopped
 
 

@@ -30,21 +30,8 @@ def local_catalog_properties(settings: Settings) -> dict[str, str]:
         "uri": f"sqlite:///{settings.home / 'catalog.db'}",
         "warehouse": settings.warehouse,
     }
-    props.update(s3_io_properties(settings))  # env keys, else the local S3 server's
+    props.update(settings.s3_io_properties())
     return props
-
-
-def s3_properties_from_env() -> dict[str, str]:
-    """pyiceberg S3 FileIO properties from SLIPSTREAM_S3_* variables (never from code)."""
-    import os
-
-    mapping = {
-        "SLIPSTREAM_S3_ENDPOINT": "s3.endpoint",
-        "SLIPSTREAM_S3_ACCESS_KEY_ID": "s3.access-key-id",
-        "SLIPSTREAM_S3_SECRET_ACCESS_KEY": "s3.secret-access-key",
-        "SLIPSTREAM_S3_REGION": "s3.region",
-    }
-    return {prop: os.environ[var] for var, prop in mapping.items() if os.environ.get(var)}
 
 
 def get_catalog(settings: Settings) -> Catalog:
@@ -232,40 +219,17 @@ def commit_day_overwrite(
         return snap.snapshot_id if snap else None
     raise AssertionError("unreachable")  # the loop returns or raises
 
-# --- S3 warehouse settings (cache team) -------------------------------------------------------
+# --- S3 warehouse settings ---------------------------------------------------------------------
 # The warehouse is on S3 when SLIPSTREAM_WAREHOUSE starts with s3:// (e.g. s3://warehouse/wh on the
-# local SeaweedFS). Credentials come from SLIPSTREAM_S3_* variables (set them from an Airflow
-# Connection in production); for the local stack they default to the keys the S3 server under
-# SLIPSTREAM_HOME generated, so nothing secret is ever in code or in the repository.
-
-S3_MODES = ("auto", "on", "off")
+# local SeaweedFS). Endpoint and keys are settings (SLIPSTREAM_S3_*: an Airflow Connection or a
+# Secret in production; the settings file `slipstream stack up` writes for the local server), so
+# nothing secret is ever in code or in the repository.
 
 
 def warehouse_on_s3(settings: Settings) -> bool:
     return settings.warehouse.startswith(("s3://", "s3a://"))
 
 
-def s3_mode() -> str:
-    """SLIPSTREAM_S3: whether `stack up` starts the local S3 server: `auto` (default: only when the
-    warehouse is on s3://, so a local-disk stack stays fast), `on` (always), `off` (never)."""
-    import os
-
-    from slipstream.errors import ConfigError
-
-    mode = os.environ.get("SLIPSTREAM_S3", "").strip().lower() or "auto"
-    if mode not in S3_MODES:
-        raise ConfigError(f"SLIPSTREAM_S3 must be one of {', '.join(S3_MODES)}, got {mode!r}")
-    return mode
-
-
-def local_s3_properties(settings: Settings) -> dict[str, str]:
-    """FileIO properties of the local stack's S3 server under SLIPSTREAM_HOME, if it was started."""
-    from slipstream.dev.s3server import S3Server
-
-    endpoint = S3Server(settings.home).last_endpoint()
-    return endpoint.io_properties() if endpoint else {}
-
-
 def s3_io_properties(settings: Settings) -> dict[str, str]:
-    """pyiceberg/pyarrow S3 FileIO properties: the local server's, overridden by SLIPSTREAM_S3_*."""
-    return {**local_s3_properties(settings), **s3_properties_from_env()}
+    """pyiceberg/pyarrow S3 FileIO properties of the settings (`Settings.s3_io_properties`)."""
+    return settings.s3_io_properties()

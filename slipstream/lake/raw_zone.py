@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 from datetime import date, datetime, timedelta, timezone
+from typing import Mapping
 
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from slipstream.lake.iceberg import s3_properties_from_env
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"
@@ -65,9 +65,10 @@ def click_dirs(raw_dir: str, day: date, attribution_s: int) -> list[str]:
     ]
 
 
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str, io_properties: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and the path inside it, for a local path, a `file:` URI (Hadoop
-    writes `file:/x`) or an object-store URI."""
+    writes `file:/x`) or an object-store URI (reached with `io_properties`: `s3.endpoint`, keys;
+    `Settings.s3_io_properties()`)."""
     if uri.startswith("file:"):
         return pafs.LocalFileSystem(), "/" + uri[len("file:"):].lstrip("/")
     if "://" not in uri:
@@ -75,7 +76,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme, rest = uri.split("://", 1)
     scheme = {"s3a": "s3", "s3n": "s3"}.get(scheme, scheme)  # Hadoop's names for the same store
     netloc = rest.split("/", 1)[0]
-    fs = PyArrowFileIO(s3_properties_from_env()).fs_by_scheme(scheme, netloc)
+    fs = PyArrowFileIO(dict(io_properties or {})).fs_by_scheme(scheme, netloc)
     return fs, rest if scheme != "file" else "/" + rest.lstrip("/")
 
 
@@ -90,7 +91,8 @@ def _subdirs(fs: pafs.FileSystem, path: str, prefix: str) -> list[str]:
 
 
 def raw_day_ready(
-    raw_dir: str, day: date, attribution_s: int, *, now: datetime | None = None, grace_s: int = 3600
+    raw_dir: str, day: date, attribution_s: int, *, now: datetime | None = None, grace_s: int = 3600,
+    io_properties: Mapping[str, str] | None = None,
 ) -> bool:
     """Whether day D can be preprocessed (for the Airflow sensor).
 
@@ -99,7 +101,7 @@ def raw_day_ready(
     land in order. A quiet hour may hold no file at all, so once `now` is past the end of the
     spill-over plus `grace_s`, any impressions of D and no more clicks are enough.
     """
-    fs, root = filesystem(raw_dir)
+    fs, root = filesystem(raw_dir, io_properties)
     nxt = day + timedelta(days=1)
     end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=timezone.utc)
     old_enough = (now or datetime.now(timezone.utc)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)

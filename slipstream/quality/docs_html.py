@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from slipstream.quality.gate import GateResult
+from slipstream.quality.gate_result import GateResult
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -16,7 +14,7 @@ tr.fail-critical td{background:#fdd}tr.fail-warning td{background:#ffe9b3}
 """
 
 
-def render_gate_html(result: "GateResult") -> str:
+def render_gate_html(result: GateResult) -> str:
     status = "PASSED" if result.passed else "FAILED"
     cls = "ok" if result.passed else "bad"
     rows = []

@@ -15,7 +15,6 @@ import logging
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -28,12 +27,13 @@ from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.planning import pin_snapshot
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
+from slipstream.quality.gate_result import GateResult
 from slipstream.quality.drift import FeatureShift, compare_profiles
 from slipstream.quality.metrics import compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, merge_profiles, profile_table, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
 from slipstream.quality.store import read_profiles, write_profile, write_results
-from slipstream.quality.suites import CheckResult, build_checks, validate, warm_up, write_data_docs
+from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,51 +41,6 @@ log = logging.getLogger(__name__)
 GATE_THREADS = 2
 """Threads for the duplicate-id check and the profile's column jobs (numpy and Arrow release
 the GIL). More than the cores only adds switching."""
-
-
-@dataclass
-class GateResult:
-    run_id: str
-    scope: str
-    """`day:YYYY-MM-DD` or `window:START/END`."""
-    snapshot_id: int
-    start: datetime
-    end: datetime
-    rows: int
-    results: list[CheckResult]
-    drift: list[FeatureShift] = field(default_factory=list)
-    html_path: Path | None = None
-    """Our one-page summary; GX Data Docs are in `data_docs` when enabled."""
-    data_docs: Path | None = None
-    seconds: float = 0.0
-    profile: FeatureProfile | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg), and
-    data_docs (rendering GX Data Docs after the Iceberg writes, when enabled)."""
-
-    @property
-    def critical_failures(self) -> list[CheckResult]:
-        return [r for r in self.results if not r.success and r.severity == "critical"]
-
-    @property
-    def warnings(self) -> list[CheckResult]:
-        return [r for r in self.results if not r.success and r.severity == "warning"]
-
-    @property
-    def passed(self) -> bool:
-        return not self.critical_failures
-
-    def to_dict(self) -> dict[str, Any]:
-        """A small summary (fit for an XCom): no data, no profile."""
-        return {
-            "run_id": self.run_id, "scope": self.scope, "snapshot_id": self.snapshot_id,
-            "rows": self.rows, "passed": self.passed, "seconds": round(self.seconds, 3),
-            "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "critical_failures": [r.line() for r in self.critical_failures],
-            "warnings": [r.line() for r in self.warnings],
-            "html": str(self.html_path) if self.html_path else None,
-            "data_docs": str(self.data_docs) if self.data_docs else None,
-        }
 
 
 def _interval(day: date | None, window: tuple[datetime, datetime] | None) -> tuple[str, datetime, datetime, date | None]:

@@ -7,7 +7,6 @@ while `trainers/` is not on this branch; point `trainer_module` at `trainers.tra
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path

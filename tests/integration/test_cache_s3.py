@@ -173,9 +173,9 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
 
 
 def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slipstream.lake.iceberg import local_s3_properties
-    from slipstream.settings import Settings
+    from slipstream.dev.s3server import S3Server as Server
     from slipstream.dev.stack import StackState, start_s3_if_wanted, stop_process
+    from slipstream.settings import Settings
 
     settings = Settings(home=tmp_path / "home")
     monkeypatch.delenv("SLIPSTREAM_S3", raising=False)
@@ -186,7 +186,9 @@ def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.Mo
     svc = start_s3_if_wanted(settings, StackState())
     assert svc is not None
     try:
-        props = local_s3_properties(settings)
+        endpoint = Server(settings.home).last_endpoint()
+        assert endpoint is not None
+        props = endpoint.io_properties()
         assert props["s3.endpoint"] == svc.address and props["s3.secret-access-key"]
         assert oct((settings.home / "s3" / "s3.json").stat().st_mode & 0o777) == "0o600"
         fs, _ = filesystem_for("s3://warehouse/x", props)

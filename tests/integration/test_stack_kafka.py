@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 
 import pytest
@@ -60,3 +61,32 @@ def test_generated_stream_round_trips_through_the_broker(kafka_bootstrap: str, t
     # the record timestamp is the event time (ms): the handoff relies on it
     ev = [t.timestamp() * 1000 for t in out.table.column("event_time").to_pylist()]
     assert all(abs(a - b) < 1.0 for a, b in zip(ev, ts))
+
+
+def test_the_stack_port_reaches_every_later_command(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`SLIPSTREAM_KAFKA_PORT=N slipstream stack up`, then a plain `slipstream generate` (the port no
+    longer in its environment) writes to the broker on N: the stack's settings file is the one
+    source of the address, never a default that may be another user's broker."""
+    import os
+    import subprocess
+    import sys
+
+    port = stack.free_port()
+    home = tmp_path / "home"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
+    base["SLIPSTREAM_HOME"] = str(home)
+    cli = [sys.executable, "-m", "slipstream.cli"]
+    subprocess.run([*cli, "stack", "up", "--no-airflow"], env={**base, "SLIPSTREAM_KAFKA_PORT": str(port)},
+                   check=True, capture_output=True, timeout=120)
+    try:
+        assert oct((home / "settings.env").stat().st_mode & 0o777) == "0o600"
+        assert Settings.from_env(base).kafka_bootstrap == f"127.0.0.1:{port}"
+        out = subprocess.run([*cli, "generate", "--days", "1", "--impressions-per-day", "500", "--stream-minutes", "30"],
+                             env=base, check=True, capture_output=True, text=True, timeout=180)
+        produced = json.loads(out.stdout)["produced"]
+        assert produced > 0
+        assert sum(end_offsets(f"127.0.0.1:{port}", "samples").values()) == produced
+    finally:
+        subprocess.run([*cli, "stack", "down"], env=base, check=True, capture_output=True, timeout=60)
+    assert not (home / "settings.env").exists()
+    assert not stack.port_open("127.0.0.1", port)

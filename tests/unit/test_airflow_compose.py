@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -193,7 +193,6 @@ def test_placement_matches_the_cache_teams(settings: Settings, monkeypatch: pyte
     """The pods' node affinity, cache volume and mount are the ones slipstream.cache.placement
     computes from the same settings (defaults and overrides)."""
     placement = pytest.importorskip("slipstream.cache.placement", reason="the cache team's module is not merged yet")
-    from slipstream.pipeline.cluster import VolumeSource
 
     for env in ({}, {"SLIPSTREAM_CACHE_NODE_SELECTOR": "a=b,c=d", "SLIPSTREAM_CACHE_VOLUME": "pvc:warm",
                      "SLIPSTREAM_CACHE_MOUNT_PATH": "/warm"}):

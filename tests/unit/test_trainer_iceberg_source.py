@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
