@@ -1,10 +1,9 @@
-"""The training-sample schema, defined once.
+"""The sample schema, derived from the feature spec (`slipstream.samples.spec`).
 
-Every stage derives its view from here: the Iceberg table (`ICEBERG_SCHEMA`), Arrow
-(`ARROW_SCHEMA`), the raw-log input contract (`IMPRESSION_ARROW_SCHEMA`,
-`CLICK_ARROW_SCHEMA`) and the Kafka value codec (`slipstream.samples.codec`). Feature transforms that
-both the batch path (Spark) and the online path (the stream producer) apply are defined here as
-numbers, so the two implementations cannot silently disagree (the skew report checks they don't).
+Every stage derives its view from here: the Iceberg table (`iceberg_schema`), Arrow
+(`sample_arrow_schema`), the raw sources' contract (`source_arrow_schema`) and the Kafka value
+codecs (`slipstream.samples.codec`). The module constants (`ARROW_SCHEMA`, ...) are the default
+spec's (`specs/synthetic.yaml`). The stable hashes every path shares live here too.
 """
 
 from __future__ import annotations
@@ -18,7 +17,10 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform
 from pyiceberg.types import (
+    BooleanType,
+    DoubleType,
     FloatType,
+    IcebergType,
     IntegerType,
     ListType,
     LongType,
@@ -27,8 +29,11 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, FeatureSpec, SourceSpec, Spec, load_spec
+
 SCHEMA_VERSION = 1
-"""Bumped whenever a column is added, removed or its meaning changes; stored with every model."""
+"""The sample layout's own version (sample_id, event_time, the spec's features, label); stored with
+every model next to the spec's name, version and digest."""
 
 SAMPLES_TABLE = "samples"
 REJECTS_TABLE = "samples_rejects"
@@ -36,17 +41,11 @@ NAMESPACE = "slipstream"
 TOPIC = "samples"
 DLQ_TOPIC = "samples.dlq"
 
-HIST_LEN = 20
-"""K: the sequence feature holds the user's last K impressed item ids (same UTC day, before the
-impression, most recent last)."""
-
-ATTRIBUTION_WINDOW_S = 30 * 60
-"""A click counts for an impression when it happens within this many seconds after it."""
-
 
 @dataclass(frozen=True)
 class DenseFeature:
-    """`out = clip(log1p(max(raw, 0)), lo, hi)` when `log`, else `clip(raw, lo, hi)`; then `/ hi`."""
+    """`out = clip(log1p(max(raw, 0)), lo, hi)` when `log`, else `clip(raw, lo, hi)`; then `/ hi`
+    (the default spec's dense features; `slipstream.samples.transform.dense_values` is the general form)."""
 
     raw: str
     name: str
@@ -59,27 +58,6 @@ class DenseFeature:
         if self.log:
             x = np.log1p(np.maximum(x, 0.0))
         return (np.clip(x, self.lo, self.hi) / self.hi).astype(np.float32)
-
-
-DENSE_FEATURES: tuple[DenseFeature, ...] = (
-    DenseFeature("price", "price_log", log=True, lo=0.0, hi=10.0),
-    DenseFeature("position", "position_norm", log=False, lo=0.0, hi=50.0),
-    DenseFeature("item_age_days", "item_age_log", log=True, lo=0.0, hi=8.0),
-    DenseFeature("user_tenure_days", "user_tenure_log", log=True, lo=0.0, hi=10.0),
-)
-
-CATEGORICAL_FEATURES: tuple[tuple[str, str], ...] = (
-    ("device", "device_hash"),
-    ("country", "country_hash"),
-    ("item_category", "category_hash"),
-)
-"""(raw string column, hashed int64 sample column)."""
-
-DENSE_COLUMNS = tuple(f.name for f in DENSE_FEATURES)
-CATEGORICAL_COLUMNS = tuple(c for _, c in CATEGORICAL_FEATURES)
-ID_COLUMNS = ("user_id", "item_id")
-SEQUENCE_COLUMN = "hist_items"
-LABEL_COLUMN = "label"
 
 
 def hash_category(value: str) -> int:
@@ -120,66 +98,105 @@ def is_holdout(sample_ids: "np.ndarray | list[str] | pa.Array | pa.ChunkedArray"
     return id_hash(sample_ids) % np.uint64(HOLDOUT_MODULO) == 0
 
 
-ICEBERG_SCHEMA = Schema(
-    NestedField(1, "sample_id", StringType(), required=False, doc="impression id, unique"),
-    NestedField(2, "event_time", TimestamptzType(), required=False, doc="impression time, UTC"),
-    NestedField(3, "user_id", LongType(), required=False),
-    NestedField(4, "item_id", LongType(), required=False),
-    NestedField(5, "price_log", FloatType(), required=False),
-    NestedField(6, "position_norm", FloatType(), required=False),
-    NestedField(7, "item_age_log", FloatType(), required=False),
-    NestedField(8, "user_tenure_log", FloatType(), required=False),
-    NestedField(9, "device_hash", LongType(), required=False),
-    NestedField(10, "country_hash", LongType(), required=False),
-    NestedField(11, "category_hash", LongType(), required=False),
-    NestedField(
-        12,
-        "hist_items",
-        ListType(element_id=14, element_type=LongType(), element_required=False),
-        required=False,
-        doc=f"last {HIST_LEN} item ids the user saw earlier that day, most recent last",
-    ),
-    NestedField(13, "label", IntegerType(), required=False, doc="1 if clicked within the attribution window"),
-)
-"""Columns are optional at the Iceberg level because Spark writes nullable Parquet; the quality
-gate enforces not-null. Field ids are fixed: never reuse one."""
+# --- derived from a spec -------------------------------------------------------------------------
 
-PARTITION_SPEC = PartitionSpec(
-    PartitionField(source_id=2, field_id=1000, transform=DayTransform(), name="event_time_day")
-)
+_FIELD_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
+    "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+    "list<string>": pa.list_(pa.string()), "list<long>": pa.list_(pa.int64()),
+}
 
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("sample_id", pa.string()),
-        pa.field("event_time", pa.timestamp("us", tz="UTC")),
-        pa.field("user_id", pa.int64()),
-        pa.field("item_id", pa.int64()),
-        *[pa.field(name, pa.float32()) for name in DENSE_COLUMNS],
-        *[pa.field(name, pa.int64()) for name in CATEGORICAL_COLUMNS],
-        pa.field("hist_items", pa.list_(pa.int64())),
-        pa.field("label", pa.int32()),
+
+def field_arrow_type(type_name: str) -> pa.DataType:
+    """The Arrow type of a spec field type (`long` -> int64, `timestamp` -> timestamp[us, UTC])."""
+    return _FIELD_TYPES[type_name]
+
+
+def feature_arrow_type(f: FeatureSpec) -> pa.DataType:
+    """ids and categoricals: int64 (hashed or raw ids); dense: float32; lists and sequences: list<int64>."""
+    if f.kind == "dense":
+        return pa.float32()
+    if f.is_list:
+        return pa.list_(pa.int64())
+    return pa.int64()
+
+
+def sample_arrow_schema(spec: Spec) -> pa.Schema:
+    """The samples' columns: sample_id, event_time, the features in spec order, label."""
+    return pa.schema([
+        pa.field(SAMPLE_ID, pa.string()),
+        pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC")),
+        *[pa.field(f.name, feature_arrow_type(f)) for f in spec.features],
+        pa.field(LABEL, pa.int32()),
+    ])
+
+
+def source_arrow_schema(source: SourceSpec) -> pa.Schema:
+    """A raw source's fields as Arrow (the raw zone's contract)."""
+    return pa.schema([pa.field(f.name, field_arrow_type(f.type)) for f in source.fields])
+
+
+def _iceberg_type(t: pa.DataType, next_id: list[int]) -> IcebergType:
+    if pa.types.is_list(t):
+        next_id[0] += 1
+        return ListType(element_id=next_id[0], element_type=_iceberg_type(t.value_type, next_id), element_required=False)
+    simple = {pa.string(): StringType(), pa.int64(): LongType(), pa.int32(): IntegerType(),
+              pa.float32(): FloatType(), pa.float64(): DoubleType(), pa.bool_(): BooleanType(),
+              pa.timestamp("us", tz="UTC"): TimestamptzType()}
+    return simple[t]
+
+
+def iceberg_schema(spec: Spec) -> Schema:
+    """The Iceberg schema of a new `samples` table (field ids in column order; an existing table
+    evolves by name, keeping its ids: `slipstream.lake.iceberg.samples_table`). Columns are
+    optional at the Iceberg level because Spark writes nullable Parquet; the quality gate enforces
+    not-null."""
+    arrow = sample_arrow_schema(spec)
+    n = len(arrow)
+    next_id = [n]  # list element ids follow the columns'
+    docs = {SAMPLE_ID: "the sample's unique id", EVENT_TIME: "event time, UTC",
+            LABEL: f"1 when {spec.label.describe()}"}
+    fields = [
+        NestedField(i + 1, f.name, _iceberg_type(f.type, next_id), required=False, doc=docs.get(f.name))
+        for i, f in enumerate(arrow)
     ]
-)
+    return Schema(*fields)
+
+
+def partition_spec(schema: Schema) -> PartitionSpec:
+    """One partition per UTC day of event_time."""
+    source_id = schema.find_field(EVENT_TIME).field_id
+    return PartitionSpec(PartitionField(source_id=source_id, field_id=1000, transform=DayTransform(), name="event_time_day"))
+
+
+# --- the default spec's schema (specs/synthetic.yaml) --------------------------------------------
+# Kept for the code written against the synthetic data set's columns; spec-driven code takes a
+# `Spec` and calls the functions above instead.
+
+DEFAULT_SPEC = load_spec()
+ICEBERG_SCHEMA = iceberg_schema(DEFAULT_SPEC)
+PARTITION_SPEC = partition_spec(ICEBERG_SCHEMA)
+ARROW_SCHEMA = sample_arrow_schema(DEFAULT_SPEC)
 SAMPLE_COLUMNS = tuple(ARROW_SCHEMA.names)
-
-IMPRESSION_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("impression_id", pa.string()),
-        pa.field("ts", pa.timestamp("us", tz="UTC")),
-        pa.field("user_id", pa.int64()),
-        pa.field("item_id", pa.int64()),
-        pa.field("device", pa.string()),
-        pa.field("country", pa.string()),
-        pa.field("item_category", pa.string()),
-        pa.field("price", pa.float64()),
-        pa.field("position", pa.int32()),
-        pa.field("item_age_days", pa.float64()),
-        pa.field("user_tenure_days", pa.float64()),
-    ]
-)
+IMPRESSION_ARROW_SCHEMA = source_arrow_schema(DEFAULT_SPEC.events)
 """Raw impressions. JSON lines carry `ts` as an ISO-8601 UTC string ("2026-11-01T00:00:01.5Z")."""
-
-CLICK_ARROW_SCHEMA = pa.schema(
-    [pa.field("impression_id", pa.string()), pa.field("ts", pa.timestamp("us", tz="UTC"))]
-)
+CLICK_ARROW_SCHEMA = source_arrow_schema(DEFAULT_SPEC.source("clicks"))
 REQUIRED_IMPRESSION_FIELDS = ("impression_id", "ts", "user_id", "item_id")
+ATTRIBUTION_WINDOW_S = DEFAULT_SPEC.label.window_s
+"""A click counts for an impression when it happens within this many seconds after it."""
+HIST_LEN = DEFAULT_SPEC.feature("hist_items").length
+"""K: the sequence feature holds the user's last K impressed item ids (same UTC day, before the
+impression, most recent last)."""
+DENSE_FEATURES: tuple[DenseFeature, ...] = tuple(
+    DenseFeature(f.column, f.name, log=f.log1p, lo=f.clip[0], hi=f.clip[1])  # type: ignore[index]
+    for f in DEFAULT_SPEC.dense
+)
+CATEGORICAL_FEATURES: tuple[tuple[str, str], ...] = tuple(
+    (f.column, f.name) for f in DEFAULT_SPEC.features if f.kind == "categorical"
+)
+"""(raw string column, hashed int64 sample column)."""
+DENSE_COLUMNS = tuple(f.name for f in DENSE_FEATURES)
+CATEGORICAL_COLUMNS = tuple(c for _, c in CATEGORICAL_FEATURES)
+ID_COLUMNS = ("user_id", "item_id")
+SEQUENCE_COLUMN = "hist_items"
+LABEL_COLUMN = LABEL
