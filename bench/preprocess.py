@@ -23,7 +23,7 @@ from typing import Any
 from slipstream.dev.datagen import GeneratorConfig, generate
 from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.raw_zone import IMPRESSIONS, day_dir
-from slipstream.samples.schema import ATTRIBUTION_WINDOW_S
+from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 from slipstream.pipeline.spark_settings import SparkSettings
 
@@ -54,11 +54,11 @@ def _prepare(root: Path, impressions: int, fmt: str) -> Settings:
 
 def _io_floor(spark: Any, settings: Settings, out: Path) -> tuple[float, int]:
     """Same listing and reader as the job, then a plain Parquet write."""
-    from spark_jobs.raw_input import IMPRESSION_SCHEMA, list_raw_files, read_raw
+    from spark_jobs.raw_input import list_raw_files, read_raw, spark_schema
 
     t0 = time.monotonic()
     files = list_raw_files(spark, [day_dir(settings.raw_dir, IMPRESSIONS, DAY)])
-    read_raw(spark, files, IMPRESSION_SCHEMA).write.mode("overwrite").parquet(str(out))
+    read_raw(spark, files, spark_schema(load_spec().events)).write.mode("overwrite").parquet(str(out))
     seconds = time.monotonic() - t0
     rows = spark.read.parquet(str(out)).count()
     return seconds, rows
@@ -68,8 +68,8 @@ def _job(spark: Any, settings: Settings, run_id: str) -> tuple[float, int]:
     from spark_jobs.day_job import DayOptions, preprocess_day
 
     spark_settings = SparkSettings()
-    opts = DayOptions(raw_dir=settings.raw_dir, namespace=settings.namespace, run_id=run_id,
-                      attribution_s=ATTRIBUTION_WINDOW_S, max_reject_rate=spark_settings.max_reject_rate,
+    opts = DayOptions(spec=load_spec(), raw_dir=settings.raw_dir, namespace=settings.namespace, run_id=run_id,
+                      max_reject_rate=spark_settings.max_reject_rate,
                       target_bytes=spark_settings.target_file_mb << 20)
     t0 = time.monotonic()
     result = preprocess_day(spark, get_catalog(settings), opts, DAY)

@@ -74,6 +74,10 @@ class Settings:
     training_backend: str = "local"
     """SLIPSTREAM_TRAINING_BACKEND: `local` (torchrun subprocess) or `kubernetes` (a pod)."""
 
+    spec: str = "synthetic"
+    """SLIPSTREAM_SPEC: the data set's feature spec: a shipped spec's name (synthetic, criteo,
+    ratings) or the path of a YAML file (docs/features.md)."""
+
     s3_endpoint: str = ""
     """SLIPSTREAM_S3_ENDPOINT: endpoint URL of the S3 store holding the warehouse (empty: AWS's)."""
 

@@ -1,11 +1,13 @@
-"""One day of preprocessing: read the raw day, validate, build samples, write, commit.
+"""One day of preprocessing, for any feature spec: read the raw day, validate, build samples,
+write, commit.
 
 The raw data is read ONCE on the happy path: the pass that writes the sample files also counts
 records and rejects (Spark observed metrics). Nothing is committed until those counts pass the
 reject-rate check, so bad input leaves `samples` exactly as it was (the uncommitted files are
 deleted). Rejected records cost a second pass only when there are any; per-file diagnostics are
-computed only when the run fails. Parquet inputs are checked for missing columns from their
-footers before Spark reads them (schema drift).
+computed only when the run fails. Parquet inputs are checked for missing required columns from
+their footers before Spark reads them (schema drift). A day without raw events is skipped with a
+warning: nothing is committed for it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import logging
 import re
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from typing import Any, Mapping
 
 from py4j.protocol import Py4JJavaError
@@ -28,21 +31,22 @@ from pyspark.sql import functions as F
 
 from slipstream.errors import RawDataError, RejectRateExceeded
 from slipstream.lake.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
-from slipstream.lake.raw_zone import IMPRESSIONS, click_dirs, day_dir
-from slipstream.samples.schema import ARROW_SCHEMA
-from spark_jobs.arrow_finish import SampleFinisher
-from spark_jobs.raw_input import CLICK_SCHEMA, IMPRESSION_SCHEMA, SOURCE, list_raw_files, read_raw
+from slipstream.lake.raw_zone import day_dir, hour_dir, raw_format, spill_hours
+from slipstream.samples.schema import sample_arrow_schema, source_arrow_schema
+from slipstream.samples.spec import SAMPLE_ID, SourceSpec, Spec
+from spark_jobs.finisher import SampleFinisher
+from spark_jobs.raw_input import SOURCE, arrow_to_spark, list_raw_files, read_raw, spark_schema
 from spark_jobs.transforms import (
     REASON,
-    UNFINISHED_COLUMNS,
-    build_samples,
-    classify_clicks,
-    classify_impressions,
+    classify,
+    exact_rows,
+    finisher_columns,
     good,
+    one_shuffle_rows,
     rejects_of,
+    sort_key,
     stats_of,
-    unfinished_samples,
-    unfinished_samples_one_shuffle,
+    with_sample_id,
 )
 from spark_jobs.writer import WrittenFiles, write_parquet_files
 
@@ -54,16 +58,22 @@ WORST_FILES_SHOWN = 5
 
 @dataclass(frozen=True, kw_only=True)
 class DayOptions:
+    spec: Spec
     raw_dir: str
     namespace: str
     run_id: str
-    attribution_s: int
     max_reject_rate: float
     target_bytes: int
+    attribution_s: int | None = None
+    """Click-within specs: overrides the spec's window (seconds)."""
     write_mode: str = "pyarrow"
     spark_catalog: str = ""
     raw_io: Mapping[str, str] = field(default_factory=dict)
-    """FileIO properties (S3 endpoint, keys) the driver reads raw Parquet footers with."""
+    """FileIO properties (S3 endpoint, keys) the driver reads raw Parquet footers and side tables with."""
+
+    @property
+    def window_s(self) -> int:
+        return self.attribution_s if self.attribution_s is not None else self.spec.label.window_s
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class DayResult:
     raw_records: int
     files: int
     seconds: float
+    empty: bool = False
+    """The day had no raw events: skipped, nothing committed."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -86,6 +98,7 @@ class FileStats:
     records: int = 0
     parsed: int = 0
     rejects: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
 
 
 def _collect_stats(stats: DataFrame, day: date) -> dict[str, FileStats]:
@@ -104,6 +117,7 @@ def _collect_stats(stats: DataFrame, day: date) -> dict[str, FileStats]:
         fs.parsed += r["parsed"] or 0
         if r[REASON] is not None:
             fs.rejects += r["records"]
+            fs.reasons[r[REASON]] += r["records"]
     return per_file
 
 
@@ -154,81 +168,140 @@ def _native_snapshot_id(catalog: Catalog, opts: DayOptions, day: date) -> int | 
     return None
 
 
-def _parquet_drift(files: list[str], io_properties: Mapping[str, str]) -> list[str]:
+def _parquet_drift(files: dict[str, list[str]], spec: Spec, io_properties: Mapping[str, str]) -> list[str]:
     """Parquet files whose footer lacks a required column (read on the driver, no data)."""
     import pyarrow.parquet as pq
 
     from slipstream.lake.raw_zone import filesystem
 
     found: list[str] = []
-    for path in files:
-        if not path.endswith(".parquet"):
-            continue
-        schema = IMPRESSION_SCHEMA if f"/{IMPRESSIONS}/" in path else CLICK_SCHEMA
-        fs, inner = filesystem(path, io_properties)
-        try:
-            names = set(pq.read_schema(inner, filesystem=fs).names)
-        except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError
-            raise RawDataError(f"raw data could not be read: file {path} ({e}). Replace or remove that "
-                               "file and re-run the day; `samples` was left unchanged") from e
-        missing = [c for c in schema.fieldNames() if c not in names]
-        if missing:
-            found.append(f"{path}: required column(s) {', '.join(missing)} missing")
+    for name, paths in files.items():
+        required = spec.source(name).required
+        for path in paths:
+            if raw_format(path) != "parquet":
+                continue
+            fs, inner = filesystem(path, io_properties)
+            try:
+                names = set(pq.read_schema(inner, filesystem=fs).names)
+            except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError
+                raise RawDataError(f"raw data could not be read: file {path} ({e}). Replace or remove that "
+                                   "file and re-run the day; `samples` was left unchanged") from e
+            missing = [c for c in required if c not in names]
+            if missing:
+                found.append(f"{path}: required column(s) {', '.join(missing)} missing")
     return found
 
 
-def _observed(df: DataFrame, name: str) -> tuple[DataFrame, Observation]:
-    obs = Observation(f"{name}-{uuid.uuid4().hex[:8]}")  # unique: a session runs many days
-    return df.observe(obs, F.count(F.lit(1)).alias("records"), F.count(F.col(REASON)).alias("rejects")), obs
+def read_side_tables(spec: Spec, raw_dir: str, io_properties: Mapping[str, str]) -> dict[str, Any]:
+    """The spec's side tables from `<raw_dir>/<table>/` (whole tables, read on the driver); a
+    table with no files is empty (every event takes its defaults, with a warning)."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    from slipstream.lake.raw_zone import filesystem
+
+    out: dict[str, Any] = {}
+    for src in spec.tables:
+        fs, root = filesystem(f"{raw_dir.rstrip('/')}/{src.name}", io_properties)
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
+        schema = source_arrow_schema(src)
+        parts = []
+        for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
+            fmt = raw_format(info.path)
+            with fs.open_input_file(info.path) as fh:
+                if fmt == "parquet":
+                    parts.append(pq.read_table(fh).select([f.name for f in schema if f.name in pq.read_schema(fh).names]))
+                elif fmt == "json":
+                    opts = pj.ParseOptions(explicit_schema=schema)
+                    parts.append(pj.read_json(pa.input_stream(fh, compression="detect"), parse_options=opts))
+        if not parts:
+            log.warning("side table %s has no files under %s/%s: every event takes its defaults", src.name, raw_dir, src.name)
+            out[src.name] = schema.empty_table()
+            continue
+        table = pa.concat_tables([p.cast(pa.schema([schema.field(n) for n in p.column_names])) for p in parts],
+                                 promote_options="default")
+        out[src.name] = table
+        log.info("side table %s: %d rows", src.name, table.num_rows)
+    return out
+
+
+def _label_dirs(opts: DayOptions, source: SourceSpec, day: date) -> list[str]:
+    """Where a day's label records can be: the whole day, and the next day's spill-over hours."""
+    nxt = day + timedelta(days=1)
+    return [day_dir(opts.raw_dir, source.name, day)] + [
+        hour_dir(opts.raw_dir, source.name, nxt, h) for h in range(min(spill_hours(opts.window_s), 24))
+    ]
+
+
+def _reasons(per_file: dict[str, "FileStats"]) -> str:
+    counts: Counter[str] = Counter()
+    for fs in per_file.values():
+        counts.update(fs.reasons)
+    return "; ".join(f"{reason} in {n:,} records" for reason, n in counts.most_common(WORST_FILES_SHOWN))
 
 
 def _fail_on_rejects(per_file: dict[str, FileStats], opts: DayOptions, day: date, n_rejects: int,
                      raw_records: int) -> RejectRateExceeded:
     rate = n_rejects / max(raw_records, 1)
+    what = (f"all {raw_records:,} raw records of day {day} rejected" if n_rejects >= raw_records
+            else f"day {day}: {n_rejects:,} of {raw_records:,} raw records rejected ({100 * rate:.2f}%), above "
+                 f"the limit {100 * opts.max_reject_rate:.2f}%")
     return RejectRateExceeded(
-        f"day {day}: {n_rejects} of {raw_records} raw records rejected ({100 * rate:.2f}%), above "
-        f"the limit {100 * opts.max_reject_rate:.2f}%. Worst files: {_worst_files(per_file)}. "
+        f"{what}: {_reasons(per_file)}. Worst files: {_worst_files(per_file)}. "
         f"Inspect them in {opts.namespace}.samples_rejects (day = '{day}'); `samples` was left "
-        "unchanged. Raise SLIPSTREAM_SPARK_MAX_REJECT_RATE only if the data is known to be fine"
+        "unchanged. Fix the records or the spec (a field that may be missing is `optional: true` with a "
+        "`default`); raise SLIPSTREAM_SPARK_MAX_REJECT_RATE only if the data is known to be fine"
     )
 
 
-def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date) -> DayResult:
-    """Preprocess one raw day into `samples` (one commit) and `samples_rejects`."""
+def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date,
+                   side_tables: Any = None) -> DayResult:
+    """Preprocess one raw day into `samples` (one commit) and `samples_rejects`. `side_tables`:
+    the spec's side tables (a Spark broadcast of `tables_to_ipc` bytes, or tables), read once per
+    job by the caller; None reads them here."""
     t0 = time.monotonic()
-    imp_dir = day_dir(opts.raw_dir, IMPRESSIONS, day)
-    imp_files = list_raw_files(spark, [imp_dir])
-    if not imp_files:
-        raise RawDataError(
-            f"no impression files for day {day} under {imp_dir}: land the raw day there (or run "
-            "`slipstream generate`), or point SLIPSTREAM_RAW_DIR at the raw zone"
-        )
-    click_files = list_raw_files(spark, click_dirs(opts.raw_dir, day, opts.attribution_s))
-    if not click_files:
-        log.warning("day %s: no click files found; every sample of the day will have label 0", day)
-    log.info("day %s: %d impression files, %d click files", day, len(imp_files), len(click_files))
-    drift = _parquet_drift(imp_files + click_files, opts.raw_io)
+    spec = opts.spec
+    ev = spec.events
+    ev_files = list_raw_files(spark, [day_dir(opts.raw_dir, ev.name, day)])
+    if not ev_files:
+        log.warning("day %s: no %s files under %s: day skipped (nothing committed; a window over it trains "
+                    "without it)", day, ev.name, day_dir(opts.raw_dir, ev.name, day))
+        return DayResult(str(day), None, 0, 0, 0, 0, round(time.monotonic() - t0, 3), empty=True)
+    files = {ev.name: ev_files}
+    lab_src = spec.label_source
+    if lab_src is not None:
+        files[lab_src.name] = list_raw_files(spark, _label_dirs(opts, lab_src, day))
+        if not files[lab_src.name]:
+            log.warning("day %s: no %s files found; every sample of the day will have label 0", day, lab_src.name)
+    log.info("day %s: %s", day, ", ".join(f"{len(v)} {k} files" for k, v in files.items()))
+    drift = _parquet_drift(files, spec, opts.raw_io)
     if drift:
         raise RawDataError(
             f"schema drift in the raw data of day {day}: {'; '.join(drift[:WORST_FILES_SHOWN])}. "
             "Fix the producer or the files; `samples` was left unchanged"
         )
-
-    imps = classify_impressions(read_raw(spark, imp_files, IMPRESSION_SCHEMA), day)
-    clicks = classify_clicks(read_raw(spark, click_files, CLICK_SCHEMA))
-    imps_seen, imp_obs = _observed(imps, "impressions")
-    clicks_seen, click_obs = _observed(clicks, "clicks")
-    good_imps, good_clicks = good(imps_seen), good(clicks_seen)
-    table = samples_table(catalog, opts.namespace)
-    props = {"day": str(day), "run_id": opts.run_id}
+    if side_tables is None:
+        side_tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
+    classified = {ev.name: classify(read_raw(spark, ev_files, spark_schema(ev)), ev, day)}
+    if lab_src is not None:
+        classified[lab_src.name] = classify(read_raw(spark, files[lab_src.name], spark_schema(lab_src)), lab_src)
+    seen = {name: _observed(df, name) for name, df in classified.items()}
+    good_events = with_sample_id(good(seen[ev.name][0]), spec)
+    good_labels = good(seen[lab_src.name][0]) if lab_src is not None else None
+    table = samples_table(catalog, opts.namespace, spec)
+    props = {"day": str(day), "run_id": opts.run_id, "spec": f"{spec.name}@{spec.version}:{spec.digest}"}
 
     if opts.write_mode == "native":
         # Spark's Iceberg writer commits as it writes: decide on the rejects first (one more pass).
-        per_file = _collect_stats(stats_of(imps, clicks), day)
+        per_file = _collect_stats(stats_of(classified, spec), day)
         raw_records = sum(fs.records for fs in per_file.values())
         n_rejects = sum(fs.rejects for fs in per_file.values())
-        _settle_rejects(spark, catalog, opts, day, imps, clicks, n_rejects, raw_records, props, per_file)
-        samples = build_samples(good_imps, good_clicks, opts.attribution_s)
+        _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, per_file)
+        finisher = SampleFinisher(spec, sort_key(spec), side_tables)
+        samples = exact_rows(good_events, good_labels, spec).mapInArrow(
+            finisher, arrow_to_spark(sample_arrow_schema(spec)))
         rows = samples.count()
         props.update(rows=str(rows), rejects=str(n_rejects))
         _write_native(samples, opts, props)
@@ -237,18 +310,21 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
         t_write = time.monotonic()
         directory = f"{table.location()}/data/event_time_day={day}"
         try:
-            written = _write_samples(good_imps, good_clicks, opts, table, directory)
+            written = _write_samples(good_events, good_labels, opts, table, directory, side_tables)
         except (PySparkException, Py4JJavaError) as e:
             raise RawDataError(
                 f"raw data of day {day} could not be read: {_read_error(e)}. Replace or remove that file "
                 "and re-run the day; `samples` was left unchanged"
             ) from e
-        raw_records = imp_obs.get["records"] + click_obs.get["records"]
-        n_rejects = imp_obs.get["rejects"] + click_obs.get["rejects"]
+        raw_records, n_rejects = 0, 0
+        for name, (df, obs) in seen.items():
+            got = _observation(obs, df)
+            raw_records += got["records"]
+            n_rejects += got["rejects"]
         log.info("day %s: read %d raw records and wrote %d samples in %.1fs (%.0f records/s)", day, raw_records,
                  written.rows, time.monotonic() - t_write, raw_records / max(time.monotonic() - t_write, 1e-9))
         try:
-            _settle_rejects(spark, catalog, opts, day, imps, clicks, n_rejects, raw_records, props, None)
+            _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, None)
         except RejectRateExceeded:
             for path in written.paths:  # never committed: remove them so no orphan files remain
                 table.io.delete(path)
@@ -262,32 +338,51 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
     return DayResult(str(day), snapshot_id, rows, n_rejects, raw_records, n_files, round(seconds, 3))
 
 
-def _write_samples(good_imps: DataFrame, good_clicks: DataFrame, opts: DayOptions, table: Any,
-                   directory: str) -> WrittenFiles:
+def _observed(df: DataFrame, name: str) -> tuple[DataFrame, Observation]:
+    obs = Observation(f"{name}-{uuid.uuid4().hex[:8]}")  # unique: a session runs many days
+    return df.observe(obs, F.count(F.lit(1)).alias("records"), F.count(F.col(REASON)).alias("rejects")), obs
+
+
+def _observation(obs: Observation, df: DataFrame) -> dict[str, int]:
+    """The counts the write pass observed; counted again when Spark skipped the observation (a
+    plan that read no row of the source, e.g. when every record was rejected)."""
+    try:
+        got = obs.get
+    except Exception:  # the observed metrics were not collected  # noqa: BLE001
+        got = {}
+    if "records" in got:
+        return {"records": int(got["records"]), "rejects": int(got["rejects"])}
+    row = df.agg(F.count(F.lit(1)).alias("records"), F.count(F.col(REASON)).alias("rejects")).collect()[0]
+    return {"records": int(row["records"]), "rejects": int(row["rejects"])}
+
+
+def _write_samples(events: DataFrame, labels: DataFrame | None, opts: DayOptions, table: Any,
+                   directory: str, side_tables: Any) -> WrittenFiles:
     """Write the day's samples (uncommitted) and return the files.
 
-    First with ONE shuffle (by user; `unfinished_samples_one_shuffle`): the writer drops the
-    copies of an impression that sort next to the copy to keep, which is every copy of the same
-    user and time (log replays). Then the written `sample_id`s are checked; a duplicate left
-    means copies that differ in user or time, and only then the day is written again with the
-    exact dedupe (a cogroup by id, a second shuffle), after deleting the first files. Either way
-    the rows equal `build_samples`'. The writer completes the rows (hist_items, hashes): see
-    spark_jobs.arrow_finish."""
+    First with ONE shuffle (by the spec's key; `one_shuffle_rows`): the writer drops the copies of
+    an event that sort next to the copy to keep, which is every copy with the same key and time
+    (log replays). Then the written sample ids are checked; a duplicate left means copies that
+    differ in key or time, and only then the day is written again with the exact dedupe (a
+    cogroup by id, a second shuffle), after deleting the first files. Either way the rows equal
+    the exact plan's. The writer's tasks compute the features (spark_jobs.finisher)."""
+    spec = opts.spec
     common = dict(directory=directory, run_tag=opts.run_id, io_properties=dict(table.io.properties),
-                  schema=ARROW_SCHEMA, target_bytes=opts.target_bytes, columns=UNFINISHED_COLUMNS)
+                  schema=sample_arrow_schema(spec), target_bytes=opts.target_bytes, columns=finisher_columns(spec))
+    key = sort_key(spec)
     written = write_parquet_files(
-        unfinished_samples_one_shuffle(good_imps, good_clicks, opts.attribution_s),
-        prepare=functools.partial(SampleFinisher, dedupe=True), **common,
+        one_shuffle_rows(events, labels, spec),
+        prepare=functools.partial(SampleFinisher, spec, key, side_tables, True), **common,
     )
     surplus, examples = _duplicates_in(table.io, written.paths)
     if not surplus:
         return written
-    log.info("%d sample ids are duplicated across users or event times (e.g. %s): writing the day again "
+    log.info("%d sample ids are duplicated across keys or event times (e.g. %s): writing the day again "
              "with the dedupe by id", surplus, ", ".join(examples))
     for path in written.paths:
         table.io.delete(path)
     return write_parquet_files(
-        unfinished_samples(good_imps, good_clicks, opts.attribution_s), prepare=SampleFinisher, **common,
+        exact_rows(events, labels, spec), prepare=functools.partial(SampleFinisher, spec, key, side_tables), **common,
     )
 
 
@@ -301,26 +396,26 @@ def _duplicates_in(io: Any, paths: list[str]) -> tuple[int, list[str]]:
     parts = []
     for path in paths:
         with io.new_input(path).open() as f:
-            parts.append(pq.read_table(f, columns=["sample_id"]).column("sample_id"))
+            parts.append(pq.read_table(f, columns=[SAMPLE_ID]).column(SAMPLE_ID))
     if not parts:
         return 0, []
     return duplicate_ids(pa.chunked_array([c for p in parts for c in p.chunks], type=parts[0].type))
 
 
-def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date, imps: DataFrame,
-                    clicks: DataFrame, n_rejects: int, raw_records: int, props: dict[str, str],
+def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date,
+                    classified: dict[str, DataFrame], n_rejects: int, raw_records: int, props: dict[str, str],
                     per_file: dict[str, FileStats] | None) -> None:
     """Replace the day's rejects, then refuse the day when there are too many of them."""
     rate = n_rejects / max(raw_records, 1)
     failing = rate > opts.max_reject_rate
     if n_rejects and (failing or per_file is not None):
-        per_file = per_file or _collect_stats(stats_of(imps, clicks), day)
-        log.warning("day %s: %d of %d raw records rejected (%.3f%%); worst files: %s",
-                    day, n_rejects, raw_records, 100 * rate, _worst_files(per_file))
+        per_file = per_file or _collect_stats(stats_of(classified, opts.spec), day)
+        log.warning("day %s: %d of %d raw records rejected (%.3f%%): %s; worst files: %s",
+                    day, n_rejects, raw_records, 100 * rate, _reasons(per_file), _worst_files(per_file))
     elif n_rejects:
         log.warning("day %s: %d of %d raw records rejected (%.3f%%); see %s.samples_rejects",
                     day, n_rejects, raw_records, 100 * rate, opts.namespace)
-    _commit_rejects(spark, catalog, opts, day, rejects_of(imps, clicks, day, opts.run_id), n_rejects,
+    _commit_rejects(spark, catalog, opts, day, rejects_of(classified, opts.spec, day, opts.run_id), n_rejects,
                     {**props, "rejects": str(n_rejects)})
     if failing:
         raise _fail_on_rejects(per_file or {}, opts, day, n_rejects, raw_records)

@@ -27,7 +27,6 @@ from datetime import date  # noqa: E402
 from typing import Any  # noqa: E402
 
 from slipstream.errors import SlipstreamError  # noqa: E402
-from slipstream.samples.schema import ATTRIBUTION_WINDOW_S  # noqa: E402
 from slipstream.settings import Settings  # noqa: E402
 from slipstream.pipeline.spark_settings import SparkSettings, check_job_limits  # noqa: E402
 
@@ -40,7 +39,8 @@ def parse_args(argv: list[str] | None, spark: SparkSettings) -> argparse.Namespa
                    help="UTC day to (re)build, YYYY-MM-DD; repeat for several days in one session")
     p.add_argument("--run-id", required=True, help="recorded in the snapshot summary and the rejects")
     p.add_argument("--raw-dir", default="", help="raw zone (default SLIPSTREAM_RAW_DIR)")
-    p.add_argument("--attribution-s", type=int, default=ATTRIBUTION_WINDOW_S)
+    p.add_argument("--spec", default="", help="feature spec: a shipped spec's name or a YAML path (default SLIPSTREAM_SPEC)")
+    p.add_argument("--attribution-s", type=int, default=None, help="click-within specs: override the spec's window")
     p.add_argument("--max-reject-rate", type=float, default=spark.max_reject_rate)
     p.add_argument("--target-file-mb", type=int, default=spark.target_file_mb)
     p.add_argument("--write-mode", choices=("pyarrow", "native"), default=spark.write_mode)
@@ -71,10 +71,14 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
     t0 = time.monotonic()
     spark = None
     try:
-        from slipstream.lake.iceberg import get_catalog
-        from spark_jobs.day_job import DayOptions, preprocess_day
+        from slipstream.lake.iceberg import get_catalog, samples_table
+        from slipstream.samples.spec import load_spec
+        from spark_jobs.day_job import DayOptions, preprocess_day, read_side_tables
+        from spark_jobs.finisher import tables_to_ipc
 
+        spec = load_spec(args.spec or settings.spec)
         opts = DayOptions(
+            spec=spec,
             raw_dir=args.raw_dir or settings.raw_dir, namespace=settings.namespace, run_id=args.run_id,
             attribution_s=args.attribution_s, max_reject_rate=args.max_reject_rate,
             target_bytes=args.target_file_mb * 1024 * 1024, write_mode=args.write_mode,
@@ -82,11 +86,14 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
             raw_io=settings.s3_io_properties(),
         )
         catalog = get_catalog(settings)
+        samples_table(catalog, settings.namespace, spec)  # a new feature evolves the table once, up front
         spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")
         log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark_settings.master)
+        tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
+        side = spark.sparkContext.broadcast(tables_to_ipc(tables)) if tables else None
         days = sorted(set(args.days))
         for i, day in enumerate(days):
-            result = preprocess_day(spark, catalog, opts, day)
+            result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})
             summary["days"].append(result.to_dict())
             done = time.monotonic() - t0
             log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))

@@ -1,5 +1,5 @@
 """Reading the raw zone into Spark: file listing through Spark's own filesystem layer, and
-JSON lines or Parquet read with the explicit schema from `slipstream.samples.schema`.
+JSON lines or Parquet read with the explicit schema of the spec's source.
 
 Malformed JSON lines are kept (PERMISSIVE mode) with the line in `_corrupt_record`, and every
 row carries the file it came from, so validation can send bad records to `samples_rejects`.
@@ -16,7 +16,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from slipstream.lake.raw_zone import raw_format
-from slipstream.samples.schema import CLICK_ARROW_SCHEMA, IMPRESSION_ARROW_SCHEMA
+from slipstream.samples.schema import source_arrow_schema
+from slipstream.samples.spec import SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +30,25 @@ _SPARK_TYPES: dict[pa.DataType, T.DataType] = {
     pa.int32(): T.IntegerType(),
     pa.float64(): T.DoubleType(),
     pa.float32(): T.FloatType(),
+    pa.bool_(): T.BooleanType(),
     pa.timestamp("us", tz="UTC"): T.TimestampType(),
 }
 
 
-def spark_schema(schema: pa.Schema) -> T.StructType:
-    """The Spark schema of a flat Arrow schema (Spark's TimestampType is UTC-adjusted)."""
-    return T.StructType([T.StructField(f.name, _SPARK_TYPES[f.type], nullable=True) for f in schema])
+def _spark_type(t: pa.DataType) -> T.DataType:
+    if pa.types.is_list(t):
+        return T.ArrayType(_spark_type(t.value_type), containsNull=True)
+    return _SPARK_TYPES[t]
 
 
-IMPRESSION_SCHEMA = spark_schema(IMPRESSION_ARROW_SCHEMA)
-CLICK_SCHEMA = spark_schema(CLICK_ARROW_SCHEMA)
+def arrow_to_spark(schema: pa.Schema) -> T.StructType:
+    """The Spark schema of an Arrow schema (Spark's TimestampType is UTC-adjusted)."""
+    return T.StructType([T.StructField(f.name, _spark_type(f.type), nullable=True) for f in schema])
+
+
+def spark_schema(source: SourceSpec) -> T.StructType:
+    """The Spark schema of a spec source's fields."""
+    return arrow_to_spark(source_arrow_schema(source))
 
 
 def list_raw_files(spark: SparkSession, dirs: Iterable[str]) -> list[str]:

@@ -8,15 +8,19 @@ other name goes through pyiceberg's own configuration (`.pyiceberg.yaml`,
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from slipstream.samples.schema import ICEBERG_SCHEMA, PARTITION_SPEC, SAMPLES_TABLE
+from slipstream.samples.schema import ICEBERG_SCHEMA, SAMPLES_TABLE, iceberg_schema
+from slipstream.samples.schema import partition_spec as day_partition_spec
+from slipstream.errors import ConfigError
+from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,26 +73,51 @@ def ensure_table(
         return catalog.load_table(identifier)
 
 
-def samples_table(catalog: Catalog, namespace: str) -> Table:
-    return ensure_table(
-        catalog,
-        f"{namespace}.{SAMPLES_TABLE}",
-        ICEBERG_SCHEMA,
-        PARTITION_SPEC,
-        {"write.parquet.compression-codec": "zstd"},
-    )
+def samples_table(catalog: Catalog, namespace: str, spec: Spec | None = None) -> Table:
+    """The `samples` table, created from the spec's schema when missing. With a spec, a table that
+    lacks some of the spec's columns is evolved (the new columns added by name, new field ids;
+    older snapshots stay readable and their rows read the new columns as null, which the trainer
+    turns into the feature's default). A column whose type the spec changed is refused: a changed
+    feature needs a new name."""
+    schema = ICEBERG_SCHEMA if spec is None else iceberg_schema(spec)
+    table = ensure_table(catalog, f"{namespace}.{SAMPLES_TABLE}", schema, day_partition_spec(schema),
+                         {"write.parquet.compression-codec": "zstd"})
+    if spec is None:
+        return table
+    current = {f.name: f for f in table.schema().fields}
+    for f in schema.fields:
+        have = current.get(f.name)
+        if have is not None and have.field_type != f.field_type:
+            raise ConfigError(
+                f"column {f.name} of {'.'.join(table.name())} is {have.field_type} but spec {spec.name} v{spec.version} "
+                f"makes it {f.field_type}: give the changed feature a new name (the old column stays for old snapshots)"
+            )
+    missing = [f.name for f in schema.fields if f.name not in current]
+    if missing:
+        for attempt in range(5):
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(schema)
+                break
+            except CommitFailedException:  # another day's job evolved it at the same time
+                table.refresh()
+                if all(n in {f.name for f in table.schema().fields} for n in missing):
+                    break
+                time.sleep(0.2 * (attempt + 1))
+        table.refresh()
+        log.info("evolved %s for spec %s v%s: added %s", ".".join(table.name()), spec.name, spec.version, ", ".join(missing))
+    return table
 
 
 # --- Day overwrite commits and the rejects table (Spark preprocessing) -----------------------
 
 # Imports of this section live here, not at the top, so that appends by other teams merge cleanly.
 import random  # noqa: E402
-import time  # noqa: E402
 import warnings  # noqa: E402
 from datetime import date, datetime, timedelta, timezone  # noqa: E402
 from typing import Mapping, Sequence  # noqa: E402
 
-from pyiceberg.exceptions import CommitFailedException, ValidationException  # noqa: E402
+from pyiceberg.exceptions import ValidationException  # noqa: E402
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
 from pyiceberg.io.pyarrow import parquet_files_to_data_files  # noqa: E402
 from pyiceberg.manifest import DataFile  # noqa: E402
@@ -97,7 +126,7 @@ from pyiceberg.table import TableProperties  # noqa: E402
 from pyiceberg.transforms import DayTransform, IdentityTransform  # noqa: E402
 from pyiceberg.types import DateType, NestedField, StringType  # noqa: E402
 
-from slipstream.errors import CommitConflict, ConfigError  # noqa: E402
+from slipstream.errors import CommitConflict  # noqa: E402
 from slipstream.samples.schema import REJECTS_TABLE  # noqa: E402
 
 

@@ -52,6 +52,8 @@ class PreprocessResult:
     rows: int
     rejects: int
     seconds: float
+    empty: bool = False
+    """The day had no raw events: skipped with a warning, nothing committed."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -60,7 +62,7 @@ class PreprocessResult:
 
 
 def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[str]:
-    known = {"raw_dir", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out",
+    known = {"raw_dir", "spec", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out",
              "spark", "timeout_s", "env"}
     unknown = set(opts) - known
     if unknown:
@@ -73,7 +75,7 @@ def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[s
     for d in days:
         args += ["--day", d.isoformat()]
     args += ["--run-id", run_id]
-    for name in ("raw_dir", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out"):
+    for name in ("raw_dir", "spec", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out"):
         if opts.get(name) is not None:
             args += [f"--{name.replace('_', '-')}", str(opts[name])]
     return args
@@ -182,11 +184,14 @@ def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, *
         raise _failure(days, run_id, summary, proc.returncode, tail)
     results = [
         PreprocessResult(date.fromisoformat(d["day"]), d["snapshot_id"], int(d["rows"]), int(d["rejects"]),
-                         float(d["seconds"]))
+                         float(d["seconds"]), bool(d.get("empty", False)))
         for d in summary["days"]
     ]
     log.info("preprocessed %d day(s) in %.1fs: %s", len(results), time.monotonic() - t0,
              ", ".join(f"{r.day} rows={r.rows} rejects={r.rejects} snapshot={r.snapshot_id}" for r in results))
+    for r in results:
+        if r.empty:
+            log.warning("day %s had no raw events: skipped (nothing committed)", r.day)
     return results
 
 
