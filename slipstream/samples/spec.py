@@ -216,6 +216,18 @@ class Spec:
         return tuple(f for f in self.features if f.is_list)
 
     @property
+    def key_column(self) -> str:
+        """The sample column records are keyed (partitioned) by: the id feature of the sequences'
+        key field (a user's samples stay in order in one partition), else the first id feature,
+        else the sample id."""
+        pers = {f.per for f in self.features if f.kind == "sequence"}
+        ids = [f for f in self.features if f.kind == "id"]
+        for f in ids:
+            if f.table is None and f.column in pers:
+                return f.name
+        return ids[0].name if ids else SAMPLE_ID
+
+    @property
     def sample_columns(self) -> tuple[str, ...]:
         return (SAMPLE_ID, EVENT_TIME, *(f.name for f in self.features), LABEL)
 

@@ -15,6 +15,8 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from slipstream.samples.codec import encode_samples
+from slipstream.samples.schema import DEFAULT_SPEC
+from slipstream.samples.spec import Spec
 from slipstream.errors import StackError
 
 log = logging.getLogger(__name__)
@@ -88,10 +90,12 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 
 
 def produce_samples(
-    bootstrap: str, topic: str, table: pa.Table, *, progress_every: int = 100_000, codec: str = "json"
+    bootstrap: str, topic: str, table: pa.Table, *, progress_every: int = 100_000, codec: str = "json",
+    spec: Spec | None = None,
 ) -> int:
-    """Produce sample rows in table order: key = user_id (a user's samples stay in order on one
-    partition), value = the sample in `codec` (`slipstream.samples.codec`), timestamp = event_time in ms.
+    """Produce sample rows of `spec` (the default spec: None) in table order: key = the spec's key
+    column, e.g. user_id (a user's samples stay in order on one partition), value = the sample in
+    `codec` (`slipstream.samples.codec`), timestamp = event_time in ms.
     Idempotent producer: a retry never duplicates a record. Returns the number produced."""
     producer = Producer(
         {
@@ -108,8 +112,9 @@ def produce_samples(
         if err is not None:
             errors.append(str(err))
 
-    values = encode_samples(table, codec)
-    keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
+    values = encode_samples(table, codec, spec)
+    key_col = (spec or DEFAULT_SPEC).key_column
+    keys = [str(u).encode() for u in table.column(key_col).to_pylist()]
     ts_ms = pc.divide(pc.cast(table.column("event_time"), pa.int64()), 1000).to_pylist()
     started = time.monotonic()
     for i, (k, v, ts) in enumerate(zip(keys, values, ts_ms)):

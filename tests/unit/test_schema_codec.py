@@ -89,10 +89,13 @@ def test_codec_screens_each_odd_value_alone(day: pa.Table, odd: bytes | None) ->
     assert out.table.equals(day.slice(0, 2))
 
 
+FIXED = codec.codec_for().binary.fixed
+DENSE_AT = FIXED.fields["dense"][1]
+"""Where the dense values start in the default spec's binary head."""
+
+
 def _binary_with(value: bytes, **fields: object) -> bytes:
     """A copy of one binary-encoded value with head fields replaced."""
-    from slipstream.samples.binary_codec import FIXED
-
     head = np.frombuffer(value[: FIXED.itemsize], dtype=FIXED).copy()
     for name, v in fields.items():
         head[name] = v
@@ -101,7 +104,7 @@ def _binary_with(value: bytes, **fields: object) -> bytes:
 
 def test_binary_codec_round_trips_every_column(day: pa.Table) -> None:
     values = codec.encode_samples(day, "binary")
-    assert all(v[0] == 0xB1 for v in values)
+    assert all(v[0] == 0xB2 for v in values)
     assert sum(map(len, values)) < 0.6 * sum(map(len, codec.encode_samples(day)))  # compact
     decoded = codec.decode_samples(values)
     assert decoded.bad == []
@@ -113,7 +116,7 @@ def test_binary_codec_round_trips_every_column(day: pa.Table) -> None:
 
 def test_binary_codec_names_each_bad_record_and_keeps_the_good(day: pa.Table) -> None:
     good = codec.encode_samples(day.slice(0, 4), "binary")
-    dense = np.frombuffer(good[2][56:72], dtype="<f4").copy()
+    dense = np.frombuffer(good[2][DENSE_AT:DENSE_AT + 16], dtype="<f4").copy()
     dense[2] = np.inf
     bad_id = codec.encode_samples(day.slice(0, 1).set_column(0, "sample_id", pa.array(["id-\u00e9"])), "binary")[0]
     values = [
@@ -122,10 +125,10 @@ def test_binary_codec_names_each_bad_record_and_keeps_the_good(day: pa.Table) ->
         good[1][:-3],                                     # truncated inside the sample id
         _binary_with(good[2], label=3),
         _binary_with(good[2], n_dense=2),
-        good[2][:56] + dense.tobytes() + good[2][72:],    # inf in a dense feature
-        _binary_with(good[2], hist_len=500),              # head and length disagree
+        good[2][:DENSE_AT] + dense.tobytes() + good[2][DENSE_AT + 16:],  # inf in a dense feature
+        _binary_with(good[2], list_len=[500]),            # head and length disagree
         bad_id.replace("é".encode(), b"\xff\xfe"),        # sample id not UTF-8
-        b"\xb1" + b"x" * codec.MAX_VALUE_BYTES,           # oversize
+        b"\xb2" + b"x" * codec.MAX_VALUE_BYTES,           # oversize
         good[3],
     ]
     out = codec.decode_samples(values)
@@ -166,3 +169,45 @@ def test_the_codec_setting_is_checked_at_the_edge() -> None:
     assert Settings.from_env({}).kafka_codec == "json"
     with pytest.raises(ConfigError, match="SLIPSTREAM_KAFKA_CODEC must be one of json, binary, got 'avro'"):
         Settings.from_env({"SLIPSTREAM_KAFKA_CODEC": "avro"})
+
+
+@pytest.mark.parametrize("name", ["criteo", "ratings"])
+def test_every_spec_round_trips_through_both_codecs(name: str) -> None:
+    from slipstream.samples.spec import load_spec
+    from slipstream.samples.schema import sample_arrow_schema
+
+    spec = load_spec(name)
+    schema = sample_arrow_schema(spec)
+    rng = np.random.default_rng(5)
+    n = 40
+    cols = {}
+    for f in schema:
+        if f.name == "sample_id":
+            cols[f.name] = pa.array([f"s{i}" for i in range(n)])
+        elif f.name == "event_time":
+            cols[f.name] = pa.array(rng.integers(0, 10**15, n)).cast(pa.timestamp("us", tz="UTC"))
+        elif f.name == "label":
+            cols[f.name] = pa.array(rng.integers(0, 2, n), pa.int32())
+        elif pa.types.is_list(f.type):
+            cols[f.name] = pa.array([list(rng.integers(0, 1000, int(rng.integers(0, 5)))) for _ in range(n)], f.type)
+        elif f.type == pa.float32():
+            cols[f.name] = pa.array(rng.random(n).astype(np.float32))
+        else:
+            cols[f.name] = pa.array(rng.integers(0, 2**60, n))
+    table = pa.table(cols, schema=schema)
+    for fmt in ("json", "binary"):
+        out = codec.decode_samples(codec.encode_samples(table, fmt, spec), spec)
+        assert out.bad == [] and out.table.equals(table), fmt
+
+
+def test_a_record_of_another_spec_or_layout_is_a_dead_letter(day: pa.Table) -> None:
+    from slipstream.samples.spec import load_spec
+
+    mine = codec.encode_samples(day.slice(0, 2), "binary")
+    other_spec = codec.decode_samples(mine, load_spec("ratings"))
+    assert other_spec.good_index.tolist() == [] and len(other_spec.bad) == 2
+    assert "features" in other_spec.bad[0][1] or "another feature spec" in other_spec.bad[0][1]
+    json_other = codec.decode_samples(codec.encode_samples(day.slice(0, 1)), load_spec("ratings"))
+    assert json_other.bad and "missing required field" in json_other.bad[0][1]
+    old = codec.decode_samples([b"\xb1" + mine[0][1:], mine[1]])
+    assert old.good_index.tolist() == [1] and "before feature specs" in old.bad[0][1]

@@ -8,7 +8,7 @@ from datetime import date
 import numpy as np
 import pytest
 
-from slipstream.samples.codec import decode_samples, encode_samples
+from slipstream.samples.codec import codec_for, decode_samples, encode_samples
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.samples.schema import is_holdout
 from trainers.data.kafka_source import KafkaSource, StreamCounters
@@ -91,7 +91,8 @@ def test_binary_records_train_and_bad_ones_are_dead_letters_with_their_origin(mo
     day = next(iter(reference_samples(GeneratorConfig(start_day=date(2026, 11, 1), days=1, impressions_per_day=50)).values()))
     good = encode_samples(day, "binary")
     nan = bytearray(good[3])
-    nan[56:60] = np.array([np.nan], dtype="<f4").tobytes()
+    at = codec_for().binary.fixed.fields["dense"][1]  # the first dense value in the record's head
+    nan[at:at + 4] = np.array([np.nan], dtype="<f4").tobytes()
     bad = {11: good[1][:30], 12: bytes(nan), 13: b"", 14: good[4][:-1]}
     msgs = [_Msg(0, 10, good[0])] + [_Msg(0, o, v) for o, v in bad.items()] + [_Msg(0, 15, good[2])]
     src = _source({0: 10}, [msgs])
