@@ -125,6 +125,8 @@ class FeatureSpec:
     length: int = 0
     per: str | None = None
     shares: str | None = None
+    role: str | None = None
+    """id features: `user` or `item` (the popularity baseline, cold-start views)."""
 
     @property
     def table(self) -> str | None:
@@ -235,6 +237,10 @@ class Spec:
     def digest(self) -> str:
         """A short hash of the spec's content: two runs with the same digest derive the same samples."""
         return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def with_role(self, role: str) -> FeatureSpec | None:
+        """The id feature with `role` (user or item), if the spec names one."""
+        return next((f for f in self.features if f.role == role), None)
 
     def table_of(self, feature: FeatureSpec) -> str:
         """The embedding table a feature looks up: its own, or the one it shares."""
@@ -370,6 +376,7 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
             log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,  # type: ignore[arg-type]
             scale=float(f.get("scale", 1.0)), standardize=bool(f.get("standardize", False)),
             separator=f.get("separator"), length=int(f.get("length", 0)), per=f.get("per"), shares=f.get("shares"),
+            role=f.get("role"),
         )
         for name, f in doc["features"].items()
     )
@@ -496,6 +503,11 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
             raise _KeyProblem((*at, "per"), f"a sequence needs `per:` naming an events field (e.g. user_id), one of {', '.join(ev.field_names)}")
     elif src.is_list:
         raise _KeyProblem((*at, "field"), f"{src.name} holds lists: use kind: list")
+    if f.role is not None:
+        if f.kind != "id":
+            raise _KeyProblem((*at, "role"), f"only an id feature can have a role, {f.name} is {f.kind}")
+        if sum(g.role == f.role for g in spec.features) > 1:
+            raise _KeyProblem((*at, "role"), f"only one feature can have role {f.role}")
     if f.shares is not None:
         if f.shares not in names or not spec.feature(f.shares).is_sparse:
             raise _KeyProblem((*at, "shares"), f"shares must name an id or categorical feature, got {f.shares}")
