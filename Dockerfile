@@ -20,7 +20,7 @@ FROM base AS trainer
 # GPU nodes: swap the torch wheel for a CUDA build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --extra-index-url "${TORCH_INDEX}" \
-      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations)([=<>]|$)' requirements.txt)
+      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations|pydantic|pydantic-settings)([=<>]|$)' requirements.txt)
 COPY slipstream/ slipstream/
 COPY trainers/ trainers/
 COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/

@@ -1,7 +1,8 @@
 """Deployment settings, parsed once from the environment into a typed object.
 
-Every setting is an environment variable `SLIPSTREAM_<NAME>`; the defaults describe the embedded
-local stack under `.slipstream/` in the working directory. Components take the fields they need
+Every setting is an environment variable `SLIPSTREAM_<NAME>` (read by `slipstream.env_settings`,
+on pydantic-settings); the defaults describe the embedded local stack under `.slipstream/` in the
+working directory. Components take the fields they need
 as arguments: nothing below the CLI/DAG edge reads the environment itself.
 
 A settings file `<SLIPSTREAM_HOME>/settings.env` (`NAME=value` lines) supplies values the
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
+from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
 
 BACKENDS = ("local", "kubernetes")
@@ -120,23 +122,8 @@ class Settings:
         """From the environment (or `env`), over the settings file of the home it names."""
         env = os.environ if env is None else env
         home = Path(env.get("SLIPSTREAM_HOME") or ".slipstream")
-        env = {**read_settings_file(home), **{k: v for k, v in env.items() if v != ""}}
-        kwargs: dict[str, object] = {}
-        for f in fields(cls):
-            key = f"SLIPSTREAM_{f.name.upper()}"
-            if key not in env or env[key] == "":
-                continue
-            raw = env[key]
-            if f.name in ("kafka_port", "topic_partitions"):
-                try:
-                    kwargs[f.name] = int(raw)
-                except ValueError:
-                    raise ConfigError(f"{key} must be an integer, got {raw!r}") from None
-            elif f.name == "home":
-                kwargs[f.name] = Path(raw)
-            else:
-                kwargs[f.name] = raw
-        return cls(**kwargs)  # type: ignore[arg-type]
+        merged = {**read_settings_file(home), **{k: v for k, v in env.items() if v != ""}}
+        return settings_from_env(cls, merged, prefix="SLIPSTREAM_")
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables, for child processes (torchrun, spark-submit);

@@ -3,14 +3,14 @@
 A FastAPI app the api-server mounts under `/slipstream` (see `ui_plugin`). It serves what the
 pipeline already wrote under SLIPSTREAM_RUNS_DIR — the insight report, the quality gate's page,
 GX Data Docs — and finds the run folder of an Airflow DAG run from its run id (`make_run_id` ends
-every run id of a DAG run with a digest of it). Every page needs a logged-in Airflow user: the
+every run id of a DAG run with a digest of it). Its own pages are Jinja2 templates in
+`templates/`. Every page needs a logged-in Airflow user: the
 caller passes `auth`, the dependency that resolves one (Airflow's own `get_user` in the
 api-server).
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,23 +19,15 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runlayout import (
-    REPORT_FILE, RUN_ID_PATTERN, RunListing, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
+    REPORT_FILE, RUN_ID_PATTERN, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
 )
 from slipstream.settings import Settings
-
-PAGE_STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1f2933}"
-    "table{border-collapse:collapse}td,th{padding:.3rem .8rem;border-bottom:1px solid #d9e2ec;text-align:left}"
-    ".muted{color:#627d98}"
-)
+from slipstream.templating import render
 
 
-def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{PAGE_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>",
-        status_code=status,
-    )
+def _page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """One of this plugin's pages (`templates/*.html.j2`, Jinja2, autoescaped)."""
+    return HTMLResponse(render("slipstream_airflow", template, **context), status_code=status)
 
 
 def _run_html_files(path: Path) -> list[str]:
@@ -49,20 +41,6 @@ def _run_html_files(path: Path) -> list[str]:
     return pages
 
 
-def _runs_table(runs: list[RunListing]) -> str:
-    """The runs as a table; links are relative to the list's own URL (`<prefix>/runs`)."""
-    rows = []
-    for r in runs:
-        link = (f"<a href='runs/{html.escape(r.run_id)}/{REPORT_FILE}'>insight report</a>"
-                if r.has_report else "<span class='muted'>no report yet</span>")
-        rows.append(
-            f"<tr><td>{html.escape(r.run_id)}</td><td>{r.modified:%Y-%m-%d %H:%M} UTC</td>"
-            f"<td>{html.escape(', '.join(r.stages)) or '-'}</td><td>{link}</td></tr>"
-        )
-    return ("<table><tr><th>run</th><th>last change</th><th>steps done</th><th></th></tr>"
-            + "".join(rows) + "</table>")
-
-
 def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Callable[..., Any] | None = None) -> FastAPI:
     """The app; `settings_of` is read on every request (the runs dir of the api-server's
     environment), `auth` is a FastAPI dependency every route requires."""
@@ -71,7 +49,7 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
 
     @app.exception_handler(SlipstreamError)
     def config_error(request: Request, exc: SlipstreamError) -> HTMLResponse:  # e.g. a runs dir on S3
-        return _page("Slipstream runs", f"<p>{html.escape(str(exc))}</p>", status=500)
+        return _page("message.html.j2", status=500, title="Slipstream runs", message=str(exc))
 
     def file_url(request: Request, run_id: str, path: str) -> str:
         # the path under the mount point (root_path): `request.url_for` looks names up in the
@@ -86,12 +64,8 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
     @app.get("/runs", response_class=HTMLResponse)
     def runs_page() -> HTMLResponse:
         settings = settings_of()
-        runs = list_runs(settings)
-        if not runs:
-            return _page("Slipstream runs", f"<p>No run folders under {html.escape(settings.runs_dir)} yet: "
-                                            "trigger daily_retrain (or stream_train) and come back.</p>")
-        return _page("Slipstream runs", f"<p class='muted'>{len(runs)} newest under {html.escape(settings.runs_dir)}</p>"
-                     + _runs_table(runs))
+        return _page("runs.html.j2", title="Slipstream runs", runs=list_runs(settings), runs_dir=settings.runs_dir,
+                     report_file=REPORT_FILE)
 
     @app.get("/runs/{run_id}/{path:path}", name="run_file")
     def run_file(run_id: str, path: str) -> FileResponse:
@@ -107,23 +81,13 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
         found = run_dirs_of_dag_run(settings, dag_run_id)
         title = f"{dag_id} · {dag_run_id}"
         if not found:
-            return _page(title, (
-                f"<p>No Slipstream run folder for this DAG run under {html.escape(settings.runs_dir)}. "
-                "Its first task creates it: the run has not started a task yet, or the api-server's "
-                "SLIPSTREAM_RUNS_DIR differs from the workers'.</p>"), status=404)
+            return _page("dag_run_pending.html.j2", status=404, title=title, run_id=None, runs_dir=settings.runs_dir)
         with_report = [p for p in found if (p / REPORT_FILE).is_file()]
         if with_report:
             return RedirectResponse(file_url(request, with_report[0].name, REPORT_FILE), status_code=307)
         path = found[0]
-        done = run_listing(path).stages
-        links = "".join(
-            f"<li><a href='{html.escape(file_url(request, path.name, p))}'>{html.escape(p)}</a></li>"
-            for p in _run_html_files(path)
-        )
-        return _page(title, (
-            f"<p>Run <b>{html.escape(path.name)}</b> has no insight report yet: the <code>report</code> task "
-            f"writes it as the run's last step. Steps done so far: {html.escape(', '.join(done)) or 'none'}.</p>"
-            + (f"<p>Pages written so far:</p><ul>{links}</ul>" if links else "")
-        ), status=404)
+        pages = [(p, file_url(request, path.name, p)) for p in _run_html_files(path)]
+        return _page("dag_run_pending.html.j2", status=404, title=title, run_id=path.name,
+                     done=run_listing(path).stages, pages=pages)
 
     return app

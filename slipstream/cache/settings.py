@@ -17,11 +17,11 @@ cache through this one object:
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
 from slipstream.settings import Settings
 
@@ -115,26 +115,7 @@ class CacheSettings:
 
     @classmethod
     def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "CacheSettings":
-        env = os.environ if env is None else env
-
-        def get(name: str, default: str) -> str:
-            return env.get(f"SLIPSTREAM_CACHE_{name}") or default
-
-        try:
-            concurrency = int(get("CONCURRENCY", "16"))
-            lock_timeout = float(get("LOCK_TIMEOUT_S", "600"))
-        except ValueError as e:
-            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY / _LOCK_TIMEOUT_S must be numbers: {e}") from None
-        return cls(
-            dir=settings.cache_dir,
-            budget_bytes=parse_bytes(get("BUDGET_BYTES", "")),
-            concurrency=concurrency,
-            pack_below_bytes=parse_bytes(get("PACK_BELOW", "128KiB"), "SLIPSTREAM_CACHE_PACK_BELOW") or 0,
-            lock_timeout_s=lock_timeout,
-            node_selector=parse_node_selector(get("NODE_SELECTOR", DEFAULT_NODE_SELECTOR)),
-            volume=CacheVolume.parse(get("VOLUME", DEFAULT_VOLUME)),
-            mount_path=get("MOUNT_PATH", DEFAULT_MOUNT_PATH),
-        )
+        return settings_from_env(cls, env, prefix="SLIPSTREAM_CACHE_", parsers=_PARSERS, given={"dir": settings.cache_dir})
 
     def as_env(self) -> dict[str, str]:
         """The settings as variables for a pod or subprocess (the dir becomes the mount path there)."""
@@ -147,3 +128,12 @@ class CacheSettings:
             "SLIPSTREAM_CACHE_VOLUME": str(self.volume),
             "SLIPSTREAM_CACHE_MOUNT_PATH": self.mount_path,
         }
+
+
+_PARSERS = {
+    "budget_bytes": parse_bytes,
+    "pack_below_bytes": lambda text: parse_bytes(text, "SLIPSTREAM_CACHE_PACK_BELOW") or 0,
+    "node_selector": parse_node_selector,
+    "volume": CacheVolume.parse,
+}
+"""The variables with a syntax of their own; `settings_from_env` converts the others by type."""

@@ -8,10 +8,10 @@ never read by Airflow.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping
 
+from slipstream.env_settings import env_names, settings_from_env
 from slipstream.errors import ConfigError
 
 VOLUME_KINDS = ("hostPath", "pvc")
@@ -167,20 +167,7 @@ class ClusterSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ClusterSettings":
-        env = os.environ if env is None else env
-        kwargs: dict[str, object] = {}
-        for f in fields(cls):
-            key = env_name(f.name)
-            if env.get(key, "") == "":
-                continue
-            if f.type in ("int", int):
-                try:
-                    kwargs[f.name] = int(env[key])
-                except ValueError:
-                    raise ConfigError(f"{key} must be an integer, got {env[key]!r}") from None
-            else:
-                kwargs[f.name] = env[key]
-        return cls(**kwargs)  # type: ignore[arg-type]
+        return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_ENV_NAMES)
 
 
 _ENV_NAMES = {
@@ -191,11 +178,6 @@ _ENV_NAMES = {
 }
 
 
-def env_name(field_name: str) -> str:
-    """The environment variable of a ClusterSettings field."""
-    return _ENV_NAMES.get(field_name, f"SLIPSTREAM_{field_name.upper()}")
-
-
 def cluster_env_names() -> list[str]:
-    return [env_name(f.name) for f in fields(ClusterSettings)]
-
+    """The environment variables ClusterSettings reads."""
+    return list(env_names(ClusterSettings, "SLIPSTREAM_", _ENV_NAMES).values())

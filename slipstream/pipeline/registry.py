@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import pyarrow.fs as pafs
 
+from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
 from slipstream.pipeline.runlayout import RunArtifactMissing, read_json, read_metrics
 from slipstream.settings import Settings
@@ -58,13 +59,11 @@ class RegistryConfig:
 
     @classmethod
     def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "RegistryConfig":
-        env = os.environ if env is None else env
-        raw_tol = env.get("SLIPSTREAM_PROMOTION_AUC_TOLERANCE") or str(DEFAULT_TOLERANCE)
-        try:
-            tolerance = float(raw_tol)
-        except ValueError:
-            raise ConfigError(f"SLIPSTREAM_PROMOTION_AUC_TOLERANCE must be a number, got {raw_tol!r}") from None
-        return cls(location=env.get("SLIPSTREAM_REGISTRY") or str(settings.home / "registry"), tolerance=tolerance)
+        return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_REGISTRY_ENV,
+                                 defaults={"location": str(settings.home / "registry")})
+
+
+_REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE"}
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ own Iceberg writer (the cluster must ship the Iceberg Spark runtime and configur
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Mapping
 
+from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
 
 WRITE_MODES = ("pyarrow", "native")
@@ -116,15 +116,7 @@ class SparkSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "SparkSettings":
-        env = os.environ if env is None else env
-        kwargs: dict[str, object] = {}
-        for f in fields(cls):
-            key = f"SLIPSTREAM_SPARK_{f.name.upper()}"
-            raw = env.get(key, "")
-            if raw == "":
-                continue
-            kwargs[f.name] = _parse(key, f.name, raw)
-        return cls(**kwargs)  # type: ignore[arg-type]
+        return settings_from_env(cls, env, prefix="SLIPSTREAM_SPARK_", parsers={"conf": parse_spark_conf})
 
 
 def check_job_limits(max_reject_rate: float, target_file_mb: int) -> None:
@@ -134,20 +126,12 @@ def check_job_limits(max_reject_rate: float, target_file_mb: int) -> None:
         raise ConfigError(f"target file size must be >= 1 MB, got {target_file_mb}")
 
 
-def _parse(key: str, name: str, raw: str) -> object:
+def parse_spark_conf(raw: str) -> dict[str, str]:
+    """SLIPSTREAM_SPARK_CONF: a JSON object of Spark settings; every value becomes a string."""
     try:
-        if name in ("shuffle_partitions", "target_file_mb"):
-            return int(raw)
-        if name == "max_reject_rate":
-            return float(raw)
-    except ValueError:
-        raise ConfigError(f"{key} must be a number, got {raw!r}") from None
-    if name == "conf":
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{key} must be a JSON object of Spark settings: {e}") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a JSON object of Spark settings, got {raw!r}")
-        return {str(k): str(v) for k, v in value.items()}
-    return raw
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"SLIPSTREAM_SPARK_CONF must be a JSON object of Spark settings: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"SLIPSTREAM_SPARK_CONF must be a JSON object of Spark settings, got {raw!r}")
+    return {str(k): str(v) for k, v in value.items()}

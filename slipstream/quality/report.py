@@ -10,7 +10,6 @@ sentence in its section, never an error.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import logging
 import time
@@ -31,40 +30,40 @@ from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
 from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.settings import Settings
+from slipstream.templating import render
 
 log = logging.getLogger(__name__)
 
-_STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
-h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-.ok{color:#176317;font-weight:bold}.bad{color:#a00;font-weight:bold}.muted{color:#777}
-img{max-width:100%}
-"""
-
-
 class _Doc:
+    """The report's content in page order: sections (`h2` ... `end`) of paragraphs, tables and
+    plots, rendered at the end by `templates/report.html.j2` (Jinja2, autoescaped)."""
+
     def __init__(self) -> None:
-        self.parts: list[str] = []
+        self.blocks: list[dict[str, Any]] = []
+        self._section: dict[str, Any] | None = None
+
+    def _add(self, block: dict[str, Any]) -> None:
+        (self._section["blocks"] if self._section is not None else self.blocks).append(block)
 
     def h2(self, title: str, anchor: str) -> None:
-        self.parts.append(f'<section id="{anchor}"><h2>{html.escape(title)}</h2>')
+        self._section = {"kind": "section", "title": title, "anchor": anchor, "blocks": []}
+        self.blocks.append(self._section)
 
     def end(self) -> None:
-        self.parts.append("</section>")
+        self._section = None
 
     def p(self, text: str, cls: str = "") -> None:
-        self.parts.append(f'<p class="{cls}">{html.escape(text)}</p>')
+        self._add({"kind": "p", "text": text, "cls": cls})
 
     def table(self, rows: list[tuple[Any, ...]], header: tuple[str, ...] | None = None) -> None:
-        head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>" if header else ""
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-        self.parts.append(f"<table>{head}{body}</table>")
+        self._add({"kind": "table", "header": header or (), "rows": [[str(c) for c in r] for r in rows]})
 
     def img(self, png: bytes | None, alt: str) -> None:
         if png:
-            b64 = base64.b64encode(png).decode("ascii")
-            self.parts.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">')
+            self._add({"kind": "img", "alt": alt, "png_base64": base64.b64encode(png).decode("ascii")})
+
+    def render(self, run_id: str, footer: str) -> str:
+        return render("slipstream.quality", "report.html.j2", run_id=run_id, blocks=self.blocks, footer=footer)
 
 
 def _load_json(path: Path) -> Any:
@@ -139,10 +138,6 @@ def render_report(settings: Settings, run_id: str) -> Path:
         raise ConfigError(f"run folder {run_dir} does not exist: check the run id (SLIPSTREAM_RUNS_DIR={settings.runs_dir})")
     metrics: dict[str, Any] = _load_json(run_dir / "metrics.json") or {}
     doc = _Doc()
-    doc.parts.append(
-        f'<!doctype html><html><head><meta charset="utf-8"><title>Slipstream run {html.escape(run_id)}</title>'
-        f"<style>{_STYLE}</style></head><body><h1>Training-data insight — run {html.escape(run_id)}</h1>"
-    )
 
     doc.h2("Summary", "summary")
     if metrics:
@@ -182,13 +177,11 @@ def render_report(settings: Settings, run_id: str) -> Path:
         doc.h2("Training curve", "training")
         doc.img(curve, "training curve")
         doc.end()
-    doc.parts.append(
-        f'<p class="muted">Rendered {datetime.now(timezone.utc).isoformat(timespec="seconds")} '
-        f"in {time.monotonic() - t0:.1f}s by slipstream insight.</p></body></html>"
-    )
+    footer = (f'Rendered {datetime.now(timezone.utc).isoformat(timespec="seconds")} '
+              f"in {time.monotonic() - t0:.1f}s by slipstream insight.")
     out = run_dir / REPORT_FILE
     tmp = out.with_suffix(".html.tmp")
-    tmp.write_text("\n".join(doc.parts))
+    tmp.write_text(doc.render(run_id, footer))
     tmp.replace(out)
     log.info("wrote the insight report of run %s to %s (%.1fs)", run_id, out, time.monotonic() - t0)
     return out

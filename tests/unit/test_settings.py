@@ -1,12 +1,18 @@
-"""Deployment settings: the environment over the home's settings file over the defaults."""
+"""Deployment settings: the environment over the home's settings file over the defaults, and the one
+parser every settings object reads its variables with."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from slipstream.cache.settings import CacheSettings
 from slipstream.errors import ConfigError
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.registry import RegistryConfig
+from slipstream.pipeline.spark_settings import SparkSettings
 from slipstream.settings import Settings, read_settings_file, remove_settings_file, write_settings_file
 
 
@@ -38,3 +44,48 @@ def test_a_broken_settings_file_names_its_line(tmp_path: Path) -> None:
     (tmp_path / "settings.env").write_text("# ok\nSLIPSTREAM_TOPIC=t\nnot a setting\n")
     with pytest.raises(ConfigError, match=r"settings.env:3: expected NAME=value"):
         Settings.from_env({"SLIPSTREAM_HOME": str(tmp_path)})
+
+
+def test_from_env_reads_the_given_mapping_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_PORT", "29999")
+    monkeypatch.setenv("SLIPSTREAM_SPARK_DRIVER_MEMORY", "64g")
+    assert Settings.from_env({"SLIPSTREAM_HOME": str(tmp_path)}).kafka_port == 19092
+    assert SparkSettings.from_env({}).driver_memory == "2g"
+    assert Settings.from_env().kafka_port == 29999  # no mapping: the process environment
+
+
+def test_an_empty_variable_is_unset(tmp_path: Path) -> None:
+    write_settings_file(tmp_path, {"SLIPSTREAM_TOPIC": "from-file"})
+    s = Settings.from_env({"SLIPSTREAM_HOME": str(tmp_path), "SLIPSTREAM_TOPIC": "", "SLIPSTREAM_KAFKA_PORT": ""})
+    assert (s.topic, s.kafka_port) == ("from-file", 19092)
+    assert ClusterSettings.from_env({"SLIPSTREAM_RDZV_PORT": ""}).rdzv_port == 29400
+
+
+@pytest.mark.parametrize("build, variable, default", [
+    (lambda env: Settings.from_env(env), "SLIPSTREAM_KAFKA_PORT", "19092"),
+    (lambda env: ClusterSettings.from_env(env), "SLIPSTREAM_RDZV_PORT", "29400"),
+    (lambda env: SparkSettings.from_env(env), "SLIPSTREAM_SPARK_SHUFFLE_PARTITIONS", "4"),
+    (lambda env: RegistryConfig.from_env(Settings(), env), "SLIPSTREAM_PROMOTION_AUC_TOLERANCE", "0.002"),
+    (lambda env: CacheSettings.from_env(Settings(), env), "SLIPSTREAM_CACHE_LOCK_TIMEOUT_S", "600.0"),
+])
+def test_a_bad_value_names_the_variable_and_its_default(build: Any, variable: str, default: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build({variable: "lots"})
+    assert str(e.value).startswith(f"{variable}='lots' is not valid (")
+    assert str(e.value).endswith(f"unset it for the default ({default})")
+    assert e.value.__cause__ is None and e.value.__suppress_context__  # no pydantic trace behind it
+
+
+def test_each_setting_reads_its_own_variable(tmp_path: Path) -> None:
+    cluster = ClusterSettings.from_env({"SLIPSTREAM_K8S_SERVICE_ACCOUNT": "sa", "SLIPSTREAM_RUN_AS_USER": "2000"})
+    assert (cluster.service_account, cluster.run_as_user) == ("sa", 2000)
+    spark = SparkSettings.from_env({"SLIPSTREAM_SPARK_CONF": '{"spark.executor.memory": "8g", "spark.x": 3}'})
+    assert spark.conf == {"spark.executor.memory": "8g", "spark.x": "3"}
+    registry = RegistryConfig.from_env(Settings(home=tmp_path), {"SLIPSTREAM_PROMOTION_AUC_TOLERANCE": "0.01"})
+    assert (registry.location, registry.tolerance) == (str(tmp_path / "registry"), 0.01)
+    # the cache root is the Settings' (a CLI flag may have set it), never re-read from the environment
+    cache = CacheSettings.from_env(Settings(home=tmp_path, cache_dir="/a"), {"SLIPSTREAM_CACHE_DIR": "/b",
+                                                                             "SLIPSTREAM_CACHE_BUDGET_BYTES": "2GiB"})
+    assert (cache.dir, cache.budget_bytes) == ("/a", 2 << 30)
+    s = Settings.from_env({"SLIPSTREAM_HOME": str(tmp_path), "SLIPSTREAM_TOPIC_PARTITIONS": "8"})
+    assert (s.home, s.topic_partitions, s.runs_dir) == (tmp_path.resolve(), 8, str(tmp_path.resolve() / "runs"))
