@@ -50,13 +50,10 @@ def _generate(args: argparse.Namespace, settings: Settings) -> GeneratedData:
             corrupt_fraction=args.bad_fraction, fmt=args.format, seed=args.seed,
         )
         return generate(cfg, settings.raw_dir)
-    from slipstream.commands.sample_stream import check_stream_codec
     from slipstream.dev.specgen import SpecGenConfig, generate_spec
 
     if args.drift:
         raise ConfigError(f"--drift is for the synthetic spec only, not {spec.name!r}: leave it out")
-    if not args.no_stream:
-        check_stream_codec(spec, settings.kafka_codec, "add --no-stream to write the raw zone only")
     scfg = SpecGenConfig(
         start_day=args.start_day, days=args.days, events_per_day=args.events_per_day, users=args.users,
         items=args.items, stream_minutes=args.stream_minutes, bad_fraction=args.bad_fraction,
@@ -67,6 +64,11 @@ def _generate(args: argparse.Namespace, settings: Settings) -> GeneratedData:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if not args.no_stream:  # fail before generating anything
+        from slipstream.commands.sample_stream import check_stream_codec, require_broker
+
+        check_stream_codec(load_spec(args.spec), settings.kafka_codec, "add --no-stream to write the raw zone only")
+        require_broker(settings)
     data = _generate(args, settings)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
     if not args.no_stream:

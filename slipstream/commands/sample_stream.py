@@ -11,7 +11,7 @@ import logging
 
 import pyarrow as pa
 
-from slipstream.errors import ConfigError
+from slipstream.errors import ConfigError, StackError
 from slipstream.samples.codec import encode_samples
 from slipstream.samples.schema import sample_arrow_schema
 from slipstream.samples.spec import Spec
@@ -31,6 +31,17 @@ def check_stream_codec(spec: Spec, codec: str, hint: str) -> None:
         raise ConfigError(
             f"the {codec} Kafka sample codec cannot carry the samples of spec {spec.name!r} yet "
             f"({e.args[0] if e.args else e}): {hint}") from None
+
+
+def require_broker(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Fail before any work when the broker the stream goes to does not answer."""
+    from slipstream.stream.kafka import wait_for_broker
+
+    try:
+        wait_for_broker(settings.kafka_bootstrap, timeout_s)
+    except StackError as e:
+        raise StackError(f"{e}: start the local stack (`slipstream stack up`) or point SLIPSTREAM_KAFKA_BOOTSTRAP "
+                         "at your broker") from None
 
 
 def produce_spec_samples(settings: Settings, spec: Spec, samples: pa.Table) -> int:
