@@ -30,7 +30,9 @@ class Reject:
     reason: str
     kind: str
     """The reason without its value: what the summary counts (`field `price` missing`)."""
-    raw: str
+    raw: str | None = None
+    """The line as read (malformed lines), else None: `row` of the batch gives it on demand."""
+    row: int = -1
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def typed_records(spec: Spec, source: SourceSpec, batch: RawBatch, rule: TimeRul
     good = np.array([r is None for r in reasons], dtype=bool)
     table = pa.table(cols, schema=source_arrow_schema(source)).filter(pa.array(good))
     table = fill_defaults(spec, source.name, table).cast(source_arrow_schema(source))
-    rejects = [Reject(int(batch.lines[i]), r[0], r[1], batch.text(i)) for i, r in enumerate(reasons) if r is not None]
+    rejects = [Reject(int(batch.lines[i]), r[0], r[1], row=i) for i, r in enumerate(reasons) if r is not None]
     rejects += [Reject(line, why, "malformed line", text) for line, why, text in batch.malformed]
     return table, rejects
 

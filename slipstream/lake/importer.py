@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from slipstream.errors import RawDataError
-from slipstream.lake.import_read import DELIMITERS, count_records, file_format, header_columns, read_batches
+from slipstream.lake.import_read import DELIMITERS, RawBatch, count_records, file_format, header_columns, read_batches
 from slipstream.lake.import_rows import Reject, SampleTail, TimeRule, split_tail, typed_records
 from slipstream.lake.raw_files import hour_groups, staging_name, swap_in, write_parquet
 from slipstream.lake.raw_zone import day_dir, rejects_path, source_dir
@@ -136,7 +136,8 @@ class ImportResult:
 
 
 def assign_sources(spec: Spec, files: list[Path], forced: str | None) -> dict[str, list[Path]]:
-    """Source name -> its files, in the order given."""
+    """Source name -> its files, in the order given: `forced`, else the source the file's name
+    starts with (the longest such name), else the only source of a one-source spec."""
     names = [s.name for s in spec.sources]
     if forced is not None and forced not in names:
         raise RawDataError(f"--source {forced!r} is not a source of spec {spec.name!r}: use one of {', '.join(names)}")
@@ -146,6 +147,8 @@ def assign_sources(spec: Spec, files: list[Path], forced: str | None) -> dict[st
             raise RawDataError(f"{path}: no such file")
         stem = path.name.split(".", 1)[0].lower()
         match = forced or max((n for n in names if stem.startswith(n)), key=len, default=None)
+        if match is None and len(names) == 1:  # a one-source spec (criteo): every file feeds it
+            match = names[0]
         if match is None:
             raise RawDataError(f"{path}: cannot tell which source of spec {spec.name!r} it feeds: name it after one "
                                f"({', '.join(names)}: e.g. {names[0]}.csv) or give --source NAME")
@@ -184,14 +187,15 @@ class RejectsFile:
         self.cap, self.written = cap, 0
         self._fh: TextIO | None = None
 
-    def write(self, path: Path, source: str, rejects: list[Reject]) -> None:
+    def write(self, path: Path, source: str, rejects: list[Reject], batch: RawBatch) -> None:
         for r in rejects:
             if self.written >= self.cap:
                 return
             if self._fh is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.path, "w")
-            self._fh.write(json.dumps({"file": str(path), "line": r.line, "source": source, "reason": r.reason, "raw": r.raw}) + "\n")
+            raw = r.raw if r.raw is not None else batch.text(r.row)  # built only for the lines written
+            self._fh.write(json.dumps({"file": str(path), "line": r.line, "source": source, "reason": r.reason, "raw": raw}) + "\n")
             self.written += 1
 
     def close(self) -> None:
@@ -203,7 +207,7 @@ def _open(path: Path, source: SourceSpec) -> tuple[str, bool, list[str] | None]:
     """(format, gzip, CSV columns) of a file; columns the source does not know are named once."""
     fmt, gz = file_format(path, source)
     columns = header_columns(path, source, fmt, gz)
-    unknown = [c for c in columns or () if c not in source.field_names]
+    unknown = [c for c in columns or () if c not in source.field_names and not c.startswith("_")]
     if unknown:
         log.warning("%s: columns %s are not fields of source %s in the spec: ignored", path, ", ".join(unknown), source.name)
     return fmt, gz, columns
@@ -283,7 +287,7 @@ def _import_timed(spec: Spec, source: SourceSpec, files: list[Path], opts: Impor
                 good, bad = typed_records(spec, source, batch, rule, offset - header)
                 rows, kept = rows + good.num_rows + len(bad), kept + good.num_rows
                 reasons.update(r.kind for r in bad)
-                rejects.write(path, source.name, bad)
+                rejects.write(path, source.name, bad, batch)
                 if tail is not None and source.kind == "events":
                     good, after = split_tail(good, source.time or "", tail.t)
                     tail.add_events(good, after)
@@ -325,7 +329,7 @@ def _import_table(spec: Spec, source: SourceSpec, files: list[Path], opts: Impor
                     good, bad = typed_records(spec, source, batch, TimeRule())
                     rows, kept = rows + good.num_rows + len(bad), kept + good.num_rows
                     reasons.update(r.kind for r in bad)
-                    rejects.write(path, source.name, bad)
+                    rejects.write(path, source.name, bad, batch)
                     out.write_table(good)
                     progress.update(rows, batch.position)
             progress.done(rows, rows - kept)

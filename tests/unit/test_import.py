@@ -75,7 +75,7 @@ def test_ratings_csv_with_side_tables(settings: Settings, capsys: pytest.Capture
 
 def test_criteo_tsv_without_header_spread_over_the_given_day(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     d = DATA / "criteo"
-    out = _import(capsys, "--spec", "criteo", "--source", "displays", "--day", "2026-11-01", str(d / "day_0.txt"))
+    out = _import(capsys, "--spec", "criteo", "--day", "2026-11-01", str(d / "day_0.txt"))  # the only source
     _import(capsys, "--spec", "criteo", "--source", "displays", "--day", "2026-11-03", str(d / "day_2.txt"))
     raw = Path(settings.raw_dir)
     # 6 lines spread over the day: (i + 0.5) * 4 h; line 4 (14:00) is the bad one
