@@ -1,7 +1,8 @@
 """`slipstream generate`: synthetic raw logs for N days and the labelled stream after them.
 
-The default spec (synthetic) uses its own generator (`slipstream.dev.datagen`); any other spec
-(`--spec criteo`, `--spec ratings`, `--spec my.yaml`) the generic one (`slipstream.dev.specgen`).
+The shipped synthetic spec uses its own generator (`slipstream.dev.datagen`, with `--drift`); any
+other spec (`--spec criteo`, `--spec ratings`, `--spec my.yaml`, a changed synthetic spec) the
+generic one (`slipstream.dev.specgen`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from datetime import date
 
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
 from slipstream.errors import ConfigError
-from slipstream.samples.spec import DEFAULT_SPEC, load_spec
+from slipstream.samples.spec import DEFAULT_SPEC, Spec, load_spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate raw logs for a feature spec and the Kafka sample stream after them")
-    p.add_argument("--spec", default=DEFAULT_SPEC, help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path")
+    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--start-day", type=date.fromisoformat, default=date(2026, 11, 1), help="first day (UTC)")
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--impressions-per-day", "--events-per-day", dest="events_per_day", type=int, default=20_000)
@@ -39,9 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _generate(args: argparse.Namespace, settings: Settings) -> GeneratedData:
-    spec = load_spec(args.spec)
-    if spec.name == DEFAULT_SPEC:
+def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> GeneratedData:
+    if spec.digest == load_spec(DEFAULT_SPEC).digest:  # the shipped synthetic spec: its own generator
         if args.empty_days:
             raise ConfigError("--empty-day is for the generic generator: give another --spec, or leave it out")
         cfg = GeneratorConfig(
@@ -64,16 +64,16 @@ def _generate(args: argparse.Namespace, settings: Settings) -> GeneratedData:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    spec = load_spec(args.spec or settings.spec)
     if not args.no_stream:  # fail before generating anything
-        from slipstream.commands.sample_stream import check_stream_codec, require_broker
+        from slipstream.commands.sample_stream import require_broker
 
-        check_stream_codec(load_spec(args.spec), settings.kafka_codec, "add --no-stream to write the raw zone only")
         require_broker(settings)
-    data = _generate(args, settings)
+    data = _generate(args, settings, spec)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
     if not args.no_stream:
         from slipstream.commands.sample_stream import produce_spec_samples
 
-        manifest["produced"] = produce_spec_samples(settings, load_spec(args.spec), data.stream)
+        manifest["produced"] = produce_spec_samples(settings, spec, data.stream)
     print(json.dumps(manifest, indent=2, default=str))
     return 0

@@ -9,7 +9,7 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 from slipstream.lake.importer import ImportOptions, import_files
-from slipstream.samples.spec import DEFAULT_SPEC, load_spec
+from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 
 
@@ -25,7 +25,7 @@ def utc_time(text: str) -> datetime:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="load your CSV / TSV / JSONL / Parquet files into the raw zone, the spec's way")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    p.add_argument("--spec", default=DEFAULT_SPEC, help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path")
+    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--source", help="the spec source every FILE feeds (default: the source each file's name starts with)")
     p.add_argument("--day", type=date.fromisoformat, help="records without a time get one spread evenly over this UTC day, in file order")
     p.add_argument("--from", dest="time_from", type=utc_time, help="reject records before this time")
@@ -38,11 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    spec = load_spec(args.spec)
-    if args.stream_after is not None:
-        from slipstream.commands.sample_stream import check_stream_codec, require_broker
+    spec = load_spec(args.spec or settings.spec)
+    if args.stream_after is not None:  # fail before importing anything
+        from slipstream.commands.sample_stream import require_broker
 
-        check_stream_codec(spec, settings.kafka_codec, "leave out --stream-after to load everything into the raw zone")
         require_broker(settings)
     raw = settings.raw_dir[len("file:"):] if settings.raw_dir.startswith("file:") else settings.raw_dir
     opts = ImportOptions(raw_dir=Path(raw), source=args.source, day=args.day, time_from=args.time_from,

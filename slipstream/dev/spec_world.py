@@ -103,6 +103,9 @@ def _roles(spec: Spec) -> dict[tuple[str, str], tuple[str, FeatureSpec | None]]:
     """(source, field) -> (role, the feature that gives it) for the fields the features read."""
     ev = spec.events.name
     roles: dict[tuple[str, str], tuple[str, FeatureSpec | None]] = {}
+    user = spec.with_role("user")
+    if user is not None and user.table is None:  # the first entity field gets the users' population
+        roles[(ev, user.column)] = ("entity", user)
     for f in spec.features:
         if f.kind == "sequence":
             roles.setdefault((ev, f.per or ""), ("entity", None))

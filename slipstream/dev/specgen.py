@@ -60,7 +60,7 @@ class SpecGenConfig:
     """Number of raw days; T is midnight after the last one."""
     events_per_day: int = 20_000
     users: int = 2_000
-    """Size of the first id population (a sequence's key, else the first id feature)."""
+    """Size of the users' population (the id with `role: user`, else a sequence's key or the first id)."""
     items: int = 400
     """Size of every other id population."""
     max_vocab: int = 1_000

@@ -49,3 +49,43 @@ def test_stream_after_produces_the_tail_as_samples(settings, kafka_bootstrap: st
     assert samples["imp-7"]["hist_items"] == [10]  # user 3's earlier impression that day (imp-5, in the raw zone)
     assert samples["imp-6"]["hist_items"] == []
     assert by_key[b"1"].timestamp()[1] == 1793709000000  # 2026-11-03T12:30:00Z, the event time
+
+
+def _consume(bootstrap: str, topic: str, n: int) -> list:  # type: ignore[type-arg]
+    ends = end_offsets(bootstrap, topic)
+    assert sum(ends.values()) == n
+    c = Consumer(consumer_config(bootstrap))
+    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    msgs: list = []  # type: ignore[type-arg]
+    while len(msgs) < n:
+        msgs += [m for m in c.consume(1000, timeout=5) if m.error() is None]
+    c.close()
+    return msgs
+
+
+def test_stream_after_for_the_ratings_layout_and_generate_for_criteo(settings, kafka_bootstrap: str, topic: str,  # type: ignore[no-untyped-def]
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from slipstream.samples.schema import hash_category
+    from slipstream.samples.spec import load_spec
+
+    monkeypatch.setenv("SLIPSTREAM_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    monkeypatch.setenv("SLIPSTREAM_TOPIC", topic)
+    d = DATA.parent / "ratings"
+    assert main(["import", "--json", "--spec", "ratings", "--stream-after", "2026-11-04T00:00:00Z",
+                 str(d / "ratings.csv"), str(d / "users.csv"), str(d / "items.csv")]) == 0
+    assert json.loads(capsys.readouterr().out)["stream"]["produced"] == 2
+    assert not (Path(settings.raw_dir) / "ratings" / "day=2026-11-04").exists()
+    msgs = _consume(kafka_bootstrap, topic, 2)
+    rows = decode_samples([m.value() for m in msgs], load_spec("ratings")).table.to_pylist()
+    by_user = {r["user_id"]: r for r in rows}
+    assert {m.key() for m in msgs} == {b"2", b"3"}
+    assert (by_user[3]["label"], by_user[2]["label"]) == (0, 1)  # ratings 1 and 5
+    assert by_user[3]["gender"] == hash_category("unknown") and by_user[2]["gender"] == hash_category("M")
+
+    monkeypatch.setenv("SLIPSTREAM_TOPIC", topic + "-criteo")
+    assert main(["generate", "--spec", "criteo", "--days", "1", "--events-per-day", "2000", "--stream-minutes", "30"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    msgs = _consume(kafka_bootstrap, topic + "-criteo", out["produced"])
+    decoded = decode_samples([m.value() for m in msgs], load_spec("criteo"))
+    assert out["produced"] == out["stream_samples"] > 0 and decoded.bad == [] and decoded.table.num_rows == out["produced"]
