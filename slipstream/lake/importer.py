@@ -100,8 +100,8 @@ class SourceReport:
 
     def render(self) -> list[str]:
         n = len(self.files)
-        where = (f"into {len(self.days)} day folder{'s' * (len(self.days) != 1)}"
-                 + (f" ({self.days[0]} … {self.days[-1]})" if self.days else "")) if self.kind != "table" else "(table replaced)"
+        span = "" if not self.days else f" ({self.days[0]})" if len(self.days) == 1 else f" ({self.days[0]} … {self.days[-1]})"
+        where = f"into {len(self.days)} day folder{'s' * (len(self.days) != 1)}{span}" if self.kind != "table" else "(table replaced)"
         lines = [f"{self.source}: {n} file{'s' * (n != 1)}, {self.records:,} records: {self.imported:,} imported {where}, "
                  f"{self.rejected:,} rejected" + (f", {self.streamed:,} to the stream" if self.streamed else "")]
         if self.rejected:
