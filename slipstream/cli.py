@@ -13,6 +13,7 @@ from slipstream.errors import SlipstreamError
 COMMAND_MODULES = (
     "slipstream.commands.stack",
     "slipstream.commands.generate",
+    "slipstream.commands.importer",
     "slipstream.commands.bench",
     "slipstream.commands.demo",
     "slipstream.commands.cache",

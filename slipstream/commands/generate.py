@@ -1,4 +1,9 @@
-"""`slipstream generate`: synthetic raw logs for N days and the labelled stream after them."""
+"""`slipstream generate`: synthetic raw logs for N days and the labelled stream after them.
+
+The shipped synthetic spec uses its own generator (`slipstream.dev.datagen`, with `--drift`); any
+other spec (`--spec criteo`, `--spec ratings`, `--spec my.yaml`, a changed synthetic spec) the
+generic one (`slipstream.dev.specgen`).
+"""
 
 from __future__ import annotations
 
@@ -7,43 +12,68 @@ import json
 import logging
 from datetime import date
 
-from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
+from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
+from slipstream.errors import ConfigError
+from slipstream.samples.spec import DEFAULT_SPEC, Spec, load_spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate raw logs (impressions, clicks) and the Kafka sample stream")
+    p = sub.add_parser("generate", help="generate raw logs for a feature spec and the Kafka sample stream after them")
+    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--start-day", type=date.fromisoformat, default=date(2026, 11, 1), help="first day (UTC)")
     p.add_argument("--days", type=int, default=3)
-    p.add_argument("--impressions-per-day", type=int, default=20_000)
+    p.add_argument("--impressions-per-day", "--events-per-day", dest="events_per_day", type=int, default=20_000)
     p.add_argument("--users", type=int, default=2_000)
     p.add_argument("--items", type=int, default=400)
     p.add_argument("--stream-minutes", type=float, default=60.0, help="event time covered by the stream after T")
-    p.add_argument("--drift", action="store_true", help="change the hidden model at T (concept drift)")
-    p.add_argument("--corrupt-fraction", type=float, default=0.0, help="share of bad raw lines")
+    p.add_argument("--drift", action="store_true", help="change the hidden model at T (concept drift; synthetic only)")
+    p.add_argument("--corrupt-fraction", "--bad-fraction", dest="bad_fraction", type=float, default=0.0,
+                   help="share of bad raw lines")
+    p.add_argument("--empty-day", dest="empty_days", type=date.fromisoformat, action="append", default=[],
+                   help="a day with no data at all (repeatable; not for the synthetic spec)")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-stream", action="store_true", help="write the raw zone only")
     p.set_defaults(func=run)
 
 
+def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> GeneratedData:
+    if spec.digest == load_spec(DEFAULT_SPEC).digest:  # the shipped synthetic spec: its own generator
+        if args.empty_days:
+            raise ConfigError("--empty-day is for the generic generator: give another --spec, or leave it out")
+        cfg = GeneratorConfig(
+            start_day=args.start_day, days=args.days, impressions_per_day=args.events_per_day,
+            users=args.users, items=args.items, stream_minutes=args.stream_minutes, drift=args.drift,
+            corrupt_fraction=args.bad_fraction, fmt=args.format, seed=args.seed,
+        )
+        return generate(cfg, settings.raw_dir)
+    from slipstream.dev.specgen import SpecGenConfig, generate_spec
+
+    if args.drift:
+        raise ConfigError(f"--drift is for the synthetic spec only, not {spec.name!r}: leave it out")
+    scfg = SpecGenConfig(
+        start_day=args.start_day, days=args.days, events_per_day=args.events_per_day, users=args.users,
+        items=args.items, stream_minutes=args.stream_minutes, bad_fraction=args.bad_fraction,
+        empty_days=tuple(args.empty_days), fmt=args.format, seed=args.seed,
+    )
+    return generate_spec(spec, scfg, settings.raw_dir)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    cfg = GeneratorConfig(
-        start_day=args.start_day, days=args.days, impressions_per_day=args.impressions_per_day,
-        users=args.users, items=args.items, stream_minutes=args.stream_minutes, drift=args.drift,
-        corrupt_fraction=args.corrupt_fraction, fmt=args.format, seed=args.seed,
-    )
-    data = generate(cfg, settings.raw_dir)
+    spec = load_spec(args.spec or settings.spec)
+    if not args.no_stream:  # fail before generating anything
+        from slipstream.commands.sample_stream import require_broker
+
+        require_broker(settings)
+    data = _generate(args, settings, spec)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
     if not args.no_stream:
-        from slipstream.stream.kafka import create_topic, produce_samples
+        from slipstream.commands.sample_stream import produce_spec_samples
 
-        create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
-        n = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
-        manifest["produced"] = n
-        log.info("produced %d stream samples to %s on %s", n, settings.topic, settings.kafka_bootstrap)
-    print(json.dumps(manifest, indent=2))
+        manifest["produced"] = produce_spec_samples(settings, spec, data.stream)
+    print(json.dumps(manifest, indent=2, default=str))
     return 0

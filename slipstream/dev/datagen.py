@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -313,12 +313,15 @@ def _corrupt_lines(rng: np.random.Generator, table: pa.Table, k: int) -> list[by
 @dataclass
 class GeneratedData:
     config: GeneratorConfig
+    """The generator's config: this module's, or `slipstream.dev.specgen.SpecGenConfig` for another spec."""
     raw_rows_per_day: dict[str, int]
     stream: pa.Table
     """Samples for the stream (event_time in [T - overlap, T + stream_minutes)), in produce order."""
     truth: pa.Table
     """sample_id, event_time, p_true, label, in_stream for every sample (batch days + stream)."""
     best_auc: dict[str, float]
+    extra: dict[str, object] = field(default_factory=dict)
+    """More facts for the manifest (specgen: the spec, bad lines per kind, the label rate)."""
 
 
 def _produce_order(cfg: GeneratorConfig, ts_us: np.ndarray, salt: int) -> np.ndarray:
@@ -422,9 +425,10 @@ def write_manifest(data: GeneratedData, path: Path) -> dict[str, object]:
         "raw_rows_per_day": data.raw_rows_per_day,
         "stream_samples": data.stream.num_rows,
         "best_auc": data.best_auc,
+        **data.extra,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2))
+    path.write_text(json.dumps(manifest, indent=2, default=str))
     pq.write_table(data.truth, path.with_name("truth.parquet"))
     return manifest
 

@@ -1,13 +1,15 @@
-"""The raw zone's layout: where a day's impressions and clicks land, and when a day is ready.
+"""The raw zone's layout: where each source of a feature spec lands, and when a day is ready.
 
 ```
-<raw_dir>/impressions/day=YYYY-MM-DD/hour=HH/<name>.jsonl.gz | .jsonl | .json(.gz) | .parquet
-<raw_dir>/clicks/day=YYYY-MM-DD/hour=HH/<name>.<same formats>
+<raw_dir>/<events or labels source>/day=YYYY-MM-DD/hour=HH/<name>.jsonl.gz | .jsonl | .json(.gz) | .parquet
+<raw_dir>/<table source>/<name>.parquet          (a side table, whole; replaced by a folder swap)
+<raw_dir>/_rejects/<source>/<run>.jsonl          (rows `slipstream import` rejected, with reasons)
 ```
-Files land in the folder of the UTC hour their records happen in, so a click on one of day D's
-late impressions can sit in day D+1. The job for day D therefore reads the clicks of day D and of
-the first `spill_hours(attribution_s)` hours of D+1. Names starting with `_` or `.` are ignored
-(markers, checksums).
+The default spec's sources are `impressions` (events) and `clicks` (labels). Records land in the
+folder of the UTC hour of their time field, so a click on one of day D's late impressions can sit
+in day D+1: the job for day D reads the labels of day D and of the first
+`spill_hours(attribution_s)` hours of D+1. A day without records has no folder. Names starting
+with `_` or `.` are ignored (markers, checksums, staging folders).
 """
 
 from __future__ import annotations
@@ -49,19 +51,32 @@ def spill_hours(attribution_s: int) -> int:
     return math.ceil(attribution_s / 3600)
 
 
-def day_dir(raw_dir: str, kind: str, day: date) -> str:
-    return f"{raw_dir.rstrip('/')}/{kind}/day={day.isoformat()}"
+REJECTS_DIR = "_rejects"
 
 
-def hour_dir(raw_dir: str, kind: str, day: date, hour: int) -> str:
-    return f"{day_dir(raw_dir, kind, day)}/hour={hour:02d}"
+def source_dir(raw_dir: str, source: str) -> str:
+    """A source's folder: its day folders (events, labels) or its files (a side table)."""
+    return f"{raw_dir.rstrip('/')}/{source}"
 
 
-def click_dirs(raw_dir: str, day: date, attribution_s: int) -> list[str]:
-    """Folders holding the clicks day D needs: all of D, and D+1's spill-over hours."""
+def day_dir(raw_dir: str, source: str, day: date) -> str:
+    return f"{source_dir(raw_dir, source)}/day={day.isoformat()}"
+
+
+def hour_dir(raw_dir: str, source: str, day: date, hour: int) -> str:
+    return f"{day_dir(raw_dir, source, day)}/hour={hour:02d}"
+
+
+def rejects_path(raw_dir: str, source: str, run: str) -> str:
+    """Where `slipstream import` writes the rows of `source` it rejected in run `run`."""
+    return f"{raw_dir.rstrip('/')}/{REJECTS_DIR}/{source}/{run}.jsonl"
+
+
+def click_dirs(raw_dir: str, day: date, attribution_s: int, labels: str = CLICKS) -> list[str]:
+    """Folders holding the labels (clicks) day D needs: all of D, and D+1's spill-over hours."""
     nxt = day + timedelta(days=1)
-    return [day_dir(raw_dir, CLICKS, day)] + [
-        hour_dir(raw_dir, CLICKS, nxt, h) for h in range(min(spill_hours(attribution_s), 24))
+    return [day_dir(raw_dir, labels, day)] + [
+        hour_dir(raw_dir, labels, nxt, h) for h in range(min(spill_hours(attribution_s), 24))
     ]
 
 
@@ -92,28 +107,29 @@ def _subdirs(fs: pafs.FileSystem, path: str, prefix: str) -> list[str]:
 
 def raw_day_ready(
     raw_dir: str, day: date, attribution_s: int, *, now: datetime | None = None, grace_s: int = 3600,
-    io_properties: Mapping[str, str] | None = None,
+    io_properties: Mapping[str, str] | None = None, events: str = IMPRESSIONS, labels: str | None = CLICKS,
 ) -> bool:
     """Whether day D can be preprocessed (for the Airflow sensor).
 
-    Ready when D's impressions have landed (its last hour, 23, has a file) and the clicks D needs
-    have landed: D+1's last spill-over hour (or any later hour or day) has a file, because hours
-    land in order. A quiet hour may hold no file at all, so once `now` is past the end of the
-    spill-over plus `grace_s`, any impressions of D and no more clicks are enough.
+    Ready when D's events (`events`: impressions) have landed (its last hour, 23, has a file) and
+    the labels D needs (`labels`: clicks; None for a spec without a labels source) have landed:
+    D+1's last spill-over hour (or any later hour or day) has a file, because hours land in order.
+    A quiet hour may hold no file at all, so once `now` is past the end of the spill-over plus
+    `grace_s`, any events of D and no more labels are enough.
     """
     fs, root = filesystem(raw_dir, io_properties)
     nxt = day + timedelta(days=1)
     end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=timezone.utc)
     old_enough = (now or datetime.now(timezone.utc)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)
-    if not _has_data_file(fs, hour_dir(root, IMPRESSIONS, day, 23)):
-        return old_enough and _has_data_file(fs, day_dir(root, IMPRESSIONS, day))
-    spill = spill_hours(attribution_s)
-    if spill == 0 or old_enough:
+    if not _has_data_file(fs, hour_dir(root, events, day, 23)):
+        return old_enough and _has_data_file(fs, day_dir(root, events, day))
+    spill = spill_hours(attribution_s) if labels else 0
+    if spill == 0 or old_enough or labels is None:
         return True
-    clicks = f"{root.rstrip('/')}/{CLICKS}"
+    clicks = source_dir(root, labels)
     last_needed = f"hour={min(spill, 24) - 1:02d}"
-    for hour in _subdirs(fs, day_dir(root, CLICKS, nxt), "hour="):
-        if hour >= last_needed and _has_data_file(fs, f"{day_dir(root, CLICKS, nxt)}/{hour}"):
+    for hour in _subdirs(fs, day_dir(root, labels, nxt), "hour="):
+        if hour >= last_needed and _has_data_file(fs, f"{day_dir(root, labels, nxt)}/{hour}"):
             return True
     later_days = [d for d in _subdirs(fs, clicks, "day=") if d > f"day={nxt.isoformat()}"]
     return any(_has_data_file(fs, f"{clicks}/{d}") for d in later_days)
