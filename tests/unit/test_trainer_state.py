@@ -20,7 +20,7 @@ from trainers.checkpoint import Checkpointer
 from trainers.config import ModelConfig, load_config
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
 from trainers.model import build_model
-from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_to_state
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_from_state, rows_to_state
 from trainers.state import resume_point
 
 
@@ -95,8 +95,9 @@ def test_stream_resume_on_another_world_size_keeps_every_buffered_row(table: pa.
     for r in range(3):
         parts = list(range(4))[r::3]
         rp = resume_point(meta, states, r, 3, parts)
-        assert rp.stream_rows is not None and set(rp.stream_rows.partition.tolist()) <= set(parts)
-        got += rp.stream_rows.sample_id.to_pylist()
+        stream_rows = rows_from_state(rp.shuffle["rows"]) if rp.shuffle is not None else None
+        assert stream_rows is not None and set(stream_rows.partition.tolist()) <= set(parts)
+        got += stream_rows.sample_id.to_pylist()
     assert sorted(got) == sorted(table.column("sample_id").to_pylist())
 
 
@@ -107,7 +108,7 @@ def test_batch_resume_mid_epoch_on_another_world_size_is_refused(table: pa.Table
         resume_point(meta, states, 0, 3, None)
     for s in states:
         s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: accepted
-    assert resume_point(meta, states, 0, 3, None).epoch == 1
+    assert resume_point(meta, states, 0, 3, None).state.epoch == 1
 
 
 def test_checkpoint_commit_is_atomic_and_uncommitted_audit_is_dropped(tmp_path: Path, table: pa.Table) -> None:
