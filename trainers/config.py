@@ -148,11 +148,6 @@ class DataConfig:
         self.t_handoff = parse_time(self.t_handoff, "data.t_handoff")  # parsed once, here
 
     @property
-    def handoff_time(self) -> datetime:
-        """T as a UTC datetime."""
-        return self.t_handoff
-
-    @property
     def window_start(self) -> datetime:
         """T - window_days (`slipstream.lake.planning.window_bounds`, where every window is computed)."""
         return window_bounds(self.t_handoff, self.window_days)[0]
