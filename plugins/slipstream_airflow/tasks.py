@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, is_dataclass
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -185,6 +185,3 @@ def report(context: Mapping[str, Any], published: Mapping[str, Any]) -> dict[str
     log.info("run %s summary:\n%s", run_id, format_summary(read_summary(path)))
     return out
 
-
-def day_of(context: Mapping[str, Any]) -> date:
-    return interval(context)[0].date()
