@@ -168,3 +168,18 @@ def test_settings_are_not_read_by_the_plan(tmp_path: Path) -> None:
     back = read_plan(path)
     assert back == plan and back.request is None and back.files[0].delete_files == ("s3://w/d.parquet",)
     assert Settings(home=tmp_path).topic != back.topic
+
+
+def test_cache_warm_plan_copies_exactly_the_plan_files(fx: SamplesFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`slipstream cache warm --plan` (what the warmup pod runs) copies the plan's data files into its cache dir."""
+    from slipstream.cli import main
+
+    monkeypatch.setenv("SLIPSTREAM_HOME", str(fx.settings.home))
+    plan = dataclasses.replace(_plan(fx, "daily-20261104-warmcli1"), cache_dir=str(tmp_path / "cache"))
+    path = write_plan(plan)
+    assert main(["cache", "warm", "--plan", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["snapshot_id"] == fx.snapshot_id and report["cache_dir"] == str(tmp_path / "cache")
+    assert report["expected_hit_ratio"] == 1.0 and report["window_start"] == plan.window_start.isoformat()
+    assert main(["cache", "warm", "--plan", str(path), "--window-days", "3"]) == 2  # the plan fixes the window
