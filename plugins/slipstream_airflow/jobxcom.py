@@ -39,6 +39,7 @@ class PlanRef:
             raise ValueError(f"the XCom of task {task_id!r} names no run plan ({value!r}): it must run (and succeed) first")
         return cls(path)
 
+
 RENDER_TASK_ID = "render_job"
 JOB_XCOM_KEY = "job"
 """The render task is a branch (its return value names the launch tasks), so the job travels

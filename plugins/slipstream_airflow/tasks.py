@@ -92,8 +92,9 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
     path = run_dir(settings, run_id)
     update_summary(path, "preprocess", {"days": per_day, "snapshot_id": plan.snapshot_id})
     ref = PlanRef(str(write_plan(plan, path)))
-    update_summary(path, "plan", {"path": ref.path, "snapshot_id": plan.snapshot_id, "window_start": plan.window_start.isoformat(),
-                                  "t_handoff": plan.t_handoff.isoformat(), "files": len(plan.files), "rows": plan.rows})
+    update_summary(path, "plan", {"path": ref.path, "snapshot_id": plan.snapshot_id,
+                                  "window_start": plan.window_start.isoformat(), "t_handoff": plan.t_handoff.isoformat(),
+                                  "files": len(plan.files), "rows": plan.rows})
     return ref.to_xcom()
 
 

@@ -59,14 +59,12 @@ def read_interval(
     """
     t0 = time.monotonic()
     scan = _interval_scan(table, snapshot_id, start, end, columns)
-    paths = [f.path for f in files] if files is not None else None
-    if paths is None:
+    if files is None:
         tasks = list(scan.plan_files())
-        if any(t.delete_files for t in tasks):
-            log.info("delete files present: reading through pyiceberg's scan")
-            return scan.to_arrow()
-        paths = [t.file.file_path for t in tasks]
-    elif any(f.delete_files for f in files or ()):
+        paths, deletes = [t.file.file_path for t in tasks], any(t.delete_files for t in tasks)
+    else:
+        paths, deletes = [f.path for f in files], any(f.delete_files for f in files)
+    if deletes:
         log.info("delete files present: reading through pyiceberg's scan")
         return scan.to_arrow()
     parts = []
