@@ -157,7 +157,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
     tr = Trainer(cfg, d, settings)
     start = {p: 0 for p in end_offsets(bootstrap, topic)}
-    tr.positions, tr.handoff_offsets, tr.phase = dict(start), dict(start), "stream"
+    tr.state.positions, tr.state.handoff_offsets, tr.state.phase = dict(start), dict(start), "stream"
     lat: list[np.ndarray] = []
     step = tr.train_step
 
@@ -191,7 +191,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         "latency_ms_p50": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
         "latency_ms_p99": round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
         "latency_ms_max": round(float(ms.max()), 1) if len(ms) else None,
-        "latency_steps": tr.step, "latency_stop_reason": tr.stop_reason, "latency_wall_s": round(wall, 2),
+        "latency_steps": tr.state.step, "latency_stop_reason": tr.state.stop_reason, "latency_wall_s": round(wall, 2),
         "latency_device": str(d.device), "latency_shuffle_buffer": args.shuffle_buffer,
         "latency_batch_size": args.batch_size, "latency_producer_linger_ms": args.linger_ms,
     }

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model.user_buckets=4001", "model.item_buckets=1009", "model.category_buckets=1031",
         ], settings)
         table = get_catalog(settings).load_table(settings.table)
-        plan = plan_window_files(table, snapshot, cfg.data.window_start, cfg.data.handoff_time)
+        plan = plan_window_files(table, snapshot, cfg.data.window_start, cfg.data.t_handoff)
         open_file, _ = file_opener(table.io, None)
         units = plan_units(plan, open_file)
         t_us = int(gen.t_handoff.timestamp() * 1e6)

@@ -1,11 +1,14 @@
 """Daily retraining: preprocess → quality gate → warmup → train → publish → report.
 
 Scheduled once a day for the previous day (data interval [D, D+1), handoff T = D+1 00:00 UTC)
-and triggerable from the UI with params. Training is launched from ONE job spec: a local torchrun
-(`backend=local`), a KubernetesPodOperator (`kubernetes`, one node) or a Kubeflow PyTorchJob
-(`kubernetes`, nnodes > 1). The Kubernetes tasks exist only where SLIPSTREAM_TRAINING_BACKEND is
-`kubernetes` (importing the provider costs ~2 s of parse time, `slipstream bench dag_parse`), and
-there the `backend` param can still pick `local`. The logic lives in `slipstream_airflow.tasks`.
+and triggerable from the UI with params. `preprocess` builds the window's days, pins the snapshot
+and writes the run's plan (`<run_dir>/plan.json`: snapshot, window, files, knobs); every later
+task reads that plan through its path, the only thing passed on. Training is launched from ONE
+job spec: a local torchrun (`backend=local`), a KubernetesPodOperator (`kubernetes`, one node) or
+a Kubeflow PyTorchJob (`kubernetes`, nnodes > 1). The Kubernetes tasks exist only where
+SLIPSTREAM_TRAINING_BACKEND is `kubernetes` (importing the provider costs ~2 s of parse time,
+`slipstream bench dag_parse`), and there the `backend` param can still pick `local`. The logic
+lives in `slipstream_airflow.tasks`.
 """
 
 from __future__ import annotations
@@ -45,16 +48,16 @@ def daily_retrain() -> None:
         return tasks.preprocess_window(context, params)
 
     @task(retries=0)  # a failed expectation fails again on retry: stop at once
-    def quality_gate(pre, params=None, **context):  # type: ignore[no-untyped-def]
-        return tasks.quality_gate(context, params, pre)
+    def quality_gate(pre):  # type: ignore[no-untyped-def]
+        return tasks.quality_gate(pre)
 
     @task.branch
-    def render_job(gate, params=None, **context):  # type: ignore[no-untyped-def]
-        return tasks.render_job(context, params, gate)
+    def render_job(gate, **context):  # type: ignore[no-untyped-def]
+        return tasks.render_job(context, gate)
 
     @task
-    def warmup_local(gate, params=None, **context):  # type: ignore[no-untyped-def]
-        return tasks.warmup_local(context, params, gate)
+    def warmup_local(gate):  # type: ignore[no-untyped-def]
+        return tasks.warmup_local(gate)
 
     @task(trigger_rule="none_failed_min_one_success", outlets=[MODELS])
     def publish(**context):  # type: ignore[no-untyped-def]

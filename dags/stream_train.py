@@ -1,7 +1,8 @@
 """Continuous training: one long-running trainer tails Kafka and exports a model every K minutes.
 
 `@continuous` with one active run: if the trainer stops, the next run starts the same run folder
-(`stream-<name>`) and the trainer resumes from its newest checkpoint (model, optimizer, offsets).
+(`stream-<name>`) and the trainer resumes from its newest checkpoint (model, optimizer, offsets)
+with the plan it started with (`plan.json`: snapshot, window, T), also after new days landed.
 """
 
 from __future__ import annotations

@@ -57,3 +57,8 @@ class CacheWarmError(CacheError):
 
 class NativeBuildError(SlipstreamError):
     """The optional native kernels could not be built or loaded; callers fall back to Arrow and numpy."""
+
+
+class PlanError(ConfigError):
+    """A run's plan.json is missing, malformed, from another version, or does not match the data
+    it describes; the message names the file and the key."""

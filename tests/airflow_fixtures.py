@@ -56,6 +56,25 @@ def write_run(runs_dir: Path, run_id: str, auc: float | None) -> Path:
     return run
 
 
+def plan_for(settings: Any, request: Any, *, run_id: str, snapshot_id: int, cache_dir: str | None = None,
+             t_handoff: datetime = T_HANDOFF, write: bool = True) -> Any:
+    """A run plan as the render step writes it (its window ending at T), without a catalog: for
+    tests of what a launch does with a plan. Written into the run folder unless `write` is false."""
+    from slipstream.lake.planning import WindowFile, window_bounds
+    from slipstream.pipeline.runlayout import run_dir
+    from slipstream.pipeline.runplan import RunPlan, write_plan
+
+    start, end = window_bounds(t_handoff, request.window_days)
+    plan = RunPlan(run_id=run_id, table=settings.table, snapshot_id=snapshot_id, window_start=start, t_handoff=end,
+                   topic=settings.topic, bootstrap=settings.kafka_bootstrap, max_lateness_s=120.0,
+                   cache_dir=settings.cache_dir if cache_dir is None else cache_dir,
+                   run_dir=str(run_dir(settings, run_id)),
+                   files=(WindowFile("file:///warehouse/samples/data/part-0.parquet", 1000, 10),), request=request)
+    if write:
+        write_plan(plan)
+    return plan
+
+
 def airflow_cli_env(home: Path) -> dict[str, str]:
     """Environment of an Airflow CLI subprocess on a SQLite database under `home`."""
     from slipstream.settings import Settings

@@ -1,8 +1,9 @@
 """A tiny stand-in for `trainers.train`, used only by the Airflow tests while `trainers/` is not on
 this branch (the lead switches the tests to the real trainer on merge).
 
-It honours the trainer's command-line contract (`--config F`, `--set section.key=value`), really
-runs under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
+It honours the trainer's command-line contract (`--plan P`, `--config F`, `--set section.key=value`:
+the plan's ids, snapshot, T, cache folder and knobs first, then the `--set` pairs), really runs
+under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
 of CONTRACTS.md from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
 `--set standin.auc=X` sets the AUC it reports; `--set standin.fail=true` exits 3.
 """
@@ -18,12 +19,26 @@ import time
 from pathlib import Path
 
 
+def plan_settings(path: str) -> dict[str, str]:
+    """The trainer settings a plan fixes, as the `--set` strings the stand-in records."""
+    from slipstream.pipeline.request import trainer_overrides
+    from slipstream.pipeline.runplan import read_plan
+
+    plan = read_plan(Path(path))
+    out = {"run.run_id": plan.run_id, "data.snapshot_id": str(plan.snapshot_id), "data.t_handoff": plan.t_handoff.isoformat(),
+           "data.cache_dir": plan.cache_dir}
+    out.update(trainer_overrides(plan.request) if plan.request else {})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--plan", default=None)
     p.add_argument("--config", default=None)
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
-    cfg = dict(s.split("=", 1) for s in args.sets)
+    cfg = plan_settings(args.plan) if args.plan else {}
+    cfg.update(dict(s.split("=", 1) for s in args.sets))
     import torch
     import torch.distributed as dist
 

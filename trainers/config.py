@@ -10,25 +10,19 @@ when the file leaves them empty.
 from __future__ import annotations
 
 import dataclasses
-import json
-import typing
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-import yaml
-
-from slipstream.errors import ConfigError
+from slipstream.lake.planning import window_bounds
+from slipstream.pipeline.runlayout import RUN_ID_PATTERN, run_folder
+from slipstream.pipeline.runplan import DEFAULT_MAX_LATENESS_S
 from slipstream.samples.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
+from trainers.config_parse import apply_override, build, load_raw, parse_time, require
 
 STOP_MODES = ("caught_up", "duration", "samples", "continuous")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 @dataclass(kw_only=True)
@@ -52,15 +46,15 @@ class StopConfig:
     the broker stays unreachable."""
 
     def __post_init__(self) -> None:
-        _require(self.mode in STOP_MODES, f"data.stop.mode must be one of {', '.join(STOP_MODES)}, got {self.mode!r}")
-        _require(self.max_lag >= 0, f"data.stop.max_lag must be >= 0, got {self.max_lag}")
-        _require(self.duration_s > 0, f"data.stop.duration_s must be > 0, got {self.duration_s}")
-        _require(self.samples >= 0, f"data.stop.samples must be >= 0, got {self.samples}")
-        _require(
+        require(self.mode in STOP_MODES, f"data.stop.mode must be one of {', '.join(STOP_MODES)}, got {self.mode!r}")
+        require(self.max_lag >= 0, f"data.stop.max_lag must be >= 0, got {self.max_lag}")
+        require(self.duration_s > 0, f"data.stop.duration_s must be > 0, got {self.duration_s}")
+        require(self.samples >= 0, f"data.stop.samples must be >= 0, got {self.samples}")
+        require(
             self.mode != "samples" or self.samples > 0, "data.stop.mode is 'samples': set data.stop.samples > 0"
         )
-        _require(self.export_every_min > 0, f"data.stop.export_every_min must be > 0, got {self.export_every_min}")
-        _require(self.timeout_s >= 0, f"data.stop.timeout_s must be >= 0, got {self.timeout_s}")
+        require(self.export_every_min > 0, f"data.stop.export_every_min must be > 0, got {self.export_every_min}")
+        require(self.timeout_s >= 0, f"data.stop.timeout_s must be >= 0, got {self.timeout_s}")
 
 
 @dataclass(kw_only=True)
@@ -69,9 +63,9 @@ class DataConfig:
 
     snapshot_id: int
     """Iceberg snapshot to read the batch window from. Required: a run never reads "the latest"."""
-    t_handoff: str
-    """T, the handoff time (ISO-8601 with a timezone, e.g. 2026-11-04T00:00:00+00:00): the batch
-    window ends before T and the stream starts at T."""
+    t_handoff: datetime
+    """T, the handoff time (ISO-8601 with a timezone, e.g. 2026-11-04T00:00:00+00:00; from a plan
+    the plan's datetime): the batch window ends before T and the stream starts at T."""
     catalog: str = ""
     """pyiceberg catalog name (empty: SLIPSTREAM_CATALOG)."""
     namespace: str = ""
@@ -80,7 +74,7 @@ class DataConfig:
     """Iceberg table of samples inside the namespace."""
     window_days: int = 1
     """W: the batch window is [T - W days, T)."""
-    max_lateness_s: float = 120.0
+    max_lateness_s: float = DEFAULT_MAX_LATENESS_S
     """How late (in seconds after its event time) a record can reach Kafka; the stream is read
     from the offsets of T - max_lateness and records before T are dropped."""
     bootstrap: str = ""
@@ -138,34 +132,25 @@ class DataConfig:
     """Path of the generator's manifest.json: its best achievable AUC goes into the summary."""
 
     def __post_init__(self) -> None:
-        _require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
-        _require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
-        _require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
-        _require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
-        _require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
-        _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
-        _require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
-        _require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
-        _require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
-        _require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
-        _require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
-        _require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
-        _require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
-        self.handoff_time  # parse now so a bad value fails at start
-
-    @property
-    def handoff_time(self) -> datetime:
-        try:
-            t = datetime.fromisoformat(str(self.t_handoff).replace("Z", "+00:00"))
-        except ValueError:
-            raise ConfigError(f"data.t_handoff must be ISO-8601, got {self.t_handoff!r}") from None
-        if t.tzinfo is None:
-            raise ConfigError(f"data.t_handoff must carry a timezone (e.g. +00:00), got {self.t_handoff!r}")
-        return t.astimezone(timezone.utc)
+        require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
+        require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
+        require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
+        require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
+        require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
+        require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
+        require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
+        require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
+        require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
+        require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
+        require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
+        require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
+        self.t_handoff = parse_time(self.t_handoff, "data.t_handoff")  # parsed once, here
 
     @property
     def window_start(self) -> datetime:
-        return self.handoff_time - timedelta(days=self.window_days)
+        """T - window_days (`slipstream.lake.planning.window_bounds`, where every window is computed)."""
+        return window_bounds(self.t_handoff, self.window_days)[0]
 
 
 @dataclass(kw_only=True)
@@ -188,12 +173,12 @@ class ModelConfig:
     """Dropout in the top MLP."""
 
     def __post_init__(self) -> None:
-        _require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
+        require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
         for name in ("user_buckets", "item_buckets", "category_buckets"):
-            _require(getattr(self, name) >= 1, f"model.{name} must be >= 1, got {getattr(self, name)}")
-        _require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
-        _require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
-        _require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
+            require(getattr(self, name) >= 1, f"model.{name} must be >= 1, got {getattr(self, name)}")
+        require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
+        require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
+        require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass(kw_only=True)
@@ -233,14 +218,14 @@ class OptimConfig:
     """Clip the gradient norm to this (0 = no clipping)."""
 
     def __post_init__(self) -> None:
-        _require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
-        _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
-        _require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
-        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        _require(0 <= self.drift_low < self.drift_high,
+        require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
+        require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
+        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        require(0 <= self.drift_low < self.drift_high,
                  f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
-        _require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
-        _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
+        require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
 
 
 @dataclass(kw_only=True)
@@ -273,18 +258,19 @@ class RunConfig:
     """torch intra-op threads per rank (0: torch's default)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.run_id) and "/" not in self.run_id, f"run.run_id must be a non-empty name without '/', got {self.run_id!r}")
-        _require(self.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {self.device!r}")
-        _require(self.amp_dtype in ("bfloat16", "float16"), f"run.amp_dtype must be bfloat16 or float16, got {self.amp_dtype!r}")
-        _require(self.checkpoint_every_steps >= 1, f"run.checkpoint_every_steps must be >= 1, got {self.checkpoint_every_steps}")
-        _require(self.checkpoint_every_s >= 0, f"run.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
-        _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        _require(self.log_every_steps >= 1, f"run.log_every_steps must be >= 1, got {self.log_every_steps}")
-        _require(self.num_threads >= 0, f"run.num_threads must be >= 0, got {self.num_threads}")
+        require(RUN_ID_PATTERN.fullmatch(self.run_id) is not None,
+                 f"run.run_id must be a folder name (letters, digits, '.', '_', '-'; at most 128), got {self.run_id!r}")
+        require(self.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {self.device!r}")
+        require(self.amp_dtype in ("bfloat16", "float16"), f"run.amp_dtype must be bfloat16 or float16, got {self.amp_dtype!r}")
+        require(self.checkpoint_every_steps >= 1, f"run.checkpoint_every_steps must be >= 1, got {self.checkpoint_every_steps}")
+        require(self.checkpoint_every_s >= 0, f"run.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
+        require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        require(self.log_every_steps >= 1, f"run.log_every_steps must be >= 1, got {self.log_every_steps}")
+        require(self.num_threads >= 0, f"run.num_threads must be >= 0, got {self.num_threads}")
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.run_id
+        return run_folder(self.runs_dir, self.run_id)
 
 
 @dataclass(kw_only=True)
@@ -301,102 +287,15 @@ class TrainConfig:
     """Run folder, checkpoints, logging, device."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)}; valid: {', '.join(sorted(known))}")
-    missing = [
-        where + n for n, f in known.items()
-        if n not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"missing required key(s) {', '.join(missing)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in raw.items():
-        kwargs[name] = _coerce(hints[name], value, where + name)
-    return cls(**kwargs)
-
-
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value or {}, where + ".")
-    origin = typing.get_origin(tp)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(item, v, where) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                return int(value)
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where} must be a number, got {value!r}") from None
-        return float(value)
-    if tp is str:
-        if isinstance(value, datetime):  # YAML parses unquoted timestamps
-            return value.isoformat()
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one `section.key=value` override to the raw nested dict (value parsed as YAML)."""
-    if "=" not in assignment:
-        raise ConfigError(f"--set expects section.key=value, got {assignment!r}")
-    key, text = assignment.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if len(parts) < 2:
-        raise ConfigError(f"--set key must name a section and a field (e.g. data.batch_size), got {key!r}")
-    node = raw
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {key}: {p!r} is not a section")
-    node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
-
-
-def load_raw(path: str | Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e}") from None
-    try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {p} must hold a mapping with sections data/model/optim/run")
-    return raw
+        """JSON-safe (T as ISO-8601)."""
+        out = dataclasses.asdict(self)
+        out["data"]["t_handoff"] = self.data.t_handoff.isoformat()
+        return out
 
 
 def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
     """Build the typed config, filling deployment defaults from settings."""
-    cfg: TrainConfig = _build(TrainConfig, raw, "")
+    cfg: TrainConfig = build(TrainConfig, raw, "")
     d, r = cfg.data, cfg.run
     d.catalog = d.catalog or settings.catalog
     d.namespace = d.namespace or settings.namespace

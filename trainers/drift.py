@@ -10,14 +10,19 @@ stream phase's shared learning rate between the batch phase's rate per sample (l
 the stream only adds samples) and `optim.stream_lr` (level 1: follow the change).
 
 The gauge is fed all-reduced sums, so every rank holds the same state and sets the same rates; the
-state is a few floats in the checkpoint's meta, so a resumed run steps exactly as an uninterrupted
-one. No torch here: it is arithmetic on floats.
+state (`state_dict`) is a few floats in the checkpoint's meta, so a resumed run steps exactly as an
+uninterrupted one. No torch here: it is arithmetic on floats.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+
+from slipstream.errors import ResumeError
+from trainers.stateful import check_version
+
+STATE_VERSION = 1
 
 
 @dataclass
@@ -55,10 +60,18 @@ class DriftGauge:
         """0 (no drift seen) ... 1 (drift): where the shared stream rate sits between its bounds."""
         return min(1.0, max(0.0, (self.excess - self.low) / (self.high - self.low)))
 
-    def state(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items()}
+    def state_dict(self) -> dict[str, float]:
+        return {"version": STATE_VERSION, **{k: float(v) for k, v in asdict(self).items()}}
 
-    def load(self, state: dict[str, float] | None) -> None:
-        """Restore the averages of a checkpoint (the bounds stay the config's)."""
-        if state:
-            self.fresh, self.replay, self.weight = float(state["fresh"]), float(state["replay"]), float(state["weight"])
+    def load_state_dict(self, state: dict[str, float] | None) -> None:
+        """Restore the averages of a checkpoint (the bounds stay the config's); None: no gauge yet."""
+        if not state:
+            return
+        check_version("drift gauge", state, STATE_VERSION)
+        try:
+            fresh, replay, weight = float(state["fresh"]), float(state["replay"]), float(state["weight"])
+        except (KeyError, TypeError, ValueError):
+            raise ResumeError(f"the checkpoint's drift gauge state {state!r} lacks fresh/replay/weight: it is damaged") from None
+        if not (math.isfinite(fresh) and math.isfinite(replay) and 0.0 <= weight <= 1.0):
+            raise ResumeError(f"the checkpoint's drift gauge state {state!r} is out of range: it is damaged")
+        self.fresh, self.replay, self.weight = fresh, replay, weight

@@ -27,7 +27,7 @@ def export_model(model: torch.nn.Module, cfg: TrainConfig, run_dir: Path, *, ste
                        "schema_version": SCHEMA_VERSION}, d / "model.pt")
     info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": "trainers.model.CTRModel",
             "model_config": cfg.to_dict()["model"], "snapshot_id": cfg.data.snapshot_id,
-            "t_handoff": cfg.data.handoff_time.isoformat(), "step": step, "phase": phase,
+            "t_handoff": cfg.data.t_handoff.isoformat(), "step": step, "phase": phase,
             "positions": {str(k): v for k, v in positions.items()},
             "exported_at": datetime.now(timezone.utc).isoformat(),
             "metrics": {k: (metrics or {}).get(k) for k in ("auc", "logloss", "auc_after_t")}}

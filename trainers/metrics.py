@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,30 @@ class MetricsLogger:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+
+
+class ProgressLog:
+    """A metrics.jsonl line (and TensorBoard scalars) every `every` steps: the mean loss, samples/s
+    and the share of time spent waiting for data since the previous line."""
+
+    def __init__(self, logger: MetricsLogger, every: int) -> None:
+        self.logger, self.every = logger, every
+        self._last = (time.monotonic(), 0, 0.0, 0.0)  # when, trained_global, train_s, wait_s
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def log(self, step: int, loss: float, trained_global: int, train_s: float, wait_s: float,
+            values: dict[str, Any]) -> None:
+        now = time.monotonic()
+        t_prev, n_prev, train_prev, wait_prev = self._last
+        self.logger.log(step, {
+            "phase": values.pop("phase"), "epoch": values.pop("epoch"), "loss": loss,
+            "samples_per_s": (trained_global - n_prev) / max(now - t_prev, 1e-9),
+            "data_wait_share": (wait_s - wait_prev) / max(train_s - train_prev, 1e-9),
+            **values,
+        })
+        self._last = (now, trained_global, train_s, wait_s)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -1,8 +1,10 @@
-"""Entry point: `torchrun --nproc-per-node N -m trainers.train --config FILE [--set section.key=value ...]`.
+"""Entry point: `torchrun --nproc-per-node N -m trainers.train --plan PLAN [--config FILE] [--set k=v ...]`.
 
-Also runs without torchrun as a world of one (`python -m trainers.train ...`). Writes the run
-layout of CONTRACTS.md under `<run.runs_dir>/<run.run_id>/` and exits 0 when the run finished,
-2 on a configuration/resume error (message on stderr), 1 on any other failure.
+`--plan` takes the run's ids, data (snapshot, window, T, files) and knobs from the plan its render
+step wrote (`trainers.plan`); without it, `--config`/`--set` name everything and the trainer plans
+the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
+Writes the run layout of CONTRACTS.md under the run folder and exits 0 when the run finished,
+2 on a configuration/plan/resume error (message on stderr), 1 on any other failure.
 """
 
 from __future__ import annotations
@@ -14,25 +16,31 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from slipstream.errors import SlipstreamError
+from slipstream.pipeline.runplan import RunPlan, plan_path
 from slipstream.settings import Settings
 from trainers.config import TrainConfig, load_config
+from trainers.plan import load_plan_config
 
 log = logging.getLogger("trainers.train")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trainers.train", description=__doc__.splitlines()[0])
+    p.add_argument("--plan", help="the run's plan.json (in its run folder): run id, snapshot, window, T, files, knobs")
     p.add_argument("--config", help="YAML or JSON file with sections data, model, optim, run")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one field (repeatable), e.g. --set data.snapshot_id=123")
     return p.parse_args(argv)
 
 
-def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str, Any]:
-    """Train as configured (collective over the torchrun world); returns the summary on rank 0."""
+def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPlan | None = None,
+        plan_file: Path | None = None) -> dict[str, Any]:
+    """Train as configured (collective over the torchrun world); returns the summary on rank 0.
+    `plan`: the run's plan (from `plan_file`); None: planned here from the config."""
     from trainers.distributed import init_distributed
     from trainers.finish import finish
     from trainers.trainer import Trainer
@@ -41,22 +49,22 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str
     d = init_distributed(cfg.run.device)
     tr = None
     try:
-        if d.is_main:
-            cfg.run.run_dir.mkdir(parents=True, exist_ok=True)
-            (cfg.run.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         tr = Trainer(cfg, d, settings, open_file)
-        units = tr.plan()
+        units = tr.setup(plan)
+        if d.is_main:
+            write_config(cfg, tr.plan, plan_file)
         rp = tr.resume()
-        if tr.phase == "batch":
+        st = tr.state
+        if st.phase == "batch":
             tr.batch_phase(units, rp)
             if cfg.data.stream:
                 tr.handoff()
-        if tr.phase == "stream":
+        if st.phase == "stream":
             tr.stream_phase()
-        if tr.phase != "done":
-            tr.phase = "done"
+        if st.phase != "done":
+            st.phase = "done"
             tr.checkpoint()
-        summary = finish(tr, units, time.monotonic() - started)
+        summary = finish(tr.outcome(units), d, tr.metrics, time.monotonic() - started)
         tr.metrics.close()
         return summary
     finally:
@@ -68,6 +76,17 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str
         d.close()
 
 
+def write_config(cfg: TrainConfig, plan: RunPlan | None, plan_file: Path | None) -> None:
+    """`config.json`: the resolved config and the plan it trains (its snapshot and T)."""
+    cfg.run.run_dir.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = cfg.to_dict()
+    if plan is not None:
+        record["plan"] = {"path": str(plan_file or plan_path(cfg.run.run_dir)), "run_id": plan.run_id,
+                          "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
+                          "window_start": plan.window_start.isoformat(), "files": len(plan.files), "rows": plan.rows}
+    (cfg.run.run_dir / "config.json").write_text(json.dumps(record, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -75,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = Settings.from_env()
-        cfg = load_config(args.config, args.overrides, settings)
-        summary = run(cfg, settings)
+        if args.plan:
+            plan, cfg = load_plan_config(args.plan, args.config, args.overrides, settings)
+            summary = run(cfg, settings, plan=plan, plan_file=Path(args.plan).absolute())
+        else:
+            summary = run(cfg=load_config(args.config, args.overrides, settings), settings=settings)
     except SlipstreamError as e:
         print(f"trainers.train: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from slipstream.settings import Settings
@@ -60,5 +60,5 @@ def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None)
     end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
     detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
-    log.info("warmed [%s, %s): %s", end - timedelta(days=window_days), end, detail)
+    log.info("warmed [%s, %s): %s", detail.get("window_start"), detail.get("window_end"), detail)
     return {k: v for k, v in detail.items() if isinstance(v, (str, int, float, bool)) or v is None}

@@ -1,16 +1,44 @@
-"""How launch operators receive their job: the `render_job` task's XCom.
+"""The small typed XComs of the training DAGs: the run's plan (`PlanRef`) and its job (`RenderedJob`).
 
-The planning task renders the `TrainJobSpec` once (after the snapshot is pinned) and returns it
-as a small dict; every backend operator pulls the same dict, so a local run, a pod and a
-PyTorchJob of the same DAG run execute exactly the same command.
+The step that pins the snapshot writes the run's plan.json and hands on only its path; every later
+task reads the plan from there. The `render_job` task renders the `TrainJobSpec` once from the plan
+and returns it as a small dict; every backend operator pulls the same dict, so a local run, a pod
+and a PyTorchJob of the same DAG run execute exactly the same command.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from slipstream.pipeline.jobspec import TrainJobSpec
+from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, read_plan
+
+
+@dataclass(frozen=True)
+class PlanRef:
+    """Where a run's plan.json is (on the runs volume every task of the DAG mounts)."""
+
+    path: str
+
+    @property
+    def run_id(self) -> str:
+        return Path(self.path).parent.name
+
+    def load(self) -> RunPlan:
+        return read_plan(Path(self.path))
+
+    def to_xcom(self) -> dict[str, str]:
+        return {"plan": self.path, "run_id": self.run_id}
+
+    @classmethod
+    def from_xcom(cls, value: Mapping[str, Any] | None, *, task_id: str) -> "PlanRef":
+        path = (value or {}).get("plan")
+        if not isinstance(path, str) or Path(path).name != PLAN_FILE:
+            raise ValueError(f"the XCom of task {task_id!r} names no run plan ({value!r}): it must run (and succeed) first")
+        return cls(path)
+
 
 RENDER_TASK_ID = "render_job"
 JOB_XCOM_KEY = "job"

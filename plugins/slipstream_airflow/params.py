@@ -1,4 +1,4 @@
-"""Airflow Params of the training DAGs, built from the one knob table in `slipstream.pipeline.jobspec`.
+"""Airflow Params of the training DAGs, built from the one knob table in `slipstream.pipeline.request`.
 
 Each Param carries the knob's JSON-schema type, bounds and description, so the trigger form shows
 them and refuses a bad value (Airflow validates params against the schema before creating a run);
@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from airflow.sdk import Param
 
-from slipstream.pipeline.jobspec import KNOBS
+from slipstream.pipeline.request import KNOBS
 
 
 def train_params(

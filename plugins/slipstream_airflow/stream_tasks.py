@@ -2,49 +2,76 @@
 
 The run id is fixed per stream (`stream-<name>`), so when the trainer stops (a crash, a deploy,
 a killed task) the next DAG run starts the same run folder and the trainer resumes from its
-newest checkpoint — model, optimizer and Kafka offsets.
+newest checkpoint — model, optimizer and Kafka offsets. It resumes with the plan it started with:
+once the run folder holds a checkpoint, its plan.json (snapshot, window, T) is reused as it is,
+so a restart after the next daily commit continues the same run instead of being refused for
+training on other data.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
-from slipstream.pipeline.runlayout import update_summary, run_dir
+from slipstream.pipeline.jobspec import build_train_spec, trainer_cache_dir
+from slipstream.pipeline.request import TrainRequest
+from slipstream.pipeline.runlayout import has_checkpoint, run_dir, update_summary
+from slipstream.pipeline.runplan import RunPlan, plan_path, plan_request, read_plan, write_plan
 from slipstream.settings import Settings
-from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob, launch_kind
+from slipstream_airflow.jobxcom import JOB_XCOM_KEY, PlanRef, RenderedJob, launch_kind
+
+log = logging.getLogger(__name__)
 
 
-def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+def new_stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, request: TrainRequest) -> RunPlan:
+    """Pin the current snapshot; T is the end of the newest day the table holds (the stream
+    takes over where the batch history ends)."""
     from slipstream.lake.iceberg import get_catalog, samples_table
-    from slipstream.lake.planning import pin_snapshot
     from slipstream.lake.retrain_plan import days_present
 
-    settings, cluster = Settings.from_env(), ClusterSettings.from_env()
-    request = TrainRequest.from_params(params)
     table = samples_table(get_catalog(settings), settings.namespace)
-    snapshot_id = pin_snapshot(table)
     days = days_present(table)
     if not days:
         raise RuntimeError(f"{settings.table} holds no day yet: run preprocess_samples first")
     last = max(days) + timedelta(days=1)
-    t_handoff = datetime(last.year, last.month, last.day, tzinfo=timezone.utc)  # after the newest batch day
+    t_handoff = datetime(last.year, last.month, last.day, tzinfo=timezone.utc)
+    return plan_request(settings, table, run_id=run_id, request=request, t_handoff=t_handoff,
+                        cache_dir=trainer_cache_dir(settings, cluster, request.backend))
+
+
+def stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, request: TrainRequest) -> tuple[RunPlan, bool]:
+    """(the plan to launch, whether it is the plan of a checkpoint being resumed)."""
+    path = run_dir(settings, run_id)
+    if has_checkpoint(path) and plan_path(path).exists():
+        plan = read_plan(plan_path(path))
+        ignored = {k: v for k, v in request.to_dict().items() if plan.request and v != getattr(plan.request, k)}
+        log.info("%s resumes its checkpoint with its plan: snapshot %s, T %s%s", run_id, plan.snapshot_id,
+                 plan.t_handoff.isoformat(), f"; params that differ from the plan's are ignored: {ignored} "
+                 "(a new stream_name starts afresh)" if ignored else "")
+        return plan, True
+    plan = new_stream_plan(settings, cluster, run_id, request)
+    write_plan(plan, path)
+    return plan, False
+
+
+def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    settings, cluster = Settings.from_env(), ClusterSettings.from_env()
     run_id = f"stream-{params.get('stream_name', 'main')}"
+    plan, resumed = stream_plan(settings, cluster, run_id, TrainRequest.from_params(params))
+    assert plan.request is not None, "stream plans are rendered with their request"
     spec = build_train_spec(
-        settings, cluster, request, run_id=run_id, snapshot_id=snapshot_id, t_handoff=t_handoff,
+        settings, cluster, plan,
         extra_overrides={
             "data.stop.mode": "continuous",
             "data.stop.export_every_min": str(params.get("export_every_min", 10)),
             "run.resume": "true",
         },
     )
-    spec_overrides = dict(spec.overrides)
-    spec_overrides.pop("data.stop.duration_s", None)
-    spec_overrides.pop("data.stream", None)
-    spec = type(spec).from_dict({**spec.to_dict(), "overrides": spec_overrides})
-    job = RenderedJob(spec, launch_kind(request.backend, request.nnodes), request.dry_run, [])
+    job = RenderedJob(spec, launch_kind(plan.request.backend, plan.request.nnodes), plan.request.dry_run, [])
     context["ti"].xcom_push(key=JOB_XCOM_KEY, value=job.to_xcom())
-    update_summary(run_dir(settings, run_id), "stream", {"snapshot_id": snapshot_id, "t_handoff": t_handoff.isoformat(), "argv": job.argv})
-    return {"run_id": run_id, "snapshot_id": snapshot_id, "t_handoff": t_handoff.isoformat()}
+    update_summary(run_dir(settings, run_id), "stream", {"snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
+                                                         "resumed_plan": resumed, "argv": job.argv})
+    return {**PlanRef(str(plan_path(run_dir(settings, run_id)))).to_xcom(), "snapshot_id": plan.snapshot_id,
+            "t_handoff": plan.t_handoff.isoformat()}

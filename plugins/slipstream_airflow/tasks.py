@@ -1,24 +1,27 @@
 """The work behind each DAG task, as plain functions of the Airflow context.
 
 DAG files wrap these in `@task`; every import of another team's module (Spark launch, quality
-gate, cache warmup, report) happens inside the function, so parsing a DAG stays light. Each step
-records what it decided in the run's `summary.json` and returns only a small XCom (ids, offsets,
-paths, counts) — never data.
+gate, cache warmup, report) happens inside the function, so parsing a DAG stays light. The first
+step writes the run's plan.json and hands on its path (`PlanRef`); later steps read the plan and
+never recompute the interval, the request, the window or the files. Each step records what it
+decided in the run's `summary.json` and returns only a small XCom (ids, offsets, paths, counts) —
+never data.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, is_dataclass
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
 from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.jobspec import TrainRequest, build_train_spec, warmup_args
+from slipstream.pipeline.jobspec import build_train_spec, trainer_cache_dir, warmup_args
+from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runlayout import format_summary, make_run_id, read_summary, run_dir, update_summary
 from slipstream.settings import Settings
-from slipstream_airflow.jobxcom import JOB_XCOM_KEY, LAUNCH_TASKS, TRAIN_TASK_IDS, RenderedJob, launch_kind
+from slipstream_airflow.jobxcom import JOB_XCOM_KEY, LAUNCH_TASKS, TRAIN_TASK_IDS, PlanRef, RenderedJob, launch_kind
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +65,16 @@ def _samples_table(settings: Settings) -> Any:
     return samples_table(get_catalog(settings), settings.namespace)
 
 
-def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Build the interval's day and every missing window day in ONE preprocessing call."""
+def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, str]:
+    """Build the interval's day and every missing window day in ONE preprocessing call, pin the
+    snapshot that holds them and render the run's plan (`<run_dir>/plan.json`): the one place this
+    DAG run's window, snapshot and files are worked out. Returns the plan's path (`PlanRef`)."""
     from slipstream.pipeline.preprocess_launch import run_preprocess_days
     from slipstream.lake.retrain_plan import plan_days
+    from slipstream.pipeline.runplan import plan_request, write_plan
 
-    settings = Settings.from_env()
+    settings, cluster = Settings.from_env(), ClusterSettings.from_env()
     run_id = run_id_of(context)
-    from slipstream.lake.planning import pin_snapshot
-
     start, end = interval(context)
     request = TrainRequest.from_params(params)
     table = _samples_table(settings)
@@ -79,64 +83,62 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
     if not results:
         raise RuntimeError(f"run_preprocess_days returned nothing for {days}: see the Spark log above")
     per_day = {str(r.day): {"rows": r.rows, "rejects": r.rejects, "seconds": round(r.seconds, 1)} for r in results}
-    # Days may commit concurrently, in any order: pin the table's snapshot now that every commit
-    # has finished; it holds all of them, and every later task uses this id, never "the latest".
-    snapshot_id = pin_snapshot(table.refresh())
-    update_summary(run_dir(settings, run_id), "preprocess", {"days": per_day, "snapshot_id": snapshot_id})
     for day, r in per_day.items():
         log.info("preprocessed %s: %d rows, %d rejects in %.1fs", day, r["rows"], r["rejects"], r["seconds"])
-    return {"run_id": run_id, "snapshot_id": snapshot_id, "days": list(per_day), "rows": sum(r["rows"] for r in per_day.values())}
+    # Days may commit concurrently, in any order: pin the table's snapshot now that every commit
+    # has finished; it holds all of them, and every later task reads the plan, never "the latest".
+    plan = plan_request(settings, table.refresh(), run_id=run_id, request=request, t_handoff=end,
+                        cache_dir=trainer_cache_dir(settings, cluster, request.backend))
+    path = run_dir(settings, run_id)
+    update_summary(path, "preprocess", {"days": per_day, "snapshot_id": plan.snapshot_id})
+    ref = PlanRef(str(write_plan(plan, path)))
+    update_summary(path, "plan", {"path": ref.path, "snapshot_id": plan.snapshot_id,
+                                  "window_start": plan.window_start.isoformat(), "t_handoff": plan.t_handoff.isoformat(),
+                                  "files": len(plan.files), "rows": plan.rows})
+    return ref.to_xcom()
 
 
-def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Mapping[str, Any]) -> dict[str, Any]:
-    """Stops the run (QualityGateFailed) when a critical expectation fails on the training window
-    (the new day was also gated on its own by preprocess_samples)."""
-    from slipstream.lake.planning import window_bounds
+def quality_gate(pre: Mapping[str, Any]) -> dict[str, Any]:
+    """Stops the run (QualityGateFailed) when a critical expectation fails on the plan's window and
+    files (the new day was also gated on its own by preprocess_samples). Hands the plan on."""
     from slipstream.quality.gate import run_gate
 
     settings = Settings.from_env()
-    start, end = interval(context)
-    request = TrainRequest.from_params(params)
-    result = run_gate(
-        settings, day=None, window=window_bounds(end, request.window_days),
-        snapshot_id=int(pre["snapshot_id"]), run_id=pre["run_id"],
-    )
+    ref = PlanRef.from_xcom(pre, task_id="preprocess")
+    plan = ref.load()
+    result = run_gate(settings, day=None, window=plan.window, snapshot_id=plan.snapshot_id, run_id=plan.run_id,
+                      files=plan.files)
     detail = small(result)
-    update_summary(run_dir(settings, pre["run_id"]), "quality", detail)
-    return {"run_id": pre["run_id"], "snapshot_id": int(pre["snapshot_id"]), **scalars(detail)}
+    update_summary(run_dir(settings, plan.run_id), "quality", detail)
+    return {**scalars(detail), **ref.to_xcom()}
 
 
-def render_job(context: Mapping[str, Any], params: Mapping[str, Any], gate: Mapping[str, Any]) -> list[str]:
-    """Render the ONE job spec of this run (pushed under the `job` key) and pick the launch tasks."""
+def render_job(context: Mapping[str, Any], gate: Mapping[str, Any]) -> list[str]:
+    """Render the ONE job spec of the planned run (pushed under the `job` key) and pick the launch tasks."""
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
-    request = TrainRequest.from_params(params)
-    _, end = interval(context)
-    run_id, snapshot_id = gate["run_id"], int(gate["snapshot_id"])
-    spec = build_train_spec(settings, cluster, request, run_id=run_id, snapshot_id=snapshot_id, t_handoff=end)
+    plan = PlanRef.from_xcom(gate, task_id="quality_gate").load()
+    request = plan.request
+    if request is None:
+        raise ValueError(f"the plan of run {plan.run_id} carries no request: it was not rendered by this DAG")
+    spec = build_train_spec(settings, cluster, plan)
     kind = launch_kind(request.backend, request.nnodes)
-    cache_dir = cluster.cache_mount_path if request.backend == "kubernetes" else settings.cache_dir
-    job = RenderedJob(spec, kind, request.dry_run, warmup_args(
-        table=settings.table, window_days=request.window_days, end=end, snapshot_id=snapshot_id, cache_dir=cache_dir,
-    ))
+    job = RenderedJob(spec, kind, request.dry_run, warmup_args(spec.plan_path))
     context["ti"].xcom_push(key=JOB_XCOM_KEY, value=job.to_xcom())
-    update_summary(run_dir(settings, run_id), "request", {**request.to_dict(), "launch": kind, "argv": job.argv})
-    log.info("run %s: %s launch, world size %d: %s", run_id, kind, spec.world_size, " ".join(job.argv))
+    update_summary(run_dir(settings, plan.run_id), "request", {**request.to_dict(), "launch": kind, "argv": job.argv})
+    log.info("run %s: %s launch, world size %d: %s", plan.run_id, kind, spec.world_size, " ".join(job.argv))
     return list(LAUNCH_TASKS[kind])
 
 
-def warmup_local(context: Mapping[str, Any], params: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy the window's files at the pinned snapshot to the local cache."""
-    from slipstream.cache.warm import warm_window
+def warmup_local(gate: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy the plan's files (at its snapshot) to the local cache."""
+    from slipstream.cache.warm import warm_plan
 
     settings = Settings.from_env()
-    request = TrainRequest.from_params(params)
-    report = warm_window(
-        settings, settings.table, request.window_days, interval(context)[1],
-        int(gate["snapshot_id"]), settings.cache_dir, None,
-    )
+    plan = PlanRef.from_xcom(gate, task_id="quality_gate").load()
+    report = warm_plan(settings, plan)
     detail = small(report)
-    update_summary(run_dir(settings, gate["run_id"]), "warmup", detail)
-    return {"cache_dir": settings.cache_dir, **scalars(detail)}
+    update_summary(run_dir(settings, plan.run_id), "warmup", detail)
+    return {"cache_dir": plan.cache_dir, **scalars(detail)}
 
 
 def training_result(context: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,6 +186,3 @@ def report(context: Mapping[str, Any], published: Mapping[str, Any]) -> dict[str
     log.info("run %s summary:\n%s", run_id, format_summary(read_summary(path)))
     return out
 
-
-def day_of(context: Mapping[str, Any]) -> date:
-    return interval(context)[0].date()

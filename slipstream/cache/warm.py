@@ -2,11 +2,13 @@
 training window at a pinned Iceberg snapshot (data and delete files, manifests, manifest list,
 table metadata).
 
-`warm_window` plans, then `warm_files` does the work under the cache lock: clear dead temporary
-files, evict what left the window, make room under the budget (least recently used first), copy
-the missing files in parallel (each through `copy_atomic`: temp name, verify, rename; many small
-files packed into blocks by `pack.BlockWriter`, built the same way) with retries, and record placed
-files in the index as they land (in batches), so an interrupted warmup resumes where it stopped.
+`warm_plan` takes a run's planned files (`RunPlan`), `warm_window` plans a window itself (the
+hourly warmup of the next run's window); `warm_files` does the work under the cache lock: clear
+dead temporary files, evict what left the window, make room under the budget (least recently
+used first), copy the missing files in parallel (each through `copy_atomic`: temp name, verify,
+rename; many small files packed into blocks by `pack.BlockWriter`, built the same way) with
+retries, and record placed files in the index as they land (in batches), so an interrupted
+warmup resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import Empty, SimpleQueue
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -33,6 +35,9 @@ from slipstream.settings import Settings
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
+
+    from slipstream.lake.planning import WindowFile
+    from slipstream.pipeline.runplan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +101,9 @@ def qualified_table(settings: Settings, table: str) -> str:
     return table if "." in table else f"{settings.namespace}.{table}"
 
 
-def plan_cache_items(table: Table, snapshot_id: int, start: datetime, end: datetime) -> list[CacheItem]:
-    """Everything a reader of the window at `snapshot_id` opens: table metadata, manifest list,
-    manifests, data files and their delete files (deduplicated, metadata first)."""
-    from slipstream.lake.planning import plan_window_files
-
+def plan_cache_items(table: Table, snapshot_id: int, files: Iterable[WindowFile]) -> list[CacheItem]:
+    """Everything a reader of the window's `files` at `snapshot_id` opens: table metadata,
+    manifest list, manifests, the data files and their delete files (deduplicated, metadata first)."""
     snapshot = table.snapshot_by_id(snapshot_id)
     assert snapshot is not None, "pin_snapshot checked it"
     items: dict[str, CacheItem] = {}
@@ -108,35 +111,52 @@ def plan_cache_items(table: Table, snapshot_id: int, start: datetime, end: datet
     items[snapshot.manifest_list] = CacheItem(snapshot.manifest_list, None, "manifest_list")
     for m in snapshot.manifests(table.io):
         items[m.manifest_path] = CacheItem(m.manifest_path, m.manifest_length, "manifest")
-    plan = plan_window_files(table, snapshot_id, start, end)
-    for f in plan.files:
+    for f in files:
         items[f.path] = CacheItem(f.path, f.size_bytes, "data")
         for d in f.delete_files:
             items.setdefault(d, CacheItem(d, None, "delete"))
     return list(items.values())
 
 
+def warm_plan(settings: Settings, plan: RunPlan, budget_bytes: int | None = None) -> WarmReport:
+    """Warm the cache with exactly the files of a run's plan (`RunPlan.files` at its snapshot,
+    into `RunPlan.cache_dir`): what the trainer of that run reads, planned once at render."""
+    from slipstream.lake.iceberg import get_catalog
+    from slipstream.lake.planning import pin_snapshot
+
+    tbl = get_catalog(settings).load_table(plan.table)
+    snap = pin_snapshot(tbl, plan.snapshot_id)
+    return _warm_items(settings, tbl, plan.table, snap, plan_cache_items(tbl, snap, plan.files),
+                       plan.cache_dir or None, budget_bytes, plan.window)
+
+
 def warm_window(settings: Settings, table: str, window_days: int, end: datetime, snapshot_id: int | None,
                 cache_dir: str | None, budget_bytes: int | None) -> WarmReport:
     """Warm the cache with the window [end - window_days, end) of `table` at `snapshot_id`
     (None: the current snapshot, pinned now). Returns what was copied, kept and evicted."""
-    from slipstream.lake.iceberg import get_catalog, s3_io_properties
-    from slipstream.lake.planning import pin_snapshot, window_bounds
+    from slipstream.lake.iceberg import get_catalog
+    from slipstream.lake.planning import pin_snapshot, plan_window_files, window_bounds
 
-    cache = CacheSettings.from_env(settings)
     name = qualified_table(settings, table)
     start, stop = window_bounds(end, window_days)
     tbl = get_catalog(settings).load_table(name)
     snap = pin_snapshot(tbl, snapshot_id)
-    items = plan_cache_items(tbl, snap, start, stop)
+    items = plan_cache_items(tbl, snap, plan_window_files(tbl, snap, start, stop).files)
+    return _warm_items(settings, tbl, name, snap, items, cache_dir, budget_bytes, (start, stop))
+
+
+def _warm_items(settings: Settings, tbl: Table, name: str, snap: int, items: list[CacheItem], cache_dir: str | None,
+                budget_bytes: int | None, window: tuple[datetime, datetime]) -> WarmReport:
+    from slipstream.lake.iceberg import s3_io_properties
+
+    cache = CacheSettings.from_env(settings)
     io_props = {**s3_io_properties(settings), **{k: str(v) for k, v in tbl.io.properties.items()}}
-    report = warm_files(
+    return warm_files(
         cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
         budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
         concurrency=cache.concurrency, pack_below=cache.pack_below_bytes, lock_timeout_s=cache.lock_timeout_s,
-        window=(start, stop),
+        window=window,
     )
-    return report
 
 
 def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,

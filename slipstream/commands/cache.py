@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="warm, inspect or evict the node-local cache of warehouse files")
     sp = p.add_subparsers(dest="action", required=True)
     w = sp.add_parser("warm", help="copy the files of a training window at a pinned snapshot into the cache")
+    w.add_argument("--plan", help="a run's plan.json: warm exactly its files, into its cache dir (the other "
+                   "window options do not apply)")
     w.add_argument("--table", default="samples", help="table name (in SLIPSTREAM_NAMESPACE) or ns.table")
-    w.add_argument("--window-days", type=int, required=True, help="days in the window, ending at --end")
+    w.add_argument("--window-days", type=int, help="days in the window, ending at --end (required without --plan)")
     w.add_argument("--end", help="window end, ISO 8601 (default: the next UTC midnight)")
     w.add_argument("--snapshot", type=int, help="pinned snapshot id (default: the current one, pinned now)")
     w.add_argument("--cache-dir", help="cache root (default SLIPSTREAM_CACHE_DIR)")
@@ -47,12 +49,23 @@ def parse_end(text: str | None) -> datetime:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from slipstream.cache.warm import warm_window
+    from slipstream.cache.warm import warm_plan, warm_window
 
     settings = Settings.from_env()
     budget = parse_bytes(args.budget, "--budget") if args.budget else None
-    report = warm_window(settings, args.table, args.window_days, parse_end(args.end), args.snapshot,
-                         args.cache_dir, budget)
+    if args.plan:
+        from pathlib import Path
+
+        from slipstream.pipeline.runplan import read_plan
+
+        if args.window_days is not None or args.end or args.snapshot is not None or args.cache_dir:
+            raise ConfigError("--plan fixes the window, snapshot and cache dir: drop --window-days/--end/--snapshot/--cache-dir")
+        report = warm_plan(settings, read_plan(Path(args.plan)), budget)
+    elif args.window_days is None:
+        raise ConfigError("give --window-days N (with --end) or --plan PATH")
+    else:
+        report = warm_window(settings, args.table, args.window_days, parse_end(args.end), args.snapshot,
+                             args.cache_dir, budget)
     print(json.dumps(report.to_dict(), indent=None if args.json else 2))
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timezone
 
 from slipstream.settings import Settings
 
@@ -36,7 +36,7 @@ def run_insight(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from slipstream.errors import ConfigError
     from slipstream.lake.iceberg import get_catalog
-    from slipstream.lake.planning import pin_snapshot
+    from slipstream.lake.planning import pin_snapshot, window_bounds
     from slipstream.quality.gate import run_gate
     from slipstream.quality.reading import load_samples
 
@@ -47,8 +47,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.window_days is not None:
         if args.end is None:
             raise ConfigError("--window-days needs --end (e.g. 2026-11-04T00:00:00+00:00)")
-        end = args.end if args.end.tzinfo else args.end.replace(tzinfo=timezone.utc)
-        window = (end - timedelta(days=args.window_days), end)
+        window = window_bounds(args.end if args.end.tzinfo else args.end.replace(tzinfo=timezone.utc), args.window_days)
     snapshot = pin_snapshot(load_samples(get_catalog(settings), settings.namespace), args.snapshot_id)
     run_id = args.run_id or "manual-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     result = run_gate(settings, day=args.day, window=window, snapshot_id=snapshot, run_id=run_id)

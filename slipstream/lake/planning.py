@@ -1,7 +1,8 @@
-"""Snapshot pinning and the file plan of a training window.
+"""Snapshot pinning, the training window, and the file plan of a window at a snapshot.
 
-A training run never reads "the latest": the orchestrator pins a snapshot id once and every
-stage (warmup, quality, trainer) plans the same files from it.
+A training run never reads "the latest": the render step pins a snapshot id once, computes the
+window with `window_bounds` (the one place a window [T − W, T) is computed) and plans its files
+once (`slipstream.pipeline.runplan` records them); every stage reads that plan.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-
-from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
-from pyiceberg.table import Table
+from typing import TYPE_CHECKING
 
 from slipstream.errors import ConfigError
+
+if TYPE_CHECKING:  # pyiceberg is imported where a table is scanned: the DAG files import this module
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class WindowPlan:
         return sum(f.size_bytes for f in self.files)
 
 
-def pin_snapshot(table: Table, snapshot_id: int | None = None) -> int:
+def pin_snapshot(table: "Table", snapshot_id: int | None = None) -> int:
     """The given snapshot id, checked to exist, or the current one when None (at pin time only)."""
     if snapshot_id is None:
         snap = table.current_snapshot()
@@ -69,8 +71,10 @@ def window_bounds(end: datetime, window_days: int) -> tuple[datetime, datetime]:
     return end - timedelta(days=window_days), end
 
 
-def plan_window_files(table: Table, snapshot_id: int, start: datetime, end: datetime) -> WindowPlan:
+def plan_window_files(table: "Table", snapshot_id: int, start: datetime, end: datetime) -> WindowPlan:
     """Data files at `snapshot_id` that may hold rows with start <= event_time < end."""
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
     scan = table.scan(
         row_filter=And(
             GreaterThanOrEqual("event_time", start.isoformat()),

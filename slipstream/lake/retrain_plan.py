@@ -12,7 +12,7 @@ import logging
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from slipstream.errors import ConfigError
+from slipstream.lake.planning import window_bounds
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -23,12 +23,10 @@ DAY_PARTITION_FIELD = "event_time_day"
 
 
 def window_days(end: datetime, n_days: int) -> list[date]:
-    """The UTC days of the window [end - n_days, end), oldest first. `end` is a day boundary."""
-    if n_days < 1:
-        raise ConfigError(f"window_days must be >= 1, got {n_days}")
-    if end.tzinfo is None:
-        raise ConfigError(f"window end must be timezone-aware (UTC), got {end.isoformat()}")
-    last = (end.astimezone(timezone.utc) - timedelta(microseconds=1)).date()
+    """The UTC days of the window [end - n_days, end) (`planning.window_bounds`), oldest first.
+    `end` is a day boundary."""
+    _, end = window_bounds(end, n_days)
+    last = (end - timedelta(microseconds=1)).date()
     return [last - timedelta(days=i) for i in reversed(range(n_days))]
 
 

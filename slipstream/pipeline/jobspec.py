@@ -1,173 +1,34 @@
 """One training job, described once, launched by any backend.
 
-`TrainRequest` holds the knobs a person sets for a run (the `daily_retrain` DAG params; `KNOBS` is
-the single table of their types, bounds and descriptions, from which the Airflow Params are built).
-`TrainJobSpec` is the launch description: image, processes, resources, cache placement,
-credentials. Its `torchrun_args()` is an argument *list* — never a shell string — that the local
-backend runs as a subprocess and the Kubernetes backends put into a pod or a PyTorchJob.
+`TrainJobSpec` is the launch description of a planned run (`slipstream.pipeline.runplan`): the
+path of its plan.json, image, processes, resources, cache placement, credentials. Its
+`torchrun_args()` is an argument *list* — never a shell string — that the local backend runs as a
+subprocess and the Kubernetes backends put into a pod or a PyTorchJob. What the job trains on and
+with which knobs is in the plan, not in the command.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
 from slipstream.errors import ConfigError
-from slipstream.settings import BACKENDS, Settings
+from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
+from slipstream.pipeline.runlayout import run_dir
+from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, plan_path
+from slipstream.settings import Settings
 
 TRAINER_MODULE = "trainers.train"
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 OVERRIDE_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One user-settable knob of a training run, as a JSON-schema property."""
-
-    name: str
-    type: str  # JSON-schema type: integer | number | boolean | string
-    default: Any
-    description: str
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: float | None = None
-    enum: tuple[str, ...] | None = None
-    pattern: str | None = None
-    """A regular expression a string value must match (JSON-schema `pattern`)."""
-
-    def json_schema(self) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": self.type}
-        for key, value in (
-            ("minimum", self.minimum),
-            ("maximum", self.maximum),
-            ("exclusiveMinimum", self.exclusive_minimum),
-        ):
-            if value is not None:
-                schema[key] = value
-        if self.enum is not None:
-            schema["enum"] = list(self.enum)
-        if self.pattern is not None:
-            schema["pattern"] = self.pattern
-        return schema
-
-    def check(self, value: Any) -> Any:
-        """The value converted to the knob's type, or a ConfigError naming the knob and its bounds."""
-        if self.type == "integer" and isinstance(value, float) and value.is_integer():
-            value = int(value)  # JSON-schema counts 5.0 as an integer; forms may send it so
-        expect = {"integer": int, "number": (int, float), "boolean": bool, "string": str}[self.type]
-        if isinstance(value, bool) and self.type != "boolean" or not isinstance(value, expect):
-            raise ConfigError(f"{self.name} must be {self.type}, got {value!r}")
-        if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{self.name} must be >= {self.minimum}, got {value!r}")
-        if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{self.name} must be <= {self.maximum}, got {value!r}")
-        if self.exclusive_minimum is not None and value <= self.exclusive_minimum:
-            raise ConfigError(f"{self.name} must be > {self.exclusive_minimum}, got {value!r}")
-        if self.enum is not None and value not in self.enum:
-            raise ConfigError(f"{self.name} must be one of {', '.join(self.enum)}, got {value!r}")
-        if self.pattern is not None and not re.fullmatch(self.pattern, value):
-            raise ConfigError(f"{self.name} {self.description.split(':')[0].lower()}, got {value!r}")
-        return float(value) if self.type == "number" else value
-
-
-KNOBS: tuple[Knob, ...] = (
-    Knob("window_days", "integer", 7, "Days of Iceberg history (ending at the data interval's end) "
-         "trained on before switching to the Kafka stream.", minimum=1, maximum=90),
-    Knob("epochs", "integer", 1, "Passes over the Iceberg window before the stream phase.", minimum=1, maximum=50),
-    Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
-         "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
-         "N stops after N seconds of stream training; 0 skips the stream phase.",
-         pattern=r"^(caught_up|[0-9]{1,6})$"),
-    Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
-         "with cpu_processes processes (gloo).", minimum=0, maximum=16),
-    Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
-         "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64),
-    Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16),
-    Knob("batch_size", "integer", 1024, "Samples per step per process.", minimum=8, maximum=65_536),
-    Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
-    Knob("replay_share", "number", 0.2, "Share of each stream-phase batch replayed from the Iceberg "
-         "window (guards against forgetting).", minimum=0.0, maximum=0.9),
-    Knob("exchange", "boolean", False, "Stream phase: exchange fresh rows between training processes "
-         "(all-to-all) so every process's batches mix all Kafka partitions, not only the ones it reads."),
-    Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
-         "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
-    Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, the "
-         "training command is rendered into the run summary and the XCom, nothing is trained."),
-)
-KNOBS_BY_NAME = {k.name: k for k in KNOBS}
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainRequest:
-    window_days: int = 7
-    epochs: int = 1
-    stream_stop: str = "caught_up"
-    gpus: int = 0
-    nnodes: int = 1
-    cpu_processes: int = 2
-    batch_size: int = 1024
-    lr: float = 0.003
-    replay_share: float = 0.2
-    exchange: bool = False
-    backend: str = "local"
-    dry_run: bool = False
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            object.__setattr__(self, f.name, KNOBS_BY_NAME[f.name].check(getattr(self, f.name)))
-        if self.backend == "local" and self.nnodes > 1:
-            raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node")
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "TrainRequest":
-        """From DAG params (or any mapping); unknown keys are ignored, missing ones take defaults."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in names})
-
-    @property
-    def stream_seconds(self) -> int | None:
-        """Seconds of stream phase, or None for "until caught up"."""
-        return None if self.stream_stop == "caught_up" else int(self.stream_stop)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def trainer_overrides(
-    request: TrainRequest, *, run_id: str, snapshot_id: int | None, t_handoff: datetime
-) -> dict[str, str]:
-    """The `--set section.key=value` pairs the trainer gets (trainers/config.py names them); the
-    only place in the orchestrator where the trainer's config keys appear."""
-    out = {
-        "run.run_id": run_id,
-        "data.t_handoff": t_handoff.isoformat(),
-        "data.window_days": str(request.window_days),
-        "data.epochs": str(request.epochs),
-        "data.batch_size": str(request.batch_size),
-        "data.replay_share": repr(request.replay_share),
-        "optim.lr": repr(request.lr),
-    }
-    if request.exchange:
-        out["data.exchange"] = "true"
-    seconds = request.stream_seconds
-    if seconds is None:
-        out["data.stop.mode"] = "caught_up"
-    elif seconds == 0:
-        out["data.stream"] = "false"
-    else:
-        out["data.stop.mode"] = "duration"
-        out["data.stop.duration_s"] = str(seconds)
-    if snapshot_id is not None:
-        out["data.snapshot_id"] = str(snapshot_id)
-    return out
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainJobSpec:
     run_id: str
+    plan_path: str = ""
+    """The run's plan.json as the trainer sees it (`--plan`); empty: the trainer plans from --config/--set."""
     image: str = ClusterSettings.trainer_image
     gpus: int = 0
     cpu_processes: int = 2
@@ -219,7 +80,7 @@ class TrainJobSpec:
         return re.sub(r"[^a-z0-9-]+", "-", self.run_id.lower()).strip("-")[:52] or "slipstream-train"
 
     def torchrun_args(self, *, rdzv_host: str | None = None) -> list[str]:
-        """`torchrun ... -m trainers.train [--config F] [--set k=v ...]` as an argument list.
+        """`torchrun ... -m trainers.train [--plan P] [--config F] [--set k=v ...]` as an argument list.
 
         One node uses `--standalone` (a private rendezvous on a free port, so two local runs never
         collide); several nodes meet at `rdzv_host:rdzv_port` (the PyTorchJob master).
@@ -236,6 +97,8 @@ class TrainJobSpec:
                 "--rdzv-id", self.k8s_name,
             ]
         args += ["-m", self.module]
+        if self.plan_path:
+            args += ["--plan", self.plan_path]
         if self.config_path:
             args += ["--config", self.config_path]
         for key in sorted(self.overrides):
@@ -263,19 +126,39 @@ class TrainJobSpec:
         return cls(**d)
 
 
+def trainer_cache_dir(settings: Settings, cluster: ClusterSettings, backend: str) -> str:
+    """The cache folder as the trainer (and its warmup) see it: a pod's mount, or this machine's."""
+    return cluster.cache_mount_path if backend == "kubernetes" else settings.cache_dir
+
+
+def trainer_plan_path(settings: Settings, cluster: ClusterSettings, plan: RunPlan) -> str:
+    """Where the trainer (and the warmup pod) read the run's plan.json: the run folder on this
+    machine, or on the runs volume as a pod mounts it."""
+    if plan.request is None or plan.request.backend != "kubernetes":
+        return str(plan_path(run_dir(settings, plan.run_id)))
+    if not cluster.runs_volume:
+        raise ConfigError(
+            f"run {plan.run_id}: a training pod reads the run's {PLAN_FILE} from the shared runs volume; set "
+            "SLIPSTREAM_RUNS_VOLUME (e.g. pvc:slipstream-runs) and mount it on the Airflow workers at SLIPSTREAM_RUNS_DIR"
+        )
+    return f"{cluster.runs_mount_path.rstrip('/')}/{plan.run_id}/{PLAN_FILE}"
+
+
 def build_train_spec(
     settings: Settings,
     cluster: ClusterSettings,
-    request: TrainRequest,
+    plan: RunPlan,
     *,
-    run_id: str,
-    snapshot_id: int | None,
-    t_handoff: datetime,
     config_path: str = "",
     extra_overrides: Mapping[str, str] | None = None,
 ) -> TrainJobSpec:
-    """The job spec of one run. Local runs see this machine's paths; pods see the mounted volumes."""
-    overrides = trainer_overrides(request, run_id=run_id, snapshot_id=snapshot_id, t_handoff=t_handoff)
+    """The job spec of a planned run: `torchrun ... -m trainers.train --plan <plan.json>`; the
+    trainer takes the run's ids, data and knobs from the plan. Local runs see this machine's
+    paths; pods see the mounted volumes."""
+    if plan.request is None:
+        raise ConfigError(f"the plan of run {plan.run_id} has no request (the trainer planned it): launch it with --config")
+    request = plan.request
+    overrides: dict[str, str] = {}
     env = settings.as_env()
     env["SLIPSTREAM_TRAINING_BACKEND"] = request.backend
     if request.backend == "kubernetes":
@@ -289,10 +172,10 @@ def build_train_spec(
         manifest = settings.home / "generator" / "manifest.json"
         if manifest.exists():  # the demo's generator knows the best achievable AUC
             overrides["data.generator_manifest"] = str(manifest)
-    overrides["data.cache_dir"] = env["SLIPSTREAM_CACHE_DIR"]
     overrides.update(extra_overrides or {})
     return TrainJobSpec(
-        run_id=run_id,
+        run_id=plan.run_id,
+        plan_path=trainer_plan_path(settings, cluster, plan),
         image=cluster.trainer_image,
         module=cluster.trainer_module,
         gpus=request.gpus,
@@ -317,15 +200,7 @@ def build_train_spec(
     )
 
 
-def warmup_args(*, table: str, window_days: int, end: datetime, snapshot_id: int | None, cache_dir: str) -> list[str]:
-    """The cache warmup as an argument list, for a pod on the cache nodes."""
-    args = [
-        "python", "-m", "slipstream.cli", "cache", "warm",
-        "--table", table,
-        "--window-days", str(window_days),
-        "--end", end.isoformat(),
-        "--cache-dir", cache_dir,
-    ]
-    if snapshot_id is not None:
-        args += ["--snapshot", str(snapshot_id)]
-    return args
+def warmup_args(plan_path: str) -> list[str]:
+    """The cache warmup of a planned run as an argument list, for a pod on the cache nodes: it
+    copies exactly the plan's files into the plan's cache folder."""
+    return ["python", "-m", "slipstream.cli", "cache", "warm", "--plan", plan_path]

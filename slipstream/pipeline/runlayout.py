@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.html"
+CHECKPOINT_DIR = "checkpoint"
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """What a run id may look like (`make_run_id` makes `daily-20261104-90b3e01c`): a path segment,
 never `..` or a separator, so a run id from a URL can name a folder safely."""
@@ -63,9 +64,20 @@ def runs_root(settings: Settings) -> Path:
 
 
 def run_dir(settings: Settings, run_id: str) -> Path:
-    if not RUN_ID_PATTERN.fullmatch(run_id):
+    """The run folder of `run_id` under SLIPSTREAM_RUNS_DIR: the one place a run's path is made."""
+    return run_folder(runs_root(settings), run_id)
+
+
+def run_folder(root: str | Path, run_id: str) -> Path:
+    """`<root>/<run_id>`, once the id is checked to be a plain folder name (never `..` or a path)."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
         raise ConfigError(f"run id {run_id!r} is not a run folder name (letters, digits, '.', '_', '-'; at most 128)")
-    return runs_root(settings) / run_id
+    return Path(root) / run_id
+
+
+def has_checkpoint(run_path: Path) -> bool:
+    """Whether the trainer committed a checkpoint in this run folder (`checkpoint/latest`)."""
+    return (run_path / CHECKPOINT_DIR / "latest").is_file()
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:

@@ -16,15 +16,15 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime, timedelta, timezone
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from slipstream.errors import ConfigError, QualityGateFailed
 from slipstream.lake.iceberg import get_catalog
-from slipstream.lake.planning import pin_snapshot
+from slipstream.lake.planning import WindowFile, pin_snapshot
+from slipstream.pipeline.runlayout import run_dir
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.gate_result import GateResult
@@ -88,8 +88,10 @@ def run_gate(
     snapshot_id: int,
     run_id: str,
     config: GateConfig | None = None,
+    files: Sequence[WindowFile] | None = None,
 ) -> GateResult:
-    """Validate `samples` for one day or one window at `snapshot_id`.
+    """Validate `samples` for one day or one window at `snapshot_id`. `files`: the window's data
+    files as the run's plan lists them (`RunPlan.files`), read instead of planning them again.
 
     Returns the result when every critical expectation passes (warnings are in `.warnings`);
     raises `QualityGateFailed` otherwise, after persisting the results and the HTML page.
@@ -116,7 +118,7 @@ def run_gate(
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate") as pool:
         # Metadata (manifests, stored profiles) is read while the data is.
         hist = pool.submit(history)
-        data = read_interval(table, snapshot_id, start, end)
+        data = read_interval(table, snapshot_id, start, end, files=files)
         timings["read"] = time.monotonic() - t0
         # The duplicate-id check (hash + sort, the longest job) goes first, then the profile's
         # column jobs, on GATE_THREADS threads.
@@ -147,7 +149,7 @@ def run_gate(
             if s.score == s.score:  # NaN when a side is empty: nothing to compare
                 agg.values[f"drift.{s.feature}"] = s.score
 
-    out_dir = Path(settings.runs_dir) / run_id / "quality"
+    out_dir = run_dir(settings, run_id) / "quality"
     slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
     docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
     if docs_dir is not None and docs_dir.exists():

@@ -6,6 +6,7 @@ import logging
 import time
 from collections import defaultdict
 from datetime import date, datetime, timedelta, timezone
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
 from slipstream.errors import ConfigError
+from slipstream.lake.planning import WindowFile
 from slipstream.samples.schema import SAMPLE_COLUMNS, SAMPLES_TABLE
 
 log = logging.getLogger(__name__)
@@ -45,24 +47,29 @@ def _interval_scan(table: Table, snapshot_id: int, start: datetime, end: datetim
 
 
 def read_interval(
-    table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...] = SAMPLE_COLUMNS
+    table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...] = SAMPLE_COLUMNS,
+    files: Sequence[WindowFile] | None = None,
 ) -> pa.Table:
     """All rows of the data files of [start, end) at the snapshot, unfiltered.
 
-    The files are planned by Iceberg (partition and column-statistics pruning) and read whole
-    with pyarrow, so a row that sits in the day's files but has an event time outside the day is
-    seen by the gate instead of silently filtered away. Tables with delete files fall back to
-    pyiceberg's filtered scan, which applies them.
+    The files are planned by Iceberg (partition and column-statistics pruning), or given by the
+    run's plan (`files`), and read whole with pyarrow, so a row that sits in the day's files but
+    has an event time outside the day is seen by the gate instead of silently filtered away.
+    Tables with delete files fall back to pyiceberg's filtered scan, which applies them.
     """
     t0 = time.monotonic()
     scan = _interval_scan(table, snapshot_id, start, end, columns)
-    tasks = list(scan.plan_files())
-    if any(t.delete_files for t in tasks):
+    if files is None:
+        tasks = list(scan.plan_files())
+        paths, deletes = [t.file.file_path for t in tasks], any(t.delete_files for t in tasks)
+    else:
+        paths, deletes = [f.path for f in files], any(f.delete_files for f in files)
+    if deletes:
         log.info("delete files present: reading through pyiceberg's scan")
         return scan.to_arrow()
     parts = []
-    for t in tasks:
-        with table.io.new_input(t.file.file_path).open() as f:
+    for path in paths:
+        with table.io.new_input(path).open() as f:
             parts.append(pq.read_table(f, columns=[c for c in columns]))
     if not parts:
         log.warning("no data files for [%s, %s) at snapshot %s", start.isoformat(), end.isoformat(), snapshot_id)
@@ -71,7 +78,7 @@ def read_interval(
     seconds = time.monotonic() - t0
     log.info(
         "read %d rows from %d files of [%s, %s) at snapshot %s in %.2fs (%.0f rows/s)",
-        out.num_rows, len(tasks), start.isoformat(), end.isoformat(), snapshot_id, seconds,
+        out.num_rows, len(paths), start.isoformat(), end.isoformat(), snapshot_id, seconds,
         out.num_rows / max(seconds, 1e-9),
     )
     return out

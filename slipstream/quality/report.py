@@ -29,6 +29,8 @@ from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_
 from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
 from slipstream.pipeline.runlayout import REPORT_FILE
+from slipstream.pipeline.runlayout import run_dir as run_folder_of
+from slipstream.pipeline.runplan import RunPlan, plan_path, read_plan
 from slipstream.settings import Settings
 from slipstream.templating import render
 
@@ -98,13 +100,15 @@ def _offsets(raw: Any) -> dict[int, int]:
 class _Window:
     """The run's Iceberg window: ids/times for the audit, per-day profiles for the plots."""
 
-    def __init__(self, settings: Settings, metrics: dict[str, Any]) -> None:
-        self.snapshot_id = int(metrics["snapshot_id"])
-        self.start = datetime.fromisoformat(metrics["window_start"]).astimezone(timezone.utc)
-        self.end = datetime.fromisoformat(metrics["t_handoff"]).astimezone(timezone.utc)
+    def __init__(self, settings: Settings, metrics: dict[str, Any], plan: RunPlan | None) -> None:
+        # the run's plan.json when it has one (its window and files); else what metrics.json says
+        self.snapshot_id = plan.snapshot_id if plan else int(metrics["snapshot_id"])
+        self.start = plan.window_start if plan else datetime.fromisoformat(metrics["window_start"]).astimezone(timezone.utc)
+        self.end = plan.t_handoff if plan else datetime.fromisoformat(metrics["t_handoff"]).astimezone(timezone.utc)
         catalog = get_catalog(settings)
         table = load_samples(catalog, settings.namespace)
-        keys = read_interval(table, self.snapshot_id, self.start, self.end, ("sample_id", "event_time"))
+        keys = read_interval(table, self.snapshot_id, self.start, self.end, ("sample_id", "event_time"),
+                             files=plan.files if plan else None)
         ts = keys.column("event_time")
         inside = pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type)))
         keys = keys.filter(inside)
@@ -133,7 +137,7 @@ class _Window:
 def render_report(settings: Settings, run_id: str) -> Path:
     """Write `<runs_dir>/<run_id>/report.html` and return its path."""
     t0 = time.monotonic()
-    run_dir = Path(settings.runs_dir) / run_id
+    run_dir = run_folder_of(settings, run_id)
     if not run_dir.is_dir():
         raise ConfigError(f"run folder {run_dir} does not exist: check the run id (SLIPSTREAM_RUNS_DIR={settings.runs_dir})")
     metrics: dict[str, Any] = _load_json(run_dir / "metrics.json") or {}
@@ -160,9 +164,10 @@ def render_report(settings: Settings, run_id: str) -> Path:
     doc.end()
 
     window: _Window | None = None
-    if all(k in metrics for k in ("snapshot_id", "window_start", "t_handoff")):
+    plan = read_plan(plan_path(run_dir)) if plan_path(run_dir).exists() else None
+    if plan is not None or all(k in metrics for k in ("snapshot_id", "window_start", "t_handoff")):
         try:
-            window = _Window(settings, metrics)
+            window = _Window(settings, metrics, plan)
         except Exception as e:  # the report must still render what it can
             log.warning("could not read the Iceberg window of run %s: %s", run_id, e)
             doc.p(f"Could not read the Iceberg window: {e}", "bad")

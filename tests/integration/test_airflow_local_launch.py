@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
+from slipstream.pipeline.jobspec import build_train_spec
 from slipstream.pipeline.registry import ModelRegistry
+from slipstream.pipeline.request import TrainRequest
 from slipstream.settings import Settings
-from tests.airflow_fixtures import STANDIN_TRAINER, T_HANDOFF
+from tests.airflow_fixtures import STANDIN_TRAINER, plan_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 def local_spec(settings: Settings, run_id: str, **extra: str):  # type: ignore[no-untyped-def]
     cluster = ClusterSettings(trainer_module=STANDIN_TRAINER)
     req = TrainRequest(cpu_processes=2, stream_stop="30", window_days=2)
-    return build_train_spec(settings, cluster, req, run_id=run_id, snapshot_id=11, t_handoff=T_HANDOFF, extra_overrides=extra)
+    return build_train_spec(settings, cluster, plan_for(settings, req, run_id=run_id, snapshot_id=11), extra_overrides=extra)
 
 
 def test_local_torchrun_trains_and_publishes(settings: Settings, tmp_path: Path) -> None:

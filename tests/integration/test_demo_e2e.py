@@ -53,6 +53,14 @@ def test_demo_runs_daily_retrain_end_to_end(tmp_path: Path) -> None:
     metrics = json.loads(Path(summary["metrics"]).read_text())
     assert metrics["handoff_offsets"] and metrics["final_offsets"]
 
+    # The run folder holds the plan the run was rendered with, and the trainer trained exactly it.
+    run = Path(summary["metrics"]).parent
+    plan = json.loads((run / "plan.json").read_text())
+    config = json.loads((run / "config.json").read_text())
+    assert plan["snapshot_id"] == summary["snapshot_id"] == config["plan"]["snapshot_id"]
+    assert plan["t_handoff"] == metrics["t_handoff"] == config["plan"]["t_handoff"] == "2026-11-04T00:00:00+00:00"
+    assert plan["window_start"] == "2026-11-01T00:00:00+00:00" and plan["file_count"] == len(plan["files"]) >= 2
+
     # Nothing the demo started is left running.
     state = StackState.load(Path(summary["home"]))
     assert not state.services

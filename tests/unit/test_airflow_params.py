@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from slipstream.errors import ConfigError
-from slipstream.pipeline.jobspec import KNOBS, TrainRequest, trainer_overrides
-from tests.airflow_fixtures import T_HANDOFF
+from slipstream.pipeline.request import KNOBS, TrainRequest, trainer_overrides
+from slipstream.settings import Settings
+from tests.airflow_fixtures import plan_for
 
 REQUIRED = ("window_days", "epochs", "stream_stop", "gpus", "batch_size", "lr", "replay_share", "backend")
 
@@ -55,14 +56,19 @@ def test_defaults_and_good_values_resolve(params: Any) -> None:
     assert params["window_days"].resolve(14) == 14
 
 
-def test_request_from_params_renders_trainer_overrides() -> None:
+def test_request_from_params_renders_trainer_overrides(settings: Settings) -> None:
+    from trainers.plan import load_plan_config
+
     req = TrainRequest.from_params({"window_days": 3, "epochs": 2, "stream_stop": "0", "lr": 0.01, "unrelated": 1})
-    sets = trainer_overrides(req, run_id="r1", snapshot_id=5, t_handoff=T_HANDOFF)
+    sets = trainer_overrides(req)
+    # the run's id and snapshot are not knobs: the trainer takes them from the run's plan
+    plan = plan_for(settings, req, run_id="r1", snapshot_id=5)
+    _, cfg = load_plan_config(f"{plan.run_dir}/plan.json", None, (), settings)
     assert sets["data.stream"] == "false" and "data.stop.mode" not in sets
-    assert sets["data.window_days"] == "3" and sets["optim.lr"] == "0.01" and sets["data.snapshot_id"] == "5"
-    assert sets["run.run_id"] == "r1"
+    assert sets["data.window_days"] == "3" and sets["optim.lr"] == "0.01" and cfg.data.snapshot_id == 5
+    assert cfg.run.run_id == "r1"
     assert "data.exchange" not in sets  # off by default: the trainer's default applies
-    on = trainer_overrides(TrainRequest.from_params({"exchange": True}), run_id="r1", snapshot_id=5, t_handoff=T_HANDOFF)
+    on = trainer_overrides(TrainRequest.from_params({"exchange": True}))
     assert on["data.exchange"] == "true"
 
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
+from slipstream.pipeline.jobspec import build_train_spec
+from slipstream.pipeline.request import TrainRequest
 from slipstream.settings import Settings
-from tests.airflow_fixtures import T_HANDOFF, kubeconfig  # noqa: F401  (fixture)
+from tests.airflow_fixtures import T_HANDOFF, kubeconfig, plan_for  # noqa: F401  (fixture)
 
 CLUSTER = ClusterSettings(
     trainer_image="registry.example/slipstream-trainer:1.2.3",
@@ -22,7 +23,19 @@ CLUSTER = ClusterSettings(
 
 def spec_for(settings: Settings, **request: Any):  # type: ignore[no-untyped-def]
     req = TrainRequest(backend="kubernetes", **request)
-    return build_train_spec(settings, CLUSTER, req, run_id="daily-20250103-abcd1234", snapshot_id=987, t_handoff=T_HANDOFF)
+    plan = plan_for(settings, req, run_id="daily-20250103-abcd1234", snapshot_id=987, cache_dir=CLUSTER.cache_mount_path)
+    return build_train_spec(settings, CLUSTER, plan)
+
+
+def trainer_config(settings: Settings, args: list[str]):  # type: ignore[no-untyped-def]
+    """What the trainer resolves from a pod's arguments: the plan they name (the runs volume the
+    pod mounts is this worker's runs dir) and their --set pairs."""
+    from trainers.plan import load_plan_config
+
+    pod_path = Path(args[args.index("--plan") + 1])
+    assert pod_path == Path(CLUSTER.runs_mount_path) / pod_path.parent.name / "plan.json"
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    return load_plan_config(Path(settings.runs_dir) / pod_path.parent.name / "plan.json", None, sets, settings)[1]
 
 
 def render_pod(spec) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -55,13 +68,13 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert isinstance(args, list) and all(isinstance(a, str) for a in args)
     assert args[:6] == ["torchrun", "--nnodes", "1", "--nproc-per-node", "4", "--standalone"]
     assert args[6:8] == ["-m", "trainers.train"]
-    sets = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--set")
-    assert sets["data.snapshot_id"] == "987"
-    assert sets["data.window_days"] == "3" and sets["data.epochs"] == "2"
-    assert sets["data.stop.mode"] == "duration" and sets["data.stop.duration_s"] == "600"
-    assert sets["data.batch_size"] == "2048" and sets["optim.lr"] == "0.01"
-    assert sets["data.t_handoff"] == T_HANDOFF.isoformat()
-    assert sets["data.cache_dir"] == CLUSTER.cache_mount_path
+    cfg = trainer_config(settings, args)  # the run's ids, data and knobs come from its plan
+    assert cfg.data.snapshot_id == 987
+    assert cfg.data.window_days == 3 and cfg.data.epochs == 2
+    assert cfg.data.stop.mode == "duration" and cfg.data.stop.duration_s == 600
+    assert cfg.data.batch_size == 2048 and cfg.optim.lr == 0.01
+    assert cfg.data.t_handoff == T_HANDOFF
+    assert cfg.data.cache_dir == CLUSTER.cache_mount_path
 
     res = base["resources"]
     assert res["limits"]["nvidia.com/gpu"] == "4" and res["requests"]["nvidia.com/gpu"] == "4"
@@ -107,8 +120,9 @@ def test_cpu_pod_asks_for_no_gpu_and_caught_up_stop(settings: Settings, kubeconf
     base = next(c for c in pod["spec"]["containers"] if c["name"] == "base")
     assert "nvidia.com/gpu" not in base["resources"]["limits"]
     assert base["args"][3:5] == ["--nproc-per-node", "3"]
-    sets = [a for a in base["args"] if a.startswith("data.stop")]
-    assert sets == ["data.stop.mode=caught_up"]
+    assert [a for a in base["args"] if a.startswith("data.stop")] == []  # the plan carries the stop rule
+    cfg = trainer_config(settings, base["args"])
+    assert cfg.data.stop.mode == "caught_up" and cfg.data.stream is True
 
 
 def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
@@ -128,13 +142,18 @@ def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -
     from slipstream.pipeline.jobspec import warmup_args
     from slipstream_airflow.training import WarmupPodOperator
 
+    from slipstream.pipeline.runplan import read_plan
+
     spec = spec_for(settings, gpus=2)
-    args = warmup_args(table="slipstream.samples", window_days=3, end=T_HANDOFF, snapshot_id=987, cache_dir=CLUSTER.cache_mount_path)
+    args = warmup_args(spec.plan_path)
     op = WarmupPodOperator(task_id="warmup_pod", cluster=CLUSTER, spec=spec, warmup_args=args)
     op.apply_spec(spec)
     pod = ApiClient().sanitize_for_serialization(op.build_pod_request_obj())
     base = pod["spec"]["containers"][0]
-    assert base["command"] == args and "--snapshot" in args and "987" in args
+    # the warmup copies exactly the files of the plan the trainer reads: snapshot 987's window
+    assert base["command"] == args and args[args.index("--plan") + 1] == spec.plan_path
+    plan = read_plan(Path(settings.runs_dir) / spec.run_id / "plan.json")
+    assert plan.snapshot_id == 987 and plan.cache_dir == CLUSTER.cache_mount_path
     assert "nvidia.com/gpu" not in (base["resources"].get("limits") or {})
     assert pod["spec"]["affinity"]["nodeAffinity"]  # same cache nodes as the training pod
     assert any(v["name"] == "slipstream-cache" for v in pod["spec"]["volumes"])

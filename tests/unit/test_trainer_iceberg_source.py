@@ -180,7 +180,7 @@ def test_resume_from_state_reproduces_the_order(samples: SamplesFixture, stop_af
         b = src.next_batch()
         assert b is not None
         head.extend(b.sample_id.to_pylist())
-    state = src.state()
+    state = src.state_dict()
     src.close()
     resumed = _source(samples)
     resumed.check_resumable(state)
@@ -192,7 +192,7 @@ def test_resume_from_state_reproduces_the_order(samples: SamplesFixture, stop_af
 
 
 def test_resume_on_another_world_size_is_refused(samples: SamplesFixture) -> None:
-    state = _source(samples, rank=0, world=2).state()
+    state = _source(samples, rank=0, world=2).state_dict()
     with pytest.raises(ResumeError, match="same --nproc-per-node"):
         _source(samples, rank=0, world=1).check_resumable(state)
 

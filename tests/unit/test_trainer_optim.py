@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError
-from slipstream.pipeline.jobspec import KNOBS_BY_NAME
+from slipstream.pipeline.request import KNOBS_BY_NAME
 from slipstream.settings import Settings
 from trainers.config import DataConfig, ModelConfig, OptimConfig, load_config
 from trainers.drift import DriftGauge
@@ -131,15 +131,15 @@ def test_the_drift_gauge_stays_low_on_stationary_data_and_rises_under_drift() ->
 def test_the_drift_gauge_ignores_steps_without_both_kinds_of_rows_and_resumes_exactly() -> None:
     gauge = DriftGauge(window_rows=2048, low=0.1, high=0.3)
     _feed(gauge, 0.5, 0.4, steps=7)
-    before = gauge.state()
+    before = gauge.state_dict()
     gauge.update(10.0, 20.0, 0.0, 0.0)  # no replayed rows on any rank: no comparison
     gauge.update(0.0, 0.0, 5.0, 10.0)
-    assert gauge.state() == before
+    assert gauge.state_dict() == before
     resumed = DriftGauge(window_rows=2048, low=0.1, high=0.3)
-    resumed.load(json.loads(json.dumps(before)))  # the checkpoint's meta.json
+    resumed.load_state_dict(json.loads(json.dumps(before)))  # the checkpoint's meta.json
     _feed(gauge, 0.5, 0.4, steps=3, seed=1)
     _feed(resumed, 0.5, 0.4, steps=3, seed=1)
-    assert resumed.state() == gauge.state() and resumed.level == gauge.level
+    assert resumed.state_dict() == gauge.state_dict() and resumed.level == gauge.level
 
 
 def test_drift_bounds_are_validated_with_their_dotted_names(tmp_path: Path) -> None:

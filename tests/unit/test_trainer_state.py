@@ -20,7 +20,7 @@ from trainers.checkpoint import Checkpointer
 from trainers.config import ModelConfig, load_config
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
 from trainers.model import build_model
-from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_to_state
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_from_state, rows_to_state
 from trainers.state import resume_point
 
 
@@ -95,8 +95,9 @@ def test_stream_resume_on_another_world_size_keeps_every_buffered_row(table: pa.
     for r in range(3):
         parts = list(range(4))[r::3]
         rp = resume_point(meta, states, r, 3, parts)
-        assert rp.stream_rows is not None and set(rp.stream_rows.partition.tolist()) <= set(parts)
-        got += rp.stream_rows.sample_id.to_pylist()
+        stream_rows = rows_from_state(rp.shuffle["rows"]) if rp.shuffle is not None else None
+        assert stream_rows is not None and set(stream_rows.partition.tolist()) <= set(parts)
+        got += stream_rows.sample_id.to_pylist()
     assert sorted(got) == sorted(table.column("sample_id").to_pylist())
 
 
@@ -107,7 +108,7 @@ def test_batch_resume_mid_epoch_on_another_world_size_is_refused(table: pa.Table
         resume_point(meta, states, 0, 3, None)
     for s in states:
         s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: accepted
-    assert resume_point(meta, states, 0, 3, None).epoch == 1
+    assert resume_point(meta, states, 0, 3, None).state.epoch == 1
 
 
 def test_checkpoint_commit_is_atomic_and_uncommitted_audit_is_dropped(tmp_path: Path, table: pa.Table) -> None:
@@ -147,3 +148,61 @@ def test_the_example_config_loads_with_the_run_keys(tmp_path: Path) -> None:
     assert cfg.data.snapshot_id == 42 and cfg.data.window_start.isoformat() == "2026-11-01T00:00:00+00:00"
     with pytest.raises(ConfigError, match="data.snapshot_id"):
         load_config(example, ["data.t_handoff=2026-11-04T00:00:00Z", "run.run_id=d"], Settings(home=tmp_path))
+
+
+def test_buffers_resume_from_their_state_dict_exactly(table: pa.Table) -> None:
+    rows = _kafka_rows(table)
+    sh = StreamShuffle(capacity=50, seed=1, rank=0)
+    sh.add(rows.slice(0, 300))
+    sh.take(20, idle=False)
+    saved = sh.state_dict()
+    again = StreamShuffle(capacity=50, seed=9, rank=3)  # another seed: the saved RNG must win
+    again.load_state_dict(saved)
+    assert sh.take(40, idle=True).sample_id.to_pylist() == again.take(40, idle=True).sample_id.to_pylist()
+
+    res = ReplayReservoir(capacity=40, start_us=0, seed=0, rank=0)
+    res.offer(Rows.from_arrow(table, source=0))
+    copy = ReplayReservoir(capacity=40, start_us=0, seed=5, rank=1)
+    copy.load_state_dict(res.state_dict())
+    assert res.draw(30).sample_id.to_pylist() == copy.draw(30).sample_id.to_pylist()
+    assert copy.replayed == 30
+
+
+def test_pieces_refuse_a_state_they_cannot_honour(table: pa.Table) -> None:
+    from trainers.drift import DriftGauge
+    from trainers.state import TrainState
+
+    sh = StreamShuffle(capacity=10, seed=0, rank=0)
+    with pytest.raises(ResumeError, match="stream shuffle state is version 99"):
+        sh.load_state_dict({**sh.state_dict(), "version": 99})
+    res = ReplayReservoir(capacity=10, start_us=0, seed=0, rank=0)
+    res.offer(Rows.from_arrow(table, source=0))
+    state = res.state_dict()
+    with pytest.raises(ResumeError, match="holds 10 rows but 3 keys"):
+        ReplayReservoir(capacity=10, start_us=0, seed=0, rank=0).load_state_dict({**state, "keys": state["keys"][:3]})
+    gauge = DriftGauge(window_rows=100, low=0.1, high=0.3)
+    with pytest.raises(ResumeError, match="drift gauge state .* lacks fresh/replay/weight"):
+        gauge.load_state_dict({"version": 1, "fresh": 0.5})
+    gauge.load_state_dict({"fresh": 0.5, "replay": 0.4, "weight": 0.5})  # written before states were versioned
+    assert gauge.excess == pytest.approx(0.25)
+    st = TrainState(step=7, phase="stream", epoch=1, positions={0: 4}, handoff_offsets={0: 2})
+    back = TrainState()
+    back.load_state_dict(json.loads(json.dumps(st.state_dict())))  # through the checkpoint's meta.json
+    assert (back.step, back.phase, back.positions, back.handoff_offsets) == (7, "stream", {0: 4}, {0: 2})
+    with pytest.raises(ResumeError, match="phase is 'warmup'"):
+        back.load_state_dict({**st.state_dict(), "phase": "warmup"})
+
+
+def test_the_kafka_source_refuses_positions_without_its_partitions() -> None:
+    from trainers.data.kafka_source import KafkaSource
+
+    src = KafkaSource(bootstrap="127.0.0.1:9", topic="t", dlq_topic="t.dlq", partitions=[0, 1], positions={0: 5, 1: 7},
+                      t_handoff_us=0, consume_batch=10, consume_timeout_s=0.1, lag_interval_s=1.0, group="g")
+    try:
+        assert src.state_dict()["positions"] == {0: 5, 1: 7}
+        src.load_state_dict({"version": 1, "positions": {"0": 9, "1": 11, "2": 3}})
+        assert src.positions == {0: 9, 1: 11}
+        with pytest.raises(ResumeError, match=r"no offset for partition\(s\) \[1\] of t"):
+            src.load_state_dict({"version": 1, "positions": {0: 9}})
+    finally:
+        src.consumer.close()

@@ -6,9 +6,9 @@ Order of samples on rank r in epoch e, fully determined by (seed, e, r, world si
 3. a chunk's rows (minus rows outside [T - W, T) and held-out rows) are permuted with
    `default_rng([seed, e, r, chunk])` and cut into batches; a batch may span two chunks.
 
-The cursor (epoch, chunk, offset) is therefore the whole shuffle state: a resume re-reads one
-chunk, re-derives its permutation and skips `offset` rows, reproducing the same order without
-saving buffer contents. A background thread reads and permutes chunks ahead of training, up to
+The cursor (epoch, chunk, offset) is therefore the whole shuffle state (`state_dict`): a resume
+(`load_state_dict`) re-reads one chunk, re-derives its permutation and skips `offset` rows,
+reproducing the same order without saving buffer contents. A background thread reads and permutes chunks ahead of training, up to
 `read_threads` chunks at a time (pyarrow and numpy release the GIL) and never more than
 `prefetch_chunks + 1` ahead of the consumer, each chunk's row groups decoded side by side, and
 hands them over in order.
@@ -35,9 +35,11 @@ from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
 from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
 from trainers.rows import READ_COLUMNS, SOURCE_ICEBERG, Rows
+from trainers.stateful import check_version
 
 log = logging.getLogger(__name__)
 
+STATE_VERSION = 1
 SHUFFLE_ALGORITHM = "units:default_rng([seed,epoch]).permutation/round-robin; rows:default_rng([seed,epoch,rank,chunk])"
 
 
@@ -155,6 +157,8 @@ class IcebergSource:
         self._done = True
         self._skip = 0
         self._n_chunks = 0
+        self._resume_at: tuple[int, int, int] | None = None
+        """(epoch, chunk, offset) of a loaded checkpoint state, until that epoch starts"""
         self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
         """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
 
@@ -197,7 +201,13 @@ class IcebergSource:
         return np.flatnonzero(np.concatenate(parts))
 
     # --- iteration --------------------------------------------------------------------------
-    def start_epoch(self, epoch: int, chunk: int = 0, offset: int = 0) -> None:
+    def start_epoch(self, epoch: int, chunk: int | None = None, offset: int | None = None) -> None:
+        """Start reading `epoch` at (chunk, offset); without them, where a loaded state left the
+        epoch (or at its start)."""
+        if chunk is None or offset is None:
+            at = self._resume_at
+            chunk, offset = (at[1], at[2]) if at is not None and at[0] == epoch else (0, 0)
+        self._resume_at = None
         self.close()
         self.epoch, self._chunk, self._pos = epoch, chunk, 0
         self._rows = None
@@ -316,9 +326,10 @@ class IcebergSource:
             self._thread = None
 
     # --- checkpoint state -------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Position after the last batch returned (what a resume continues from)."""
         return {
+            "version": STATE_VERSION,
             "epoch": self.epoch,
             "chunk": int(self._chunk),
             "offset": int(self._pos if self._rows is not None else self._skip),
@@ -329,6 +340,18 @@ class IcebergSource:
             "units_digest": self.digest,
             "algorithm": SHUFFLE_ALGORITHM,
         }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a checkpoint's cursor: the next `start_epoch` of its epoch skips the chunks
+        and rows already trained. Refused (ResumeError) when the sample order would differ."""
+        check_version("Iceberg source", state, STATE_VERSION)
+        try:
+            cursor = (int(state["epoch"]), int(state["chunk"]), int(state["offset"]))
+        except (KeyError, TypeError, ValueError):
+            raise ResumeError(f"the checkpoint's Iceberg cursor {state!r} lacks epoch/chunk/offset: it is damaged") from None
+        if "units_digest" in state or cursor[1:] != (0, 0):  # mid-epoch: only the same order continues
+            self.check_resumable(state)
+        self._resume_at = cursor
 
     def check_resumable(self, state: dict[str, Any]) -> None:
         for key, mine in (("world", self.world), ("rank", self.rank), ("units_digest", self.digest),

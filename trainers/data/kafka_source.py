@@ -7,7 +7,7 @@
   JSON parse, or numpy views for the binary codec; no per-record dicts). Records with event_time < T are dropped and counted (the batch
   phase trained them); held-out records are kept out of training; bad records go to the dead-letter
   topic with the reason and their origin in headers.
-- `positions` is the next offset to read per partition: what a checkpoint stores.
+- `positions` is the next offset to read per partition: what a checkpoint stores (`state_dict`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from slipstream.samples.codec import decode_samples
-from slipstream.errors import HandoffError
+from slipstream.errors import HandoffError, ResumeError
 from slipstream.stream.kafka import consumer_config
 from trainers.data.holdout import holdout_mask
 from trainers.rows import SOURCE_KAFKA, Rows
+from trainers.stateful import check_version
 
 log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
 
 
 def assigned_partitions(partitions: list[int], rank: int, world: int) -> list[int]:
@@ -226,8 +229,24 @@ class KafkaSource:
         finally:
             self.consumer.close()
 
-    def state(self) -> dict[str, Any]:
-        return {"positions": dict(self.positions)}
+    def state_dict(self) -> dict[str, Any]:
+        """The next offset to read of each of this rank's partitions."""
+        return {"version": STATE_VERSION, "positions": {int(p): int(o) for p, o in self.positions.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's positions. Every partition this rank reads must have one:
+        a partition the checkpoint does not know (the topic grew, or another topic) is refused."""
+        check_version("Kafka source", state, STATE_VERSION)
+        positions = {int(p): int(o) for p, o in (state.get("positions") or {}).items()}
+        missing = [p for p in self.partitions if p not in positions]
+        if missing:
+            raise ResumeError(
+                f"the checkpoint has no offset for partition(s) {missing} of {self.topic}: the topic changed since "
+                "the run started (partitions added, or another topic); start a new run.run_id"
+            )
+        self.positions = {p: positions[p] for p in self.partitions}
+        if self.partitions:
+            self.consumer.assign([TopicPartition(self.topic, p, self.positions[p]) for p in self.partitions])
 
 
 def read_range(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], group: str,

@@ -9,17 +9,21 @@
 - `exchange_split` deals a rank's fresh rows into one piece per rank for `data.exchange` (the
   all-to-all that makes every rank's batch mix all partitions, not only its own).
 
-The shuffle and the reservoir are part of the checkpoint (their rows and RNG state), so a stream-phase resume neither
-loses the rows buffered but not yet trained nor replays differently.
+The shuffle and the reservoir are part of the checkpoint (`state_dict`: their rows and RNG state), so
+a stream-phase resume neither loses the rows buffered but not yet trained nor replays differently.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from slipstream.errors import ResumeError
 from trainers.rows import SOURCE_REPLAY, Rows, rows_from_state, rows_to_state
+from trainers.stateful import check_version
+
+STATE_VERSION = 1
 
 
 class StreamShuffle:
@@ -48,13 +52,16 @@ class StreamShuffle:
         self.rows = self.rows.mask(rest)
         return out
 
-    def state(self) -> dict[str, Any]:
-        return {"rows": rows_to_state(self.rows), "rng": self.rng.bit_generator.state}
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "rows": rows_to_state(self.rows), "rng": self.rng.bit_generator.state}
 
-    def load(self, rows: Rows, rng_state: dict[str, Any] | None) -> None:
-        self.rows = rows
-        if rng_state is not None:
-            self.rng.bit_generator.state = rng_state
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The buffered rows (every row not yet trained: none may be lost) and, on the same world
+        size, the RNG (`rng` None: a re-dealt buffer, mixed with this rank's own seed)."""
+        check_version("stream shuffle", state, STATE_VERSION)
+        self.rows = _rows("stream shuffle", state)
+        if state.get("rng") is not None:
+            self.rng.bit_generator.state = state["rng"]
 
 
 class ReplayReservoir:
@@ -89,14 +96,28 @@ class ReplayReservoir:
         self.replayed += n
         return out
 
-    def state(self) -> dict[str, Any]:
-        return {"rows": rows_to_state(self.rows), "keys": self.keys, "rng": self.rng.bit_generator.state,
-                "replayed": self.replayed}
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "rows": rows_to_state(self.rows), "keys": self.keys,
+                "rng": self.rng.bit_generator.state, "replayed": self.replayed}
 
-    def load(self, rows: Rows, keys: np.ndarray, rng_state: dict[str, Any] | None, replayed: int = 0) -> None:
-        self.rows, self.keys, self.replayed = rows, keys, replayed
-        if rng_state is not None:
-            self.rng.bit_generator.state = rng_state
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The sampled rows with their keys (so later offers keep the sample uniform) and, on the
+        same world size, the RNG."""
+        check_version("replay reservoir", state, STATE_VERSION)
+        rows = _rows("replay reservoir", state)
+        keys = np.asarray(state.get("keys", np.zeros(0)))
+        if len(keys) != len(rows):
+            raise ResumeError(f"the checkpoint's replay reservoir holds {len(rows)} rows but {len(keys)} keys: it is damaged")
+        self.rows, self.keys, self.replayed = rows, keys, int(state.get("replayed", 0))
+        if state.get("rng") is not None:
+            self.rng.bit_generator.state = state["rng"]
+
+
+def _rows(what: str, state: dict[str, Any]) -> Rows:
+    try:
+        return rows_from_state(state["rows"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ResumeError(f"the checkpoint's {what} rows cannot be read ({e}): it is damaged") from None
 
 
 def exchange_split(rows: Rows, world: int, seed: int, rank: int, step: int) -> list[Rows]:
@@ -115,9 +136,21 @@ def exchange_split(rows: Rows, world: int, seed: int, rank: int, step: int) -> l
     return [rows.take(np.sort(c)) if len(c) else Rows.empty() for c in chunks]
 
 
+def exchange(rows: Rows, all_to_all: Callable[[list[Any]], list[Any]], world: int, rank: int, seed: int,
+             step: int) -> tuple[Rows, int]:
+    """Collective: deal `rows` to every rank (`exchange_split`) and return (the rows dealt to this
+    rank, how many of ours went to others). Every rank calls it, with no rows too."""
+    if world <= 1:
+        return rows, 0
+    pieces = exchange_split(rows, world, seed, rank, step)
+    mine = pieces[rank]
+    send: list[Rows | None] = [p if len(p) else None for p in pieces]
+    send[rank] = None  # keep our own piece; pickling it to ourselves would be waste
+    got = all_to_all(send)
+    got[rank] = mine
+    parts = [g for g in got if g is not None and len(g)]
+    return (Rows.concat(parts) if len(parts) > 1 else (parts[0] if parts else Rows.empty())), len(rows) - len(mine)
+
+
 def replay_count(batch_size: int, share: float) -> int:
     return int(round(batch_size * share))
-
-
-def load_rows(state: dict[str, Any]) -> Rows:
-    return rows_from_state(state)

@@ -1,0 +1,97 @@
+"""One optimizer step, and the learning rates it runs at.
+
+`Stepper` owns the model (wrapped in DDP when there are several ranks), the optimizer, the AMP
+grad scaler and the drift gauge that sets the stream phase's shared learning rate. The loss is the
+sum over a rank's rows divided by the configured batch size: DDP averages gradients over ranks, so
+every sample weighs the same whatever each rank's row count, and a rank without rows steps on an
+empty batch (zero gradients) to keep the collective in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.config import TrainConfig
+from trainers.distributed import Dist
+from trainers.drift import DriftGauge
+from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
+from trainers.rows import SOURCE_REPLAY, Features, Rows
+
+
+class Stepper:
+    def __init__(self, cfg: TrainConfig, d: Dist) -> None:
+        self.cfg, self.d = cfg, d
+        self.model = build_model(cfg.model, cfg.data.seed).to(d.device)
+        self.net: torch.nn.Module = (DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None)
+                                     if d.active else self.model)
+        o = cfg.optim
+        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
+                                   o.id_weight_decay if o.id_weight_decay >= 0 else None)
+        self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
+        self.amp = d.device.type == "cuda" and cfg.run.amp
+        self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
+        self.loss_sum = 0.0
+        self.loss_rows = 0
+        """Loss summed over the rows trained since `take_loss` (for the progress log)."""
+
+    def step(self, rows: Rows, batch_size: int) -> torch.Tensor:
+        """One optimizer step; returns the rows' losses (detached, on the device)."""
+        feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
+        with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
+            logits = self.net(feats)
+        losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
+        loss_sum = losses.sum()
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss_sum / batch_size).backward()
+        if self.cfg.optim.grad_clip:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        if len(rows):
+            self.loss_sum += float(loss_sum.detach())
+            self.loss_rows += len(rows)
+        return losses.detach()
+
+    def take_loss(self) -> float:
+        """Mean loss since the last call."""
+        mean = self.loss_sum / max(self.loss_rows, 1)
+        self.loss_sum, self.loss_rows = 0.0, 0
+        return mean
+
+    # --- learning rates -----------------------------------------------------------------------
+    @property
+    def adaptive(self) -> bool:
+        # the gauge compares fresh rows with replayed ones: without replay there is nothing to compare
+        return self.cfg.optim.adaptive_stream_lr and self.cfg.data.replay_share > 0
+
+    def set_lr(self, phase: str) -> None:
+        o, dc = self.cfg.optim, self.cfg.data
+        drift = self.drift.level if self.adaptive else 1.0
+        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift))
+
+    def gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
+        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums,
+        all ranks together, to the drift gauge and set the next step's rates from it."""
+        replay = torch.from_numpy(rows.source == SOURCE_REPLAY).to(losses.device)
+        # sums over an empty batch are 0: a rank without rows still joins the all-reduce
+        replay_sum = float(losses[replay].sum())
+        fresh_sum = float(losses.sum()) - replay_sum
+        n_replay = float(replay.sum())
+        self.drift.update(*self.d.sum([fresh_sum, len(rows) - n_replay, replay_sum, n_replay]))
+        self.set_lr("stream")
+
+    # --- checkpoint -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer and grad scaler (the drift gauge travels in the meta: it is a few floats)."""
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
