@@ -152,7 +152,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         "run.checkpoint_every_steps=1000000", "run.checkpoint_every_s=0", f"run.num_threads={args.threads}",
         f"run.device={args.device}",
         # tables sized to the generator's id space (2,000 users, 400 items), as bench train does
-        "model.user_buckets=4001", "model.item_buckets=1009", "model.category_buckets=1031",
+        "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031", "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
     ], settings)
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
     tr = Trainer(cfg, d, settings)

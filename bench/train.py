@@ -30,6 +30,7 @@ from slipstream.settings import Settings
 from trainers.config import load_config
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import file_opener, plan_units
+from slipstream.samples.schema import DEFAULT_SPEC
 from trainers.model import build_model, build_optimizer
 from trainers.rows import Features, Rows
 
@@ -53,7 +54,7 @@ def fill_samples(home: Path, gen: GeneratorConfig, row_group_rows: int) -> tuple
 
 
 def _compute_only(cfg: Any, feats: list[Features], epochs: int, batch_size: int) -> float:
-    model = build_model(cfg.model, 0)
+    model = build_model(DEFAULT_SPEC, cfg.model, 0)
     opt = build_optimizer(model, cfg.optim.name, cfg.optim.lr, 0.0)
     t0 = time.perf_counter()
     for _ in range(epochs):
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"data.epochs={args.epochs}", "run.run_id=bench", "run.checkpoint_every_steps=1000000",
             "run.checkpoint_every_s=0", f"run.num_threads={args.threads}",
             # tables sized to the generator's id space (2,000 users, 400 items)
-            "model.user_buckets=4001", "model.item_buckets=1009", "model.category_buckets=1031",
+            "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031", "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
         ], settings)
         table = get_catalog(settings).load_table(settings.table)
         plan = plan_window_files(table, snapshot, cfg.data.window_start, cfg.data.t_handoff)

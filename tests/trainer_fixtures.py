@@ -24,6 +24,9 @@ from slipstream.dev.datagen import GeneratorConfig, generate, reference_samples
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.settings import Settings
 
+SMALL_BUCKETS = {"user_id": 101, "item_id": 53, "device_hash": 11, "country_hash": 11, "category_hash": 11}
+"""Tiny embedding tables for unit tests of the default spec's model (`model.buckets`)."""
+
 REPO = Path(__file__).resolve().parents[1]
 START_DAY = date(2026, 11, 1)
 
@@ -143,7 +146,7 @@ def train_config(fx: SamplesFixture, *, run_id: str, bootstrap: str, topic: str,
                  "bootstrap": bootstrap, "topic": topic, "dlq_topic": dlq_topic, "batch_size": 128,
                  "shuffle_buffer": 1500, "stream_shuffle_buffer": 64, "replay_share": 0.25,
                  "max_lateness_s": fx.gen.max_lateness_s, "stop": {"mode": "caught_up", "timeout_s": 60}},
-        "model": {"user_buckets": 2003, "item_buckets": 1009, "category_buckets": 101, "embed_dim": 8,
+        "model": {"buckets": {"user_id": 2003, "item_id": 1009, "device_hash": 101, "country_hash": 101, "category_hash": 101}, "embed_dim": 8,
                   "bottom_mlp": [16], "top_mlp": [16]},
         "run": {"run_id": run_id, "checkpoint_every_steps": 10, "log_every_steps": 5, "tensorboard": True},
     }

@@ -159,12 +159,9 @@ class ModelConfig:
 
     embed_dim: int = 16
     """Width of every embedding and of the bottom MLP's output."""
-    user_buckets: int = 100_003
-    """Hash buckets of the user-id embedding (id mod buckets)."""
-    item_buckets: int = 50_021
-    """Hash buckets of the item-id embedding, shared by the history EmbeddingBag."""
-    category_buckets: int = 1_031
-    """Hash buckets of each hashed categorical feature."""
+    buckets: dict[str, int] = field(default_factory=dict)
+    """Rows of a feature's embedding table where it differs from the spec's `buckets` (an
+    experiment; a benchmark with a large table), e.g. {user_id: 10000019}."""
     bottom_mlp: list[int] = field(default_factory=lambda: [64])
     """Hidden widths of the MLP over the dense features (its output is embed_dim wide)."""
     top_mlp: list[int] = field(default_factory=lambda: [64, 32])
@@ -174,8 +171,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
-        for name in ("user_buckets", "item_buckets", "category_buckets"):
-            require(getattr(self, name) >= 1, f"model.{name} must be >= 1, got {getattr(self, name)}")
+        for name, n in self.buckets.items():
+            require(isinstance(n, int) and n >= 1, f"model.buckets.{name} must be an integer >= 1, got {n!r}")
         require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
         require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
         require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")

@@ -38,7 +38,7 @@ from trainers.evaluate import auc_logloss, score
 from trainers.export import export_model
 from trainers.metrics import MetricsLogger, percentile
 from trainers.model import build_model
-from trainers.rows import Rows
+from trainers.rows import RowLayout, Rows
 from trainers.state import Throughput, TrainState
 from trainers import stream_profile
 
@@ -69,25 +69,28 @@ class RunOutcome:
 
 
 def holdout_before_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
+    layout = RowLayout.from_spec(run.plan.spec)
     mine = run.units[d.rank :: d.world]
     start_us, t_us = (int(t.timestamp() * 1_000_000) for t in run.plan.window)
     out: list[Rows] = []
     n = 0
     for s in range(0, len(mine), 32):
-        table = read_units(mine[s : s + 32], run.open_file)
+        table = read_units(mine[s : s + 32], run.open_file, layout=layout)
         _, hold = select_rows(table, start_us, t_us, ChunkStats())
-        out.append(Rows.from_arrow(hold, source=0))
+        out.append(Rows.from_arrow(hold, layout, source=0))
         n += hold.num_rows
         if n >= cap:
             break
-    rows = Rows.concat(out) if out else Rows.empty()
+    rows = Rows.concat(out) if out else Rows.empty(layout)
     return rows.slice(0, cap) if len(rows) > cap else rows
 
 
 def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
     start, final = run.state.handoff_offsets, run.state.positions
+    spec = run.plan.spec
+    layout = RowLayout.from_spec(spec)
     if not start:
-        return Rows.empty()
+        return Rows.empty(layout)
     parts = assigned_partitions(sorted(start), d.rank, d.world)
     per_part = max(1, cap * HOLDOUT_MODULO // max(len(start), 1))
     ranges = {p: (max(start[p], final.get(p, 0) - per_part), final.get(p, 0)) for p in parts}
@@ -95,12 +98,12 @@ def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
     out: list[Rows] = []
     dc = run.cfg.data
     for values, _, _ in read_range(dc.bootstrap, dc.topic, ranges, f"slipstream-eval-{run.cfg.run.run_id}"):
-        t = decode_samples(values).table
+        t = decode_samples(values, spec).table
         if t.num_rows == 0:
             continue
-        rows = Rows.from_arrow(t, source=1)
+        rows = Rows.from_arrow(t, layout, source=1)
         out.append(rows.mask((rows.event_us >= t_us) & holdout_mask(rows.sample_id)))
-    rows = Rows.concat(out) if out else Rows.empty()
+    rows = Rows.concat(out) if out else Rows.empty(layout)
     return rows.slice(0, cap) if len(rows) > cap else rows
 
 
@@ -125,7 +128,7 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
                auc_after_t=a_a, logloss_after_t=ll_a, eval_rows_after_t=n_a)
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"
     if batch_only.exists():
-        m = build_model(run.cfg.model, run.cfg.data.seed).to(d.device)
+        m = build_model(run.plan.spec, run.cfg.model, run.cfg.data.seed).to(d.device)
         m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=False)["model"])
         # before T too: what the stream phase cost (or gained) on the window's slice
         a_bb, ll_bb, _, _, _ = _gathered_metrics(d, m, before)
@@ -184,7 +187,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "checkpoint": st.last_checkpoint,
         "cache": run.cache,
     }
-    summary["export"] = str(export_model(run.model, run.cfg, run.run_dir, step=st.step, phase=st.phase,
+    summary["export"] = str(export_model(run.model, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                          positions=st.positions, metrics=summary))
     metrics.summary(summary)
     for k in ("auc", "auc_after_t", "auc_after_t_batch_only"):

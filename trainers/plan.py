@@ -19,6 +19,7 @@ from typing import Any
 from slipstream.errors import ConfigError, PlanError
 from slipstream.pipeline.request import trainer_overrides
 from slipstream.pipeline.runplan import RunPlan, build_run_plan, plan_path, read_plan, write_plan
+from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from trainers.config import TrainConfig, resolve
 from trainers.config_parse import apply_override, load_raw, set_key
@@ -67,13 +68,13 @@ def load_plan_config(plan_file: str | Path, config_path: str | Path | None, over
     return plan, cfg
 
 
-def plan_for_config(cfg: TrainConfig, table: Any) -> RunPlan:
+def plan_for_config(cfg: TrainConfig, table: Any, spec: Spec) -> RunPlan:
     """Rank 0, no --plan: plan the run from its config and write it into the run folder. A folder
     that already holds a plan for other data is refused (resume it with --plan, or use a new run id)."""
     d = cfg.data
     plan = build_run_plan(table, run_id=cfg.run.run_id, run_dir=cfg.run.run_dir, t_handoff=d.t_handoff,
                           window_days=d.window_days, snapshot_id=d.snapshot_id, topic=d.topic, bootstrap=d.bootstrap,
-                          cache_dir=d.cache_dir, max_lateness_s=d.max_lateness_s)
+                          cache_dir=d.cache_dir, max_lateness_s=d.max_lateness_s, spec=spec)
     existing = plan_path(cfg.run.run_dir)
     if existing.exists():
         old = read_plan(existing)

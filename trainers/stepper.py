@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
 from trainers.distributed import Dist
 from trainers.drift import DriftGauge
@@ -23,9 +24,9 @@ from trainers.rows import SOURCE_REPLAY, Features, Rows
 
 
 class Stepper:
-    def __init__(self, cfg: TrainConfig, d: Dist) -> None:
+    def __init__(self, cfg: TrainConfig, d: Dist, spec: Spec) -> None:
         self.cfg, self.d = cfg, d
-        self.model = build_model(cfg.model, cfg.data.seed).to(d.device)
+        self.model = build_model(spec, cfg.model, cfg.data.seed).to(d.device)
         self.net: torch.nn.Module = (DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None)
                                      if d.active else self.model)
         o = cfg.optim

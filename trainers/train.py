@@ -21,6 +21,7 @@ from typing import Any
 
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runplan import RunPlan, plan_path
+from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 from trainers.config import TrainConfig, load_config
 from trainers.plan import load_plan_config
@@ -46,10 +47,11 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
     from trainers.trainer import Trainer
 
     started = time.monotonic()
+    spec = plan.spec if plan is not None else load_spec(settings.spec)
     d = init_distributed(cfg.run.device)
     tr = None
     try:
-        tr = Trainer(cfg, d, settings, open_file)
+        tr = Trainer(cfg, d, settings, spec, open_file)
         units = tr.setup(plan)
         if d.is_main:
             write_config(cfg, tr.plan, plan_file)
@@ -83,7 +85,8 @@ def write_config(cfg: TrainConfig, plan: RunPlan | None, plan_file: Path | None)
     if plan is not None:
         record["plan"] = {"path": str(plan_file or plan_path(cfg.run.run_dir)), "run_id": plan.run_id,
                           "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
-                          "window_start": plan.window_start.isoformat(), "files": len(plan.files), "rows": plan.rows}
+                          "window_start": plan.window_start.isoformat(), "files": len(plan.files), "rows": plan.rows,
+                          "spec": {"name": plan.spec.name, "version": plan.spec.version, "digest": plan.spec.digest}}
     (cfg.run.run_dir / "config.json").write_text(json.dumps(record, indent=2))
 
 

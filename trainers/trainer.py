@@ -22,6 +22,7 @@ import torch
 from slipstream.errors import ResumeError
 from slipstream.lake.iceberg import get_catalog
 from slipstream.pipeline.runplan import RunPlan, check_plan_files
+from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import create_topic
@@ -30,6 +31,7 @@ from trainers.audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint import Checkpointer, atomic_torch_save
 from trainers.config import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
+from trainers.dense_stats import window_dense_stats
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
@@ -38,7 +40,7 @@ from trainers.export import export_model
 from trainers.finish import RunOutcome
 from trainers.metrics import MetricsLogger, ProgressLog
 from trainers.plan import plan_for_config
-from trainers.rows import SOURCE_KAFKA, Rows
+from trainers.rows import SOURCE_KAFKA, RowLayout, Rows
 from trainers.state import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
 from trainers.stepper import Stepper
 
@@ -50,12 +52,13 @@ def _us(t: Any) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, d: Dist, settings: Settings, open_file: Opener | None = None) -> None:
-        self.cfg, self.d, self.settings = cfg, d, settings
+    def __init__(self, cfg: TrainConfig, d: Dist, settings: Settings, spec: Spec, open_file: Opener | None = None) -> None:
+        self.cfg, self.d, self.settings, self.spec = cfg, d, settings, spec
+        self.layout = RowLayout.from_spec(spec)
         self.run_dir = cfg.run.run_dir
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
-        self.stepper = Stepper(cfg, d)
+        self.stepper = Stepper(cfg, d, spec)
         self.ckpt = Checkpointer(self.run_dir / "checkpoint", d.rank, d.barrier, cfg.run.keep_checkpoints)
         self.metrics = MetricsLogger(self.run_dir, d.is_main, cfg.run.tensorboard)
         self.progress = ProgressLog(self.metrics, cfg.run.log_every_steps)
@@ -69,10 +72,10 @@ class Trainer:
         self.cache_reader: Any = None
         self.iceberg: IcebergSource | None = None
         self.kafka: KafkaSource | None = None
-        self.shuffle = StreamShuffle(cfg.data.stream_shuffle_buffer, cfg.data.seed, d.rank)
+        self.shuffle = StreamShuffle(cfg.data.stream_shuffle_buffer, cfg.data.seed, d.rank, self.layout)
         self.t_us = _us(cfg.data.t_handoff)
         replay_start = self.t_us - int(cfg.data.replay_window_hours * 3600 * 1e6)
-        self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank)
+        self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout)
         self._last_ckpt_t = time.monotonic()
 
     # --- setup ------------------------------------------------------------------------------
@@ -84,14 +87,18 @@ class Trainer:
         table = get_catalog(settings).load_table(f"{dc.namespace}.{dc.table}")
         opener, self.cache_reader = file_opener(table.io, dc.cache_dir or None)
         self.open_file = self._open_file or opener
-        planned: tuple[RunPlan, list[WorkUnit]] | None = None
+        planned: tuple[RunPlan, list[WorkUnit], Any] | None = None
         if self.d.is_main:
             if plan is None:
-                plan = plan_for_config(self.cfg, table)
+                plan = plan_for_config(self.cfg, table, self.spec)
             else:
                 check_plan_files(table, plan)
-            planned = (plan, plan_units(plan.window_plan, self.open_file))
-        self.plan, units = self.d.broadcast(planned)
+            units = plan_units(plan.window_plan, self.open_file)
+            stats = window_dense_stats(units, self.open_file, self.layout) if any(f.standardize for f in self.spec.dense) else None
+            planned = (plan, units, stats)
+        self.plan, units, stats = self.d.broadcast(planned)
+        if stats is not None:  # a resumed run's checkpoint restores the same numbers with the weights
+            self.stepper.model.set_dense_stats(*(torch.as_tensor(s, dtype=torch.float32) for s in stats))
         return units
 
     def resume(self) -> ResumePoint | None:
@@ -155,7 +162,8 @@ class Trainer:
         dc, st, tp, plan = self.cfg.data, self.state, self.tp, self._plan()
         src = IcebergSource(units, self.open_file, rank=self.d.rank, world=self.d.world, seed=dc.seed,
                             batch_size=dc.batch_size, shuffle_rows=dc.shuffle_buffer,
-                            window_us=(_us(plan.window_start), _us(plan.t_handoff)), prefetch_chunks=dc.prefetch_chunks)
+                            window_us=(_us(plan.window_start), _us(plan.t_handoff)), prefetch_chunks=dc.prefetch_chunks,
+                            layout=self.layout)
         self.iceberg = src
         if rp is not None and rp.iceberg is not None:
             src.load_state_dict(rp.iceberg)
@@ -172,7 +180,7 @@ class Trainer:
                     g_n, g_ckpt = self.d.sum([n, self._flags()])
                     if g_n == 0:
                         break
-                    rows = rows if rows is not None else Rows.empty()
+                    rows = rows if rows is not None else Rows.empty(self.layout)
                     if replay:
                         self.replay.offer(rows)
                     self.train_step(rows, dc.batch_size)
@@ -218,7 +226,7 @@ class Trainer:
         src = KafkaSource(bootstrap=dc.bootstrap, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
-                          group=f"slipstream-train-{self.cfg.run.run_id}")
+                          group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec)
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
@@ -232,9 +240,9 @@ class Trainer:
                 buffered = len(self.shuffle)
                 # wait for the broker only when there is too little to train; stop reading ahead
                 # when the buffer is far past its size (back-pressure bounds memory)
-                fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty()
+                fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty(self.layout)
                 self._absorb(src)
-                stream_profile.add_rows(self.profile, fresh)
+                stream_profile.add_rows(self.profile, fresh, self.layout)
                 if dc.exchange:
                     fresh = self._exchange(fresh)
                 self.shuffle.add(fresh)
@@ -380,7 +388,7 @@ class Trainer:
 
     def export(self) -> None:
         if self.d.is_main:
-            export_model(self.stepper.model, self.cfg, self.run_dir, step=self.state.step, phase=self.state.phase,
+            export_model(self.stepper.model, self.cfg, self.spec, self.run_dir, step=self.state.step, phase=self.state.phase,
                          positions=self.state.positions)
 
     def outcome(self, units: list[WorkUnit]) -> RunOutcome:

@@ -322,6 +322,9 @@ class GeneratedData:
     best_auc: dict[str, float]
     extra: dict[str, object] = field(default_factory=dict)
     """More facts for the manifest (specgen: the spec, bad lines per kind, the label rate)."""
+    batch: dict[str, pa.Table] = field(default_factory=dict)
+    """specgen: each raw day's samples as preprocessing must yield them (the featurizer on the
+    day's good events), for tests and benchmarks that fill `samples` without Spark."""
 
 
 def _produce_order(cfg: GeneratorConfig, ts_us: np.ndarray, salt: int) -> np.ndarray:

@@ -330,6 +330,7 @@ def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[n
     rows_per_day = {str(cfg.start_day + timedelta(days=d)): 0 for d in range(cfg.days)}
     bad_counts: dict[str, int] = {}
     truth, stream = [], []
+    batch: dict[str, pa.Table] = {}
     last_day = max((s.day for s in segments if s.day is not None), default=None)
     for salt, (seg, zs) in enumerate(zip(segments, z)):
         out = _label(world, cfg, seg, 1 / (1 + np.exp(-(zs + bias))), salt)
@@ -349,6 +350,8 @@ def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[n
             "p_true": pa.array(out.p_true, pa.float64()), "label": pa.array(out.label, pa.int32()),
             "after_t": pa.array(ts >= t_us),
         }))
+        if seg.day is not None:
+            batch[str(seg.day)] = _stream_samples(world, out, ids, np.ones(len(ts), dtype=bool))
         if seg.day is None or seg.day == last_day:
             stream.append(_stream_samples(world, out, ids, ts >= t_us - int(cfg.stream_overlap_s * US_PER_S)))
     stream_table = pa.concat_tables(stream)
@@ -360,7 +363,7 @@ def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[n
              "empty_days": [str(d) for d in cfg.empty_days]}
     log.info("generated %s: %d raw days (%d empty), %d stream samples; best AUC %s",
              spec.name, cfg.days, len(cfg.empty_days), stream_table.num_rows, best)
-    return GeneratedData(cfg, rows_per_day, stream_table, truth_table, best, extra)  # type: ignore[arg-type]
+    return GeneratedData(cfg, rows_per_day, stream_table, truth_table, best, extra, batch)  # type: ignore[arg-type]
 
 
 def _stream_samples(world: World, out: _Labelled, ids: pa.Array, keep: np.ndarray) -> pa.Table:

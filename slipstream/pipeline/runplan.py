@@ -26,6 +26,8 @@ from slipstream.errors import ConfigError, PlanError
 from slipstream.lake.planning import WindowFile, WindowPlan, pin_snapshot, plan_window_files, window_bounds
 from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runlayout import RUN_ID_PATTERN, run_dir, write_json_atomic
+from slipstream.samples.schema import DEFAULT_SPEC
+from slipstream.samples.spec import Spec, load_spec, spec_from_dict
 from slipstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -80,6 +82,10 @@ class RunPlan:
     """The window's data files at the snapshot, sorted by path: what the gate, warmup and trainer read."""
     request: TrainRequest | None = None
     """The knobs a person asked for; None when the trainer planned the run from its own config."""
+    spec: Spec = DEFAULT_SPEC
+    """The data set's feature spec the samples were made with: the trainer's inputs and tables,
+    the gate's suite and the report's features all follow it (plan.json carries it whole, so a
+    pod needs no spec file)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID_PATTERN.fullmatch(self.run_id):
@@ -105,6 +111,8 @@ class RunPlan:
         object.__setattr__(self, "files", tuple(self.files))
         if not all(isinstance(f, WindowFile) for f in self.files):
             raise PlanError("plan key 'files' must hold WindowFile entries")
+        if not isinstance(self.spec, Spec):
+            raise PlanError(f"plan key 'spec' must be a feature spec, got {type(self.spec).__name__}")
         if self.request is not None and self.request.window_days != self.window_days:
             raise PlanError(f"plan window spans {self.window_days} days but its request says window_days="
                             f"{self.request.window_days}: build the plan with build_run_plan")
@@ -141,7 +149,7 @@ class RunPlan:
 
     def data_differences(self, other: "RunPlan") -> list[str]:
         """The data facts in which two plans differ (empty: they train on the same data)."""
-        keys = ("table", "snapshot_id", "window_start", "t_handoff", "topic", "files")
+        keys = ("table", "snapshot_id", "window_start", "t_handoff", "topic", "files", "spec")
         return [k for k in keys if getattr(self, k) != getattr(other, k)]
 
     # --- plan.json ----------------------------------------------------------------------------
@@ -153,6 +161,8 @@ class RunPlan:
             "topic": self.topic, "bootstrap": self.bootstrap, "max_lateness_s": self.max_lateness_s,
             "cache_dir": self.cache_dir, "run_dir": self.run_dir,
             "request": self.request.to_dict() if self.request is not None else None,
+            "spec": {"name": self.spec.name, "version": self.spec.version, "digest": self.spec.digest,
+                     "document": self.spec.to_json()},
             "files": [{"path": f.path, "size_bytes": f.size_bytes, "record_count": f.record_count,
                        "delete_files": list(f.delete_files)} for f in self.files],
             "window_days": self.window_days, "file_count": len(self.files), "rows": self.rows, "bytes": self.bytes,
@@ -175,11 +185,12 @@ class RunPlan:
         if missing:
             raise PlanError(f"{where} lacks key(s) {', '.join(missing)}")
         try:
-            kwargs = {n: raw[n] for n in names - {"window_start", "t_handoff", "files", "request"}}
+            kwargs = {n: raw[n] for n in names - {"window_start", "t_handoff", "files", "request", "spec"}}
             kwargs["window_start"] = _parse_time(raw["window_start"], "window_start")
             kwargs["t_handoff"] = _parse_time(raw["t_handoff"], "t_handoff")
             kwargs["files"] = tuple(_parse_file(f, i) for i, f in enumerate(_list(raw["files"], "files")))
             kwargs["request"] = _parse_request(raw.get("request"))
+            kwargs["spec"] = _parse_spec(raw["spec"], where)
             return cls(**kwargs)
         except PlanError as e:
             raise PlanError(f"{where}: {e}") from None
@@ -212,6 +223,22 @@ def _parse_file(entry: Any, i: int) -> WindowFile:
     if not isinstance(entry["path"], str) or not entry["path"] or not all(isinstance(d, str) for d in deletes):
         raise PlanError(f"plan key '{key}.path' and its delete_files must be paths, got {entry!r}")
     return WindowFile(entry["path"], entry["size_bytes"], entry["record_count"], tuple(deletes))
+
+
+def _parse_spec(value: Any, where: str) -> Spec:
+    """The spec a plan carries: its document as JSON text (the order of features is the order of
+    columns, and plan.json is written with sorted keys), checked against its digest."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("document"), str):
+        raise PlanError("plan key 'spec' must hold the spec's document as JSON text under 'document'")
+    try:
+        doc = json.loads(value["document"])
+    except ValueError as e:
+        raise PlanError(f"plan key 'spec.document' is not JSON ({e})") from None
+    spec = spec_from_dict(doc, f"{where} key 'spec'")
+    if value.get("digest") not in (None, spec.digest):
+        raise PlanError(f"plan key 'spec' says digest {value.get('digest')} but its document's is {spec.digest}: "
+                        "the plan was edited; re-render it")
+    return spec
 
 
 def _parse_request(value: Any) -> TrainRequest | None:
@@ -258,7 +285,8 @@ def read_plan(path: Path) -> RunPlan:
 
 def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
                    snapshot_id: int | None, topic: str, bootstrap: str, cache_dir: str,
-                   max_lateness_s: float = DEFAULT_MAX_LATENESS_S, request: TrainRequest | None = None) -> RunPlan:
+                   max_lateness_s: float = DEFAULT_MAX_LATENESS_S, request: TrainRequest | None = None,
+                   spec: Spec = DEFAULT_SPEC) -> RunPlan:
     """Pin the snapshot (None: the current one, now), compute the window and plan its files: the
     one place a run's window and files are worked out."""
     if request is not None and request.window_days != window_days:
@@ -268,7 +296,7 @@ def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handof
     files = plan_window_files(table, snapshot, start, end).files
     return RunPlan(run_id=run_id, table=".".join(table.name()), snapshot_id=snapshot, window_start=start,
                    t_handoff=end, topic=topic, bootstrap=bootstrap, max_lateness_s=max_lateness_s,
-                   cache_dir=cache_dir, run_dir=str(run_dir), files=files, request=request)
+                   cache_dir=cache_dir, run_dir=str(run_dir), files=files, request=request, spec=spec)
 
 
 def plan_request(settings: Settings, table: "Table", *, run_id: str, request: TrainRequest, t_handoff: datetime,
@@ -277,7 +305,8 @@ def plan_request(settings: Settings, table: "Table", *, run_id: str, request: Tr
     broker and run folder (`build_run_plan` does the work)."""
     return build_run_plan(table, run_id=run_id, run_dir=run_dir(settings, run_id), t_handoff=t_handoff,
                           window_days=request.window_days, snapshot_id=snapshot_id, topic=settings.topic,
-                          bootstrap=settings.kafka_bootstrap, cache_dir=cache_dir, request=request)
+                          bootstrap=settings.kafka_bootstrap, cache_dir=cache_dir, request=request,
+                          spec=load_spec(settings.spec))
 
 
 def check_plan_files(table: "Table", plan: RunPlan) -> None:

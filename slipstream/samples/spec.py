@@ -116,7 +116,6 @@ class FeatureSpec:
     field: str
     """An events field, or `<table>.<field>` of a side table."""
     buckets: int | None = None
-    embed_dim: int | None = None
     log1p: bool = False
     clip: tuple[float, float] | None = None
     scale: float = 1.0
@@ -235,8 +234,9 @@ class Spec:
 
     @cached_property
     def digest(self) -> str:
-        """A short hash of the spec's content: two runs with the same digest derive the same samples."""
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """A short hash of the spec's content, in its order (the order of features is the order of
+        columns): two runs with the same digest derive the same samples."""
+        return hashlib.sha256(json.dumps(self.raw, default=str).encode()).hexdigest()[:16]
 
     def with_role(self, role: str) -> FeatureSpec | None:
         """The id feature with `role` (user or item), if the spec names one."""
@@ -248,6 +248,11 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.raw)
+
+    def to_json(self) -> str:
+        """The document as JSON text, in its order (a JSON *object* may be re-serialised with
+        sorted keys by whoever stores it; the order of sources, fields and features matters)."""
+        return json.dumps(self.raw, default=str)
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -372,7 +377,7 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
     label = _parse_label(doc["label"])
     features = tuple(
         FeatureSpec(
-            name=name, kind=f["kind"], field=f["field"], buckets=f.get("buckets"), embed_dim=f.get("embed_dim"),
+            name=name, kind=f["kind"], field=f["field"], buckets=f.get("buckets"),
             log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,  # type: ignore[arg-type]
             scale=float(f.get("scale", 1.0)), standardize=bool(f.get("standardize", False)),
             separator=f.get("separator"), length=int(f.get("length", 0)), per=f.get("per"), shares=f.get("shares"),

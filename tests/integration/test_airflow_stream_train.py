@@ -66,7 +66,7 @@ def _launch(spec, **sets: str):  # type: ignore[no-untyped-def]
     """The rendered job with test-sized knobs (`--set`, as an experiment would): small model, frequent checkpoints."""
     from slipstream.pipeline.jobspec import TrainJobSpec
 
-    knobs = {"model.user_buckets": "2003", "model.item_buckets": "1009", "model.category_buckets": "101",
+    knobs = {"model.buckets.user_id": "2003", "model.buckets.item_id": "1009", **{f"model.buckets.{c}": "101" for c in ("device_hash", "country_hash", "category_hash")},
              "model.embed_dim": "8", "model.bottom_mlp": "[16]", "model.top_mlp": "[16]", "data.stream_batch_size": "64",
              "data.stream_shuffle_buffer": "64", "run.checkpoint_every_steps": "3", "run.checkpoint_every_s": "0.3",
              "run.tensorboard": "false", **sets}

@@ -147,7 +147,9 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
 
     blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=False)
     assert blob["schema_version"] == SCHEMA_VERSION
-    model = CTRModel(ModelConfig(**blob["model_config"]))
+    from slipstream.samples.spec import spec_from_dict
+
+    model = CTRModel(spec_from_dict(json.loads(blob["spec"])), ModelConfig(**blob["model_config"]))
     model.load_state_dict(blob["state_dict"])
     rows = Rows.from_arrow(run.fx.days["2026-11-02"].slice(0, 100), source=0)
     p = torch.sigmoid(model(Features.from_rows(rows)))

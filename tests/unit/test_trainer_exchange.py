@@ -22,10 +22,10 @@ from trainers.rows import SOURCE_KAFKA, Rows
 def _rows(n: int, partitions: int = 4) -> Rows:
     hist_len = np.arange(n) % 3
     return Rows(
-        user=np.arange(n, dtype=np.int64), item=np.arange(n, dtype=np.int64) * 2,
-        cats=np.zeros((n, 2), dtype=np.int64), dense=np.ones((n, 3), dtype=np.float32),
-        hist_values=np.arange(int(hist_len.sum()), dtype=np.int64),
-        hist_offsets=np.concatenate([[0], np.cumsum(hist_len)]).astype(np.int64),
+        sparse=np.stack([np.arange(n), np.arange(n) * 2, np.zeros(n), np.zeros(n)], axis=1).astype(np.int64),
+        dense=np.ones((n, 3), dtype=np.float32),
+        list_values=(np.arange(int(hist_len.sum()), dtype=np.int64),),
+        list_offsets=(np.concatenate([[0], np.cumsum(hist_len)]).astype(np.int64),),
         label=(np.arange(n) % 2).astype(np.float32), event_us=np.arange(n, dtype=np.int64),
         sample_id=pa.array([f"s-{i}" for i in range(n)], pa.string()),
         source=np.full(n, SOURCE_KAFKA, dtype=np.int8), epoch=np.zeros(n, dtype=np.int32),
@@ -44,8 +44,8 @@ def test_split_deals_every_row_to_exactly_one_piece_balanced() -> None:
     # each piece keeps its rows' columns together (history too)
     for p in pieces:
         idx = np.array([int(s[2:]) for s in p.sample_id.to_pylist()])
-        assert (p.user == idx).all() and (p.partition == idx % 4).all()
-        assert np.diff(p.hist_offsets).tolist() == (idx % 3).tolist()
+        assert (p.sparse[:, 0] == idx).all() and (p.partition == idx % 4).all()
+        assert np.diff(p.list_offsets[0]).tolist() == (idx % 3).tolist()
 
 
 def test_split_is_a_function_of_seed_rank_and_step() -> None:

@@ -8,6 +8,8 @@ from datetime import date
 import numpy as np
 import pytest
 
+from slipstream.samples.schema import DEFAULT_SPEC
+from trainers.rows import DEFAULT_LAYOUT
 from slipstream.samples.codec import codec_for, decode_samples, encode_samples
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.samples.schema import is_holdout
@@ -47,6 +49,7 @@ class _Consumer:
 
 def _source(positions: dict[int, int], batches: list[list[_Msg]]) -> KafkaSource:
     src = KafkaSource.__new__(KafkaSource)
+    src.spec, src.layout = DEFAULT_SPEC, DEFAULT_LAYOUT
     src.topic, src.dlq_topic, src.bootstrap = "t", "t-dlq", "127.0.0.1:1"
     src.partitions = sorted(positions)
     src.positions = dict(positions)

@@ -17,10 +17,12 @@ import torch.nn.functional as F
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError
 from slipstream.pipeline.request import KNOBS_BY_NAME
+from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.settings import Settings
 from trainers.config import DataConfig, ModelConfig, OptimConfig, load_config
 from trainers.drift import DriftGauge
-from trainers.model import ID_TABLES, build_model, build_optimizer, param_groups, phase_lrs, set_lrs
+from trainers.model import build_model, build_optimizer, is_id_param, param_groups, phase_lrs, set_lrs
+from tests.trainer_fixtures import SMALL_BUCKETS
 from trainers.rows import Features, Rows
 
 
@@ -32,7 +34,7 @@ def feats() -> Features:
 
 
 def _model() -> torch.nn.Module:
-    return build_model(ModelConfig(user_buckets=101, item_buckets=53, category_buckets=11, embed_dim=4), seed=0)
+    return build_model(DEFAULT_SPEC, ModelConfig(buckets=SMALL_BUCKETS, embed_dim=4), seed=0)
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, f: Features) -> None:
@@ -48,7 +50,9 @@ def test_every_parameter_is_in_exactly_one_named_group() -> None:
     assert [g["name"] for g in groups] == ["ids", "shared"]
     seen = [id(p) for g in groups for p in g["params"]]  # type: ignore[attr-defined]
     assert sorted(seen) == sorted(id(p) for p in model.parameters())
-    ids = {id(p) for n, p in model.named_parameters() if n.split(".")[0] in ID_TABLES}
+    ids = {id(p) for n, p in model.named_parameters() if is_id_param(model, n)}  # type: ignore[arg-type]
+    names = sorted(n for n, p in model.named_parameters() if is_id_param(model, n))  # type: ignore[arg-type]
+    assert names == ["biases.item_id.weight", "biases.user_id.weight", "tables.item_id.weight", "tables.user_id.weight"]
     assert {id(p) for p in groups[0]["params"]} == ids and len(ids) == 4  # type: ignore[attr-defined]
 
 
@@ -156,9 +160,9 @@ def test_the_id_tables_have_their_own_weight_decay_and_it_shrinks_unseen_rows(fe
     assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"ids": 1e-4, "shared": 0.0}
     assert {g["name"]: g["weight_decay"] for g in build_optimizer(_model(), "adam", 0.003, 0.01).param_groups} == \
         {"ids": 0.01, "shared": 0.01}  # type: ignore[arg-type]
-    user = model.user.weight  # type: ignore[union-attr]
+    user = model.tables["user_id"].weight  # type: ignore[index]
     unseen = torch.ones(user.shape[0], dtype=torch.bool)
-    unseen[torch.remainder(feats.user, user.shape[0])] = False
+    unseen[torch.remainder(feats.sparse[:, 0], user.shape[0])] = False
     start = user.detach()[unseen].norm()
     for _ in range(5):
         _step(model, opt, feats)

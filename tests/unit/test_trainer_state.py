@@ -14,12 +14,14 @@ import torch
 
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError, ResumeError
+from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.settings import Settings
 from trainers.audit import AuditWriter, drop_uncommitted, read_audit
 from trainers.checkpoint import Checkpointer
 from trainers.config import ModelConfig, load_config
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
 from trainers.model import build_model
+from tests.trainer_fixtures import SMALL_BUCKETS
 from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_from_state, rows_to_state
 from trainers.state import resume_point
 
@@ -132,9 +134,9 @@ def test_checkpoint_commit_is_atomic_and_uncommitted_audit_is_dropped(tmp_path: 
 
 def test_model_consumes_variable_length_histories_without_padding(table: pa.Table) -> None:
     rows = Rows.from_arrow(table.slice(0, 64), source=0)
-    lengths = np.diff(rows.hist_offsets)
+    lengths = np.diff(rows.list_offsets[0])
     assert lengths.min() == 0 and lengths.max() > 1  # empty and long histories in one batch
-    model = build_model(ModelConfig(user_buckets=101, item_buckets=53, category_buckets=11, embed_dim=4), seed=0)
+    model = build_model(DEFAULT_SPEC, ModelConfig(buckets=SMALL_BUCKETS, embed_dim=4), seed=0)
     out = model(Features.from_rows(rows))
     assert out.shape == (64,) and torch.isfinite(out).all()
     empty = model(Features.from_rows(Rows.empty()))

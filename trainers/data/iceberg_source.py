@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
 from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
-from trainers.rows import READ_COLUMNS, SOURCE_ICEBERG, Rows
+from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
+from trainers.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
 from trainers.stateful import check_version
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,14 @@ class ChunkStats:
 
 
 def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None = None,
-               submitted: Callable[[], None] | None = None) -> pa.Table:
+               submitted: Callable[[], None] | None = None, layout: RowLayout = DEFAULT_LAYOUT) -> pa.Table:
     """Read the given units (row groups) in the given order into one table. With a pool, every
     row group is read by a task of its own (each file is still opened once), so Arrow decodes the
     row groups side by side: a chunk's slowest column (the history lists) is then split across
     cores instead of being decoded one row group after another. `submitted` is called once every
-    read is queued on the pool (or, without one, before reading)."""
+    read is queued on the pool (or, without one, before reading). A file lacking one of the
+    layout's feature columns (written before the spec had the feature) is read without it: `Rows`
+    gives those rows the feature's default."""
     by_file: dict[str, list[int]] = defaultdict(list)
     for u in units:
         by_file[u.path].append(u.row_group)  # files in order of first appearance
@@ -66,8 +69,8 @@ def read_units(units: list[WorkUnit], open_file: Opener, pool: Executor | None =
             fh = files.enter_context(open_file(path))
             pf = pq.ParquetFile(fh)
             present = set(pf.schema_arrow.names)
-            names = [c for c in READ_COLUMNS if c in present]
-            missing = set(READ_COLUMNS) - set(names)
+            names = [c for c in layout.read_columns if c in present]
+            missing = {SAMPLE_ID, EVENT_TIME, LABEL} - present
             if missing:
                 raise ValueError(f"data file {path} lacks sample column(s) {sorted(missing)}: it does not hold samples")
             readers.append((fh, pf, groups, names))
@@ -130,8 +133,10 @@ class IcebergSource:
         window_us: tuple[int, int],
         prefetch_chunks: int = 2,
         read_threads: int = 3,
+        layout: RowLayout = DEFAULT_LAYOUT,
     ) -> None:
         self.units = units
+        self.layout = layout
         self.open_file = open_file
         self.rank, self.world, self.seed = rank, world, seed
         self.batch_size = batch_size
@@ -171,12 +176,12 @@ class IcebergSource:
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None,
                    pool: Executor | None = None, submitted: Callable[[], None] | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
-        table = read_units([self.units[i] for i in idx], self.open_file, pool, submitted)
+        table = read_units([self.units[i] for i in idx], self.open_file, pool, submitted, self.layout)
         train = self._training_rows(table, idx, self.stats if stats is None else stats)
         perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
         # table (no filtered copy, no second permuted copy)
-        return Rows.from_arrow(table, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
+        return Rows.from_arrow(table, self.layout, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
     def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
         """Ascending indices of the training rows (inside the window, not held out) of a chunk's

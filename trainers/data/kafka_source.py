@@ -26,7 +26,9 @@ from slipstream.samples.codec import decode_samples
 from slipstream.errors import HandoffError, ResumeError
 from slipstream.stream.kafka import consumer_config
 from trainers.data.holdout import holdout_mask
-from trainers.rows import SOURCE_KAFKA, Rows
+from slipstream.samples.schema import DEFAULT_SPEC
+from slipstream.samples.spec import Spec
+from trainers.rows import SOURCE_KAFKA, RowLayout, Rows
 from trainers.stateful import check_version
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,9 @@ class KafkaSource:
         consume_timeout_s: float,
         lag_interval_s: float,
         group: str,
+        spec: Spec = DEFAULT_SPEC,
     ) -> None:
+        self.spec, self.layout = spec, RowLayout.from_spec(spec)
         self.topic, self.dlq_topic = topic, dlq_topic
         self.bootstrap = bootstrap
         self.partitions = list(partitions)
@@ -103,7 +107,7 @@ class KafkaSource:
             self.idle = True
             if block:
                 time.sleep(min(self.consume_timeout_s, 0.05))
-            return Rows.empty()
+            return Rows.empty(self.layout)
         started = time.perf_counter()
         msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s if block else 0.0)
         self.wait_s += time.perf_counter() - started
@@ -134,7 +138,7 @@ class KafkaSource:
         stamps = np.asarray([m.timestamp()[1] for m in good], dtype=np.int64)
         self.idle = len(msgs) < self.consume_batch
         if not values:
-            return Rows.empty()
+            return Rows.empty(self.layout)
         return self._decode(values, parts, offs, stamps, good)
 
     def _all_new(self, parts: np.ndarray, offs: np.ndarray) -> bool:
@@ -155,13 +159,13 @@ class KafkaSource:
         are read only for dead letters)."""
         c = self.counters
         c.records += len(values)
-        decoded = decode_samples(values)
+        decoded = decode_samples(values, self.spec)
         for i, reason in decoded.bad:
             self._dead_letter(values[i], msgs[i].key(), reason, int(parts[i]), int(offs[i]))
         idx = decoded.good_index
         table = decoded.table
         if table.num_rows == 0:
-            return Rows.empty()
+            return Rows.empty(self.layout)
         now_ms = int(time.time() * 1000)
         # which rows train is decided on the decoded columns, so `Rows` gathers only those rows
         event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
@@ -173,7 +177,7 @@ class KafkaSource:
         keep = np.flatnonzero(~before & ~hold)
         c.fresh += len(keep)
         return Rows.from_arrow(
-            table, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
+            table, self.layout, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
             consumed_ms=np.full(len(idx), now_ms, dtype=np.int64), take=None if len(keep) == len(idx) else keep,
         )
 

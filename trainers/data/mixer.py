@@ -20,17 +20,18 @@ from typing import Any, Callable
 import numpy as np
 
 from slipstream.errors import ResumeError
-from trainers.rows import SOURCE_REPLAY, Rows, rows_from_state, rows_to_state
+from trainers.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
 from trainers.stateful import check_version
 
 STATE_VERSION = 1
 
 
 class StreamShuffle:
-    def __init__(self, capacity: int, seed: int, rank: int) -> None:
+    def __init__(self, capacity: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT) -> None:
         self.capacity = capacity
+        self.layout = layout
         self.rng = np.random.default_rng([seed, rank, 17])
-        self.rows = Rows.empty()
+        self.rows = Rows.empty(layout)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -43,7 +44,7 @@ class StreamShuffle:
         """Up to n random rows once the buffer is full, or whatever is there when idle."""
         have = len(self.rows)
         if have == 0 or (have < self.capacity and not idle):
-            return Rows.empty()
+            return Rows.empty(self.layout)
         k = min(n, have)
         pick = self.rng.choice(have, size=k, replace=False) if k < have else self.rng.permutation(have)
         rest = np.ones(have, dtype=bool)
@@ -65,11 +66,12 @@ class StreamShuffle:
 
 
 class ReplayReservoir:
-    def __init__(self, capacity: int, start_us: int, seed: int, rank: int) -> None:
+    def __init__(self, capacity: int, start_us: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT) -> None:
         self.capacity = capacity
         self.start_us = start_us
+        self.layout = layout
         self.rng = np.random.default_rng([seed, rank, 29])
-        self.rows = Rows.empty()
+        self.rows = Rows.empty(layout)
         self.keys = np.zeros(0)
         self.replayed = 0
 
@@ -90,7 +92,7 @@ class ReplayReservoir:
 
     def draw(self, n: int) -> Rows:
         if n <= 0 or not len(self.rows):
-            return Rows.empty()
+            return Rows.empty(self.layout)
         out = self.rows.take(self.rng.integers(0, len(self.rows), n))
         out.source[:] = SOURCE_REPLAY
         self.replayed += n
@@ -128,12 +130,12 @@ def exchange_split(rows: Rows, world: int, seed: int, rank: int, step: int) -> l
     same polled rows a resumed run deals them the same way, and over many steps every rank gets
     the same share of every sender's rows."""
     if world <= 1 or not len(rows):
-        return [rows] + [Rows.empty() for _ in range(world - 1)]
+        return [rows] + [rows.slice(0, 0) for _ in range(world - 1)]
     rng = np.random.default_rng([seed, rank, step, 53])
     chunks = np.array_split(rng.permutation(len(rows)), world)
     shift = (rank + step) % world
     chunks = chunks[-shift:] + chunks[:-shift] if shift else chunks
-    return [rows.take(np.sort(c)) if len(c) else Rows.empty() for c in chunks]
+    return [rows.take(np.sort(c)) if len(c) else rows.slice(0, 0) for c in chunks]
 
 
 def exchange(rows: Rows, all_to_all: Callable[[list[Any]], list[Any]], world: int, rank: int, seed: int,
@@ -149,7 +151,7 @@ def exchange(rows: Rows, all_to_all: Callable[[list[Any]], list[Any]], world: in
     got = all_to_all(send)
     got[rank] = mine
     parts = [g for g in got if g is not None and len(g)]
-    return (Rows.concat(parts) if len(parts) > 1 else (parts[0] if parts else Rows.empty())), len(rows) - len(mine)
+    return (Rows.concat(parts) if len(parts) > 1 else (parts[0] if parts else rows.slice(0, 0))), len(rows) - len(mine)
 
 
 def replay_count(batch_size: int, share: float) -> int:
