@@ -92,7 +92,7 @@ def evaluate(tr: "Trainer", units: list[Any], final_offsets: dict[int, int]) -> 
         import torch
 
         m = build_model(tr.cfg.model, tr.cfg.data.seed).to(tr.d.device)
-        m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=False)["model"])
+        m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
         # before T too: what the stream phase cost (or gained) on the window's slice
         a_bb, ll_bb, _, _, _ = _gathered_metrics(tr, m, before)
         out.update(auc_before_t_batch_only=a_bb, logloss_before_t_batch_only=ll_bb)

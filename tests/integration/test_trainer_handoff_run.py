@@ -145,7 +145,7 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
     from trainers.model import CTRModel
     from trainers.rows import Features, Rows
 
-    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=False)
+    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     assert blob["schema_version"] == SCHEMA_VERSION
     model = CTRModel(ModelConfig(**blob["model_config"]))
     model.load_state_dict(blob["state_dict"])
