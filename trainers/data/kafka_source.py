@@ -8,6 +8,12 @@
   phase trained them); held-out records are kept out of training; bad records go to the dead-letter
   topic with the reason and their origin in headers.
 - `positions` is the next offset to read per partition: what a checkpoint stores.
+- A broker that lost records this run already read (noida-db killed -9, a broker restarted on an
+  empty data dir) is detected, never skipped past: the consumer never resets its offsets by itself
+  (`auto.offset.reset=error`), and a partition whose high watermark is below the run's position
+  (at start, at every watermark refresh, on an out-of-range fetch) stops the run with
+  `StreamDataLost` naming topic, partition and offsets. New records there would otherwise reuse
+  offsets the run has passed and never be trained.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from slipstream.samples.codec import decode_samples
-from slipstream.errors import HandoffError
+from slipstream.errors import HandoffError, StreamDataLost
 from slipstream.stream.kafka import consumer_config
 from trainers.data.holdout import holdout_mask
 from trainers.rows import SOURCE_KAFKA, Rows
@@ -88,8 +94,11 @@ class KafkaSource:
         self._high_at = 0.0
         self._unknown = False
         self._dlq: Producer | None = None
-        self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50}))
+        # offsets are ours (checkpointed): an out-of-range position is an error, never a silent reset
+        self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50,
+                                                                            "auto.offset.reset": "error"}))
         if self.partitions:
+            self.lag(refresh=True)  # a broker that lost what this run read is refused before any poll
             self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in self.partitions])
 
     # --- reading ----------------------------------------------------------------------------
@@ -112,6 +121,8 @@ class KafkaSource:
                     continue
                 if err.fatal():
                     raise KafkaException(err)
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    self._refuse_lost(m.partition(), f"the fetch at its position was refused ({err.str()})")
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error on %s: %s (retrying)", self.topic, err)
         parts = np.asarray([m.partition() for m in good], dtype=np.int64)
@@ -211,14 +222,30 @@ class KafkaSource:
             for p in self.partitions:
                 try:
                     _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=2, cached=False)
-                    self._high[p] = high
                 except KafkaException as e:
                     # broker unreachable: the lag is unknown, never "caught up" (data.stop.timeout_s caps the wait)
                     self._unknown = True
                     log.warning("watermarks of %s[%d] unavailable (%s): lag unknown", self.topic, p, e)
+                    continue
+                self._high[p] = high
+                if high < self.positions[p]:  # a fresh watermark, not one cached before records arrived
+                    self._refuse_lost(p, f"its high watermark is {high}")
             self._high_at = now
         lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
         return max(lag, 1) if self._unknown else lag
+
+    def _refuse_lost(self, partition: int | None, evidence: str) -> None:
+        """Stop the run: the broker lost records of `partition` this run has already read."""
+        p = partition if partition in self.positions else None
+        where = f"{self.topic}[{p}]" if p is not None else f"{self.topic} (partitions {self.partitions})"
+        at = f"this run's next offset is {self.positions[p]}" if p is not None else f"this run's positions are {self.positions}"
+        raise StreamDataLost(
+            f"Kafka partition {where} on {self.bootstrap} lost records this run already read: {at} but {evidence}. "
+            "The broker dropped acknowledged records (a noida-db broker killed with -9 loses its last "
+            "seconds of writes; a broker restarted on an empty data dir loses all), and new records would "
+            "reuse offsets below the position and never be trained. Restore the topic's data and resume, "
+            "or start a new run (new run.run_id) on the topic as it is now."
+        )
 
     def close(self) -> None:
         try:
