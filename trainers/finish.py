@@ -114,6 +114,15 @@ def best_auc(path: str) -> dict[str, Any]:
     return {"best_auc": best, "best_auc_before_t": best.get("holdout_before_t"), "best_auc_after_t": best.get("holdout_after_t")}
 
 
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The metrics.json of a run that already finished (a resume of it changes nothing), or None."""
+    try:
+        summary = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     final = tr.global_positions()
@@ -132,6 +141,9 @@ def finish(tr: "Trainer", units: list[Any], wall_s: float) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "run_id": tr.cfg.run.run_id, "snapshot_id": dc.snapshot_id, "t_handoff": dc.handoff_time.isoformat(),
         "window_start": dc.window_start.isoformat(), "window_days": dc.window_days,
+        # where the data came from, so the report audits this run's sources, not the deployment's defaults
+        "catalog": dc.catalog, "namespace": dc.namespace, "table": dc.table,
+        "kafka_bootstrap": dc.bootstrap, "topic": dc.topic, "dlq_topic": dc.dlq_topic,
         **c,
         "handoff_offsets": {str(k): v for k, v in (tr.handoff_offsets or {}).items()},
         "handoff_methods": {str(k): v for k, v in tr.handoff_methods.items()},

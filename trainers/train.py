@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str, Any]:
     """Train as configured (collective over the torchrun world); returns the summary on rank 0."""
     from trainers.distributed import init_distributed
-    from trainers.finish import finish
+    from trainers.finish import finish, finished_summary
     from trainers.trainer import Trainer
 
     started = time.monotonic()
@@ -47,6 +47,10 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None) -> dict[str
         tr = Trainer(cfg, d, settings, open_file)
         units = tr.plan()
         rp = tr.resume()
+        if rp is not None and rp.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
+            log.info("run %s already finished at step %d: its metrics.json stays as it is", cfg.run.run_id, rp.step)
+            tr.metrics.close()
+            return done if d.is_main else {}
         if tr.phase == "batch":
             tr.batch_phase(units, rp)
             if cfg.data.stream:

@@ -8,6 +8,7 @@ dropped, bad records in the dead-letter topic with their reason and origin, the 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,3 +155,27 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
     assert p.shape == (100,) and bool(((p > 0) & (p < 1)).all())
     info = json.loads((run.run_dir / "export" / "model.json").read_text())
     assert info["snapshot_id"] == run.fx.snapshot_id and info["run_id"] == "e2e"
+
+
+def test_the_report_audits_the_runs_own_topic_and_broker(run: Run) -> None:
+    """The run set data.topic and data.bootstrap; the deployment's settings name another topic on a
+    broker that is not there. The report's audit must read the run's own (issue 23, item 3)."""
+    from slipstream.quality.report import render_report
+    from slipstream.settings import Settings
+
+    assert run.summary["topic"] == run.topic and run.summary["kafka_bootstrap"] == run.bootstrap
+    home = run.run_dir.parent.parent
+    deployment = Settings(home=home, topic="samples", kafka_bootstrap="127.0.0.1:9")
+    text = render_report(deployment, "e2e").read_text()
+    assert "exactly once: 0 lost, 0 duplicated" in text
+    kafka_row = re.search(r"<tr><td>kafka</td><td>0</td><td>([\d,]+)</td><td>([\d,]+)</td><td>0</td><td>0</td><td>0</td>", text)
+    assert kafka_row is not None and int(kafka_row.group(1).replace(",", "")) == len(run.expected_stream)
+
+
+def test_resuming_a_finished_run_keeps_its_summary(run: Run) -> None:
+    home = run.run_dir.parent.parent
+    before = (run.run_dir / "metrics.json").read_text()
+    again = run_torchrun(home, home / "train.json", nproc=2)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert json.loads((run.run_dir / "metrics.json").read_text()) == json.loads(before)
+    assert json.loads(before)["stop_reason"].startswith("caught up")
