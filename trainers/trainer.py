@@ -282,7 +282,7 @@ class Trainer:
         src = KafkaSource(bootstrap=dc.bootstrap, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=self.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
-                          group=f"slipstream-train-{self.cfg.run.run_id}")
+                          group=f"slipstream-train-{self.cfg.run.run_id}", max_future_skew_s=dc.max_future_skew_s)
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
@@ -399,6 +399,7 @@ class Trainer:
         s.newest_event_us = newest
         s.dead_reasons = reasons
         self.positions.update(src.positions)
+        self.audit.add_dead_letters(src.take_dead_letters(), self.step)
 
     def _record_latency(self, batch: Rows) -> None:
         if len(batch) and self.d.is_main and sum(len(x) for x in self.latencies_ms) < 200_000:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,13 @@ from trainers.data.holdout import holdout_mask
 from trainers.rows import SOURCE_KAFKA, Rows
 
 log = logging.getLogger(__name__)
+
+
+def _iso(us: int) -> str:
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return f"{us} us since 1970"
 
 
 def assigned_partitions(partitions: list[int], rank: int, world: int) -> list[int]:
@@ -78,6 +86,7 @@ class KafkaSource:
         consume_timeout_s: float,
         lag_interval_s: float,
         group: str,
+        max_future_skew_s: float = 3600.0,
     ) -> None:
         self.topic, self.dlq_topic = topic, dlq_topic
         self.bootstrap = bootstrap
@@ -86,6 +95,10 @@ class KafkaSource:
         self.t_us = t_handoff_us
         self.consume_batch, self.consume_timeout_s = consume_batch, consume_timeout_s
         self.lag_interval_s = lag_interval_s
+        self.max_future_us = int(max_future_skew_s * 1_000_000)
+        self.dead_lettered: list[tuple[int, int, str]] = []
+        """(partition, offset, sample id or "") of each dead letter since the trainer last took them
+        (`take_dead_letters`): the audit accounts for them, so a dead letter is not a lost sample."""
         self.counters = StreamCounters()
         self.wait_s = 0.0
         self.idle = False
@@ -173,21 +186,44 @@ class KafkaSource:
         now_ms = int(time.time() * 1000)
         # which rows train is decided on the decoded columns, so `Rows` gathers only those rows
         event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
-        before = event_us < self.t_us
-        hold = holdout_mask(table.column("sample_id"))
+        sane = self._check_event_times(event_us, now_ms * 1000, table, values, idx, parts, offs, msgs)
+        before = sane & (event_us < self.t_us)
+        hold = sane & holdout_mask(table.column("sample_id"))
         c.dropped_before_t += int(before.sum())
         c.holdout += int((hold & ~before).sum())
-        c.newest_event_us = max(c.newest_event_us, int(event_us.max()))
-        keep = np.flatnonzero(~before & ~hold)
+        if sane.any():
+            c.newest_event_us = max(c.newest_event_us, int(event_us[sane].max()))
+        keep = np.flatnonzero(sane & ~before & ~hold)
         c.fresh += len(keep)
         return Rows.from_arrow(
             table, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
             consumed_ms=np.full(len(idx), now_ms, dtype=np.int64), take=None if len(keep) == len(idx) else keep,
         )
 
-    def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int) -> None:
+    def _check_event_times(self, event_us: np.ndarray, now_us: int, table: pa.Table, values: list[bytes | None],
+                           idx: np.ndarray, parts: np.ndarray, offs: np.ndarray, msgs: list[Any]) -> np.ndarray:
+        """Which decoded rows have a believable event time; the others become dead letters."""
+        early, late = event_us < 0, event_us > now_us + self.max_future_us
+        bad = np.flatnonzero(early | late)
+        for j in bad.tolist():
+            i = int(idx[j])
+            at = _iso(int(event_us[j]))
+            reason = (f"event_time out of range: {at} is before 1970-01-01" if early[j] else
+                      f"event_time out of range: {at} is more than {self.max_future_us / 1e6:.0f}s after the "
+                      f"consumer's clock (data.max_future_skew_s)")
+            self._dead_letter(values[i], msgs[i].key(), reason, int(parts[i]), int(offs[i]),
+                              sample_id=str(table.column("sample_id")[j]))
+        return ~(early | late)
+
+    def take_dead_letters(self) -> list[tuple[int, int, str]]:
+        out, self.dead_lettered = self.dead_lettered, []
+        return out
+
+    def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int,
+                     sample_id: str = "") -> None:
         c = self.counters
         c.dead_letters += 1
+        self.dead_lettered.append((partition, offset, sample_id))
         kind = reason.split(":")[0][:60]
         c.dead_reasons[kind] = c.dead_reasons.get(kind, 0) + 1
         if self._dlq is None:
