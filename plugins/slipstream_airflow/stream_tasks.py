@@ -14,16 +14,22 @@ from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.jobspec import TrainRequest, build_train_spec
 from slipstream.pipeline.runlayout import update_summary, run_dir
 from slipstream.settings import Settings
+from slipstream_airflow.callbacks import fail_fast
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob, launch_kind
 
 
+STREAM_PARAMS = ("stream_name", "export_every_min")
+"""stream_train's own params besides the training knobs."""
+
+
+@fail_fast
 def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.lake.planning import pin_snapshot
     from slipstream.lake.retrain_plan import days_present
 
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
-    request = TrainRequest.from_params(params)
+    request = TrainRequest.from_params(params, STREAM_PARAMS)
     table = samples_table(get_catalog(settings), settings.namespace)
     snapshot_id = pin_snapshot(table)
     days = days_present(table)

@@ -18,6 +18,7 @@ from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.jobspec import TrainRequest, build_train_spec, warmup_args
 from slipstream.pipeline.runlayout import format_summary, make_run_id, read_summary, run_dir, update_summary
 from slipstream.settings import Settings
+from slipstream_airflow.callbacks import fail_fast
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, LAUNCH_TASKS, TRAIN_TASK_IDS, RenderedJob, launch_kind
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def _samples_table(settings: Settings) -> Any:
     return samples_table(get_catalog(settings), settings.namespace)
 
 
+@fail_fast
 def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Build the interval's day and every missing window day in ONE preprocessing call."""
     from slipstream.pipeline.preprocess_launch import run_preprocess_days
@@ -88,6 +90,7 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
     return {"run_id": run_id, "snapshot_id": snapshot_id, "days": list(per_day), "rows": sum(r["rows"] for r in per_day.values())}
 
 
+@fail_fast
 def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Mapping[str, Any]) -> dict[str, Any]:
     """Stops the run (QualityGateFailed) when a critical expectation fails on the training window
     (the new day was also gated on its own by preprocess_samples)."""
@@ -106,6 +109,7 @@ def quality_gate(context: Mapping[str, Any], params: Mapping[str, Any], pre: Map
     return {"run_id": pre["run_id"], "snapshot_id": int(pre["snapshot_id"]), **scalars(detail)}
 
 
+@fail_fast
 def render_job(context: Mapping[str, Any], params: Mapping[str, Any], gate: Mapping[str, Any]) -> list[str]:
     """Render the ONE job spec of this run (pushed under the `job` key) and pick the launch tasks."""
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
@@ -124,6 +128,7 @@ def render_job(context: Mapping[str, Any], params: Mapping[str, Any], gate: Mapp
     return list(LAUNCH_TASKS[kind])
 
 
+@fail_fast
 def warmup_local(context: Mapping[str, Any], params: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
     """Copy the window's files at the pinned snapshot to the local cache."""
     from slipstream.cache.warm import warm_window
