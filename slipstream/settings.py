@@ -178,24 +178,34 @@ def read_settings_file(home: Path) -> dict[str, str]:
     return out
 
 
-def write_settings_file(home: Path, values: Mapping[str, str]) -> Path:
-    """Replace `<home>/settings.env` with `values`, atomically and readable by the owner only
-    (it may hold keys): the file is created with mode 0600, never widened afterwards."""
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=home, prefix=f".{SETTINGS_FILE}.")  # mkstemp creates it 0600
+def write_private_file(path: Path, text: str) -> Path:
+    """Replace `path` with `text`, atomically and readable by its owner only, from the first byte:
+    the content goes into a file created with mode 0600 (mkstemp) that is then renamed into place,
+    so no moment exists in which a secret sits in a file with the default permissions."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write("# written by `slipstream stack up`: the endpoints it started; the environment wins\n")
-            for key in sorted(values):
-                if "\n" in values[key]:
-                    raise ConfigError(f"setting {key} must be one line, got {values[key]!r}")
-                f.write(f"{key}={values[key]}\n")
-        os.replace(tmp, home / SETTINGS_FILE)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return home / SETTINGS_FILE
+    return path
+
+
+def write_settings_file(home: Path, values: Mapping[str, str]) -> Path:
+    """Replace `<home>/settings.env` with `values`, atomically and readable by the owner only
+    (it may hold keys): the file is created with mode 0600, never widened afterwards."""
+    lines = ["# written by `slipstream stack up`: the endpoints it started; the environment wins\n"]
+    for key in sorted(values):
+        if "\n" in values[key]:
+            raise ConfigError(f"setting {key} must be one line, got {values[key]!r}")
+        lines.append(f"{key}={values[key]}\n")
+    return write_private_file(Path(home) / SETTINGS_FILE, "".join(lines))
 
 
 def remove_settings_file(home: Path) -> None:
