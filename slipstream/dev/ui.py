@@ -101,6 +101,15 @@ def up(settings: Settings, *, port: int | None = None, password: str | None = No
     from slipstream.dev import stack
 
     state = stack.up(settings, airflow=True)
+    try:
+        return _start_components(settings, state, port, password, timeout_s)
+    except BaseException:  # also the broker (and S3 server) this call started for the UI
+        stack.stop_started(settings.home, state)
+        raise
+
+
+def _start_components(settings: Settings, state: StackState, port: int | None, password: str | None,
+                      timeout_s: float) -> UiInfo:
     running = {n: s for n, s in state.services.items() if n in COMPONENTS and pid_alive(s.pid)}
     home = settings.home / "airflow"
     password = password or os.environ.get("SLIPSTREAM_UI_PASSWORD") or _secret(home / ".ui_password", 12)
