@@ -58,7 +58,7 @@ def holdout_after_t(tr: "Trainer", final: dict[int, int], cap: int) -> Rows:
     per_part = max(1, cap * HOLDOUT_MODULO // max(len(tr.handoff_offsets), 1))
     ranges = {p: (max(tr.handoff_offsets[p], final.get(p, 0) - per_part), final.get(p, 0)) for p in parts}
     out: list[Rows] = []
-    for values, _, _ in read_range(tr.cfg.data.bootstrap, tr.cfg.data.topic, ranges, f"slipstream-eval-{tr.cfg.run.run_id}"):
+    for values, _, _ in read_range(tr.broker, tr.cfg.data.topic, ranges, f"slipstream-eval-{tr.cfg.run.run_id}"):
         t = decode_samples(values).table
         if t.num_rows == 0:
             continue

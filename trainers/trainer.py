@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from slipstream.errors import ResumeError
 from slipstream.stream.handoff import find_handoff
 from slipstream.lake.iceberg import get_catalog
-from slipstream.stream.kafka import create_topic
+from slipstream.stream.kafka import KafkaAccess, create_topic
 from slipstream.lake.planning import pin_snapshot, plan_window_files
 from slipstream.settings import Settings
 from trainers.audit import AuditWriter, drop_uncommitted
@@ -53,6 +53,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, d: Dist, settings: Settings, open_file: Opener | None = None) -> None:
         self.cfg, self.d, self.settings = cfg, d, settings
         self.run_dir = cfg.run.run_dir
+        self.broker = KafkaAccess.from_settings(settings, cfg.data.bootstrap)  # address + security of every client
         self.t_us = _us(cfg.data.handoff_time)
         self.start_us = _us(cfg.data.window_start)
         if cfg.run.num_threads:
@@ -258,8 +259,8 @@ class Trainer:
         dc = self.cfg.data
         plan: Any = None
         if self.d.is_main:
-            plan = find_handoff(dc.bootstrap, dc.topic, dc.handoff_time, dc.max_lateness_s)
-            create_topic(dc.bootstrap, dc.dlq_topic, 1)
+            plan = find_handoff(self.broker, dc.topic, dc.handoff_time, dc.max_lateness_s)
+            create_topic(self.broker, dc.dlq_topic, 1)
             atomic_torch_save({"model": self.model.state_dict()}, self._batch_only_path())
             plan = (plan.offsets, {p: h.method for p, h in plan.partitions.items()})
         offsets, methods = self.d.broadcast(plan)
@@ -279,7 +280,7 @@ class Trainer:
         dc, stop = self.cfg.data, self.cfg.data.stop
         parts = assigned_partitions(sorted(self.positions), self.d.rank, self.d.world)
         self.my_partitions = parts
-        src = KafkaSource(bootstrap=dc.bootstrap, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
+        src = KafkaSource(bootstrap=self.broker, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=self.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
                           group=f"slipstream-train-{self.cfg.run.run_id}", max_future_skew_s=dc.max_future_skew_s)

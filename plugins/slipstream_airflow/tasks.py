@@ -177,8 +177,9 @@ def publish(context: Mapping[str, Any]) -> dict[str, Any]:
 def report(context: Mapping[str, Any], published: Mapping[str, Any]) -> dict[str, Any]:
     """Render the insight report and print the run summary into the task log."""
     from slipstream.quality.report import render_report
+    from slipstream_airflow.kafka_connection import with_kafka_connection
 
-    settings = Settings.from_env()
+    settings = with_kafka_connection(Settings.from_env())  # the audit reads the run's Kafka range
     run_id = published["run_id"]
     path = run_dir(settings, run_id)
     out: dict[str, Any] = {"run_id": run_id, "summary": str(path / "summary.json")}

@@ -39,11 +39,12 @@ def run(args: argparse.Namespace) -> int:
     data = generate(cfg, settings.raw_dir)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
     if not args.no_stream:
-        from slipstream.stream.kafka import create_topic, produce_samples
+        from slipstream.stream.kafka import KafkaAccess, create_topic, produce_samples
 
-        create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
-        n = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
+        broker = KafkaAccess.from_settings(settings)
+        create_topic(broker, settings.topic, settings.topic_partitions)
+        n = produce_samples(broker, settings.topic, data.stream, codec=settings.kafka_codec)
         manifest["produced"] = n
-        log.info("produced %d stream samples to %s on %s", n, settings.topic, settings.kafka_bootstrap)
+        log.info("produced %d stream samples to %s on %s", n, settings.topic, broker)
     print(json.dumps(manifest, indent=2))
     return 0

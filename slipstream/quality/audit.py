@@ -13,12 +13,15 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from slipstream.stream.kafka import Broker
 
 from slipstream.samples.schema import is_holdout
 
@@ -116,7 +119,7 @@ def shuffle_score(audit: pa.Table, ids: pa.Array, event_time: pa.Array) -> float
 
 
 def read_kafka_range(
-    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0
+    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0
 ) -> pa.Table:
     """Decode the records of [start, end) per partition (sample columns + partition/offset)."""
     from confluent_kafka import Consumer, TopicPartition

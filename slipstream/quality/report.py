@@ -32,6 +32,7 @@ from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
 from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.settings import Settings
+from slipstream.stream.kafka import KafkaAccess
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
     notes = []
     if start and end and any(end.get(p, 0) > o for p, o in start.items()):
         own = run_settings(settings, metrics)
-        topic, bootstrap = own.topic, own.kafka_bootstrap
+        topic, bootstrap = own.topic, KafkaAccess.from_settings(own)
         if "topic" not in metrics:
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")

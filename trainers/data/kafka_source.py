@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from slipstream.samples.codec import decode_samples
 from slipstream.errors import HandoffError, StreamDataLost
-from slipstream.stream.kafka import consumer_config
+from slipstream.stream.kafka import Broker, as_access, client_config, consumer_config
 from trainers.data.holdout import holdout_mask
 from trainers.rows import SOURCE_KAFKA, Rows
 
@@ -49,7 +49,7 @@ def assigned_partitions(partitions: list[int], rank: int, world: int) -> list[in
     return sorted(partitions)[rank::world]
 
 
-def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[int]:
+def topic_partitions(bootstrap: Broker, topic: str, timeout_s: float = 10.0) -> list[int]:
     c = Consumer(consumer_config(bootstrap, group="slipstream-meta"))
     try:
         meta = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
@@ -76,7 +76,7 @@ class KafkaSource:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: Broker,
         topic: str,
         dlq_topic: str,
         partitions: list[int],
@@ -89,7 +89,7 @@ class KafkaSource:
         max_future_skew_s: float = 3600.0,
     ) -> None:
         self.topic, self.dlq_topic = topic, dlq_topic
-        self.bootstrap = bootstrap
+        self.bootstrap = as_access(bootstrap)
         self.partitions = list(partitions)
         self.positions = {p: int(positions[p]) for p in self.partitions}
         self.t_us = t_handoff_us
@@ -227,7 +227,7 @@ class KafkaSource:
         kind = reason.split(":")[0][:60]
         c.dead_reasons[kind] = c.dead_reasons.get(kind, 0) + 1
         if self._dlq is None:
-            self._dlq = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 20})
+            self._dlq = Producer(client_config(self.bootstrap, **{"enable.idempotence": True, "linger.ms": 20}))
         headers = [
             ("reason", reason.encode()),
             ("origin_topic", self.topic.encode()),
@@ -293,7 +293,7 @@ class KafkaSource:
         return {"positions": dict(self.positions)}
 
 
-def read_range(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], group: str,
+def read_range(bootstrap: Broker, topic: str, ranges: dict[int, tuple[int, int]], group: str,
                timeout_s: float = 30.0) -> list[tuple[list[bytes | None], np.ndarray, np.ndarray]]:
     """Values of the records in [start, stop) per partition (for evaluation after training).
     Returns one (values, partitions, offsets) tuple per consume call."""
