@@ -135,7 +135,7 @@ class KafkaSource:
                 if err.fatal():
                     raise KafkaException(err)
                 if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                    self._refuse_lost(m.partition(), f"the fetch at its position was refused ({err.str()})")
+                    self._out_of_range(m.partition(), err.str())
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error on %s: %s (retrying)", self.topic, err)
         parts = np.asarray([m.partition() for m in good], dtype=np.int64)
@@ -269,6 +269,24 @@ class KafkaSource:
             self._high_at = now
         lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
         return max(lag, 1) if self._unknown else lag
+
+    def _out_of_range(self, partition: int | None, why: str) -> None:
+        """The broker refused a fetch at this run's position: records lost, or deleted unread."""
+        if partition in self.positions:
+            try:
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5, cached=False)
+            except KafkaException:
+                low, high = -1, -1
+            if low > self.positions[partition]:
+                raise StreamDataLost(
+                    f"Kafka partition {self.topic}[{partition}] on {self.bootstrap} no longer holds offsets "
+                    f"{self.positions[partition]}..{low - 1}, which this run has not read yet (the topic's retention "
+                    "deleted them): those samples can no longer be trained. Raise the topic's retention.ms (Slipstream "
+                    "creates topics with -1), and start a new run (new run.run_id)."
+                )
+            if 0 <= high < self.positions[partition]:
+                self._refuse_lost(partition, f"its high watermark is {high}")
+        self._refuse_lost(partition, f"the fetch at its position was refused ({why})")
 
     def _refuse_lost(self, partition: int | None, evidence: str) -> None:
         """Stop the run: the broker lost records of `partition` this run has already read."""
