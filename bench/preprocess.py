@@ -23,6 +23,7 @@ from typing import Any
 from slipstream.dev.datagen import GeneratorConfig, generate
 from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.raw_zone import IMPRESSIONS, day_dir
+from slipstream.processes import sigterm_deferred
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 from slipstream.pipeline.spark_settings import SparkSettings
@@ -88,9 +89,12 @@ def main(argv: list[str]) -> dict[str, Any]:
         from spark_jobs.preprocess import start_spark
 
         t0 = time.monotonic()
-        spark = start_spark(SparkSettings.from_env(), "bench-preprocess")
-        start_s = time.monotonic() - t0
+        spark = None
         try:
+            # a SIGTERM while the JVM starts would lose its handle: take it once the session exists
+            with sigterm_deferred():
+                spark = start_spark(SparkSettings.from_env(), "bench-preprocess")
+            start_s = time.monotonic() - t0
             # Warm-up: the first job in a fresh JVM pays class loading, code generation, JIT and
             # the Python workers' imports (a fixed cost per process, like Spark's start-up).
             cold_s, _ = _job(spark, small, "bench-cold")
@@ -100,7 +104,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             job_big_s, rows_big = _job(spark, large, f"bench-x{args.scale}")
             floor_big_s, _ = _io_floor(spark, large, root / f"floor-x{args.scale}")
         finally:
-            spark.stop()
+            if spark is not None:
+                spark.stop()
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)

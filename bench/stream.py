@@ -46,7 +46,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from slipstream.samples.codec import CODECS, encode_samples
 from slipstream.dev.datagen import GeneratorConfig, generate_world, samples_table, simulate
 from slipstream.stream.handoff import find_handoff
-from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
+from slipstream.stream.kafka import client_config, consumer_config, create_topic, end_offsets, produce_samples
 from slipstream.settings import Settings
 from slipstream.dev.stack import free_port, start_kafka, stop_process
 from trainers.config import DataConfig, load_config
@@ -115,8 +115,8 @@ def _produce_at_rate(bootstrap: str, topic: str, table: pa.Table, rate: float, l
     """Produce `table`'s rows at `rate`/s in `codec`, record timestamp = wall clock at produce()."""
     values = encode_samples(table, codec)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": linger_ms,
-                         "compression.type": "lz4"})
+    producer = Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": linger_ms,
+                                                    "compression.type": "lz4"}))
     started = time.monotonic()
     i = 0
     try:

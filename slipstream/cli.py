@@ -9,6 +9,7 @@ import logging
 import sys
 
 from slipstream.errors import SlipstreamError
+from slipstream.processes import exit_on_sigterm
 
 COMMAND_MODULES = (
     "slipstream.commands.stack",
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # servers a command started are stopped by its finally blocks, on kill too
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -29,6 +29,12 @@ class HandoffError(SlipstreamError):
     """The batch→stream handoff offsets could not be determined or verified."""
 
 
+class StreamDataLost(SlipstreamError):
+    """The broker no longer holds records a run has already read past (its high watermark fell below
+    the run's position): new records would reuse those offsets and be skipped. The message names
+    the topic, partition and offsets."""
+
+
 class ResumeError(SlipstreamError):
     """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
 

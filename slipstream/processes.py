@@ -3,6 +3,8 @@ runs (zombies do not count), stop the whole group, list a process's descendants.
 
 Every server and job Slipstream starts (the local stack's broker and S3 server, Airflow's
 components, a local torchrun) is stopped through here, by the PID recorded when it started.
+A command that starts servers stops them in `finally` (or `except BaseException`) blocks; SIGTERM
+is turned into an exception (`exit_on_sigterm`) so those blocks run on `kill` as on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import psutil
 
@@ -107,3 +110,34 @@ def stop_process(pid: int, timeout_s: float = 15.0) -> None:
                 return
             time.sleep(0.1)
     log.warning("process group %d still has live processes after SIGKILL", pid)
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised in the main thread so that `finally` blocks stop what the command started."""
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise `Terminated` (exit status 143) in the main thread instead of ending the
+    process on the spot (Python's default), which left the servers a command had started running.
+    SIGINT already raises KeyboardInterrupt. A second SIGTERM during the cleanup is ignored."""
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.warning("SIGTERM: stopping what this command started")
+        raise Terminated(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Hold SIGTERM until the block has ended: for a start that cannot be undone half-way (a JVM
+    whose PID its launcher only returns once it is up). The signal is re-sent at the end."""
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if got:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -25,7 +25,7 @@ from slipstream.errors import ConfigError
 BACKENDS = ("local", "kubernetes")
 KAFKA_CODECS = ("json", "binary")
 SETTINGS_FILE = "settings.env"
-SECRET_FIELDS = ("s3_secret_access_key",)
+SECRET_FIELDS = ("s3_secret_access_key", "kafka_sasl_username", "kafka_sasl_password", "kafka_ssl_key_password")
 """Never copied into a child's environment by `as_env` (pods get them from Secrets; local
 children read them from the settings file of the same home)."""
 
@@ -56,6 +56,36 @@ class Settings:
 
     kafka_port: int = 19092
     """SLIPSTREAM_KAFKA_PORT: port the local stack's broker listens on (127.0.0.1 only)."""
+
+    kafka_security_protocol: str = ""
+    """SLIPSTREAM_KAFKA_SECURITY_PROTOCOL: PLAINTEXT (empty), SSL, SASL_PLAINTEXT or SASL_SSL, for
+    every Kafka client (`slipstream.stream.kafka.client_config`)."""
+
+    kafka_sasl_mechanism: str = ""
+    """SLIPSTREAM_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with SASL_*)."""
+
+    kafka_sasl_username: str = field(default="", repr=False)
+    """SLIPSTREAM_KAFKA_SASL_USERNAME: SASL user (pods: from the Kafka Secret; Airflow tasks: the
+    connection SLIPSTREAM_KAFKA_CONN_ID when set)."""
+
+    kafka_sasl_password: str = field(default="", repr=False)
+    """SLIPSTREAM_KAFKA_SASL_PASSWORD: SASL password (a secret: never in logs or a child's settings)."""
+
+    kafka_ssl_ca_location: str = ""
+    """SLIPSTREAM_KAFKA_SSL_CA_LOCATION: CA bundle that signed the brokers' certificates (TLS)."""
+
+    kafka_ssl_certificate_location: str = ""
+    """SLIPSTREAM_KAFKA_SSL_CERTIFICATE_LOCATION: client certificate (mutual TLS)."""
+
+    kafka_ssl_key_location: str = ""
+    """SLIPSTREAM_KAFKA_SSL_KEY_LOCATION: client private key (mutual TLS)."""
+
+    kafka_ssl_key_password: str = field(default="", repr=False)
+    """SLIPSTREAM_KAFKA_SSL_KEY_PASSWORD: password of the client key (a secret)."""
+
+    kafka_conn_id: str = ""
+    """SLIPSTREAM_KAFKA_CONN_ID: Airflow connection whose login/password (and extra
+    `security.protocol`, `sasl.mechanism`, `ssl.ca.location`) the DAG tasks use for Kafka."""
 
     topic: str = "samples"
     """SLIPSTREAM_TOPIC: the online-joined sample stream."""
@@ -169,24 +199,34 @@ def read_settings_file(home: Path) -> dict[str, str]:
     return out
 
 
-def write_settings_file(home: Path, values: Mapping[str, str]) -> Path:
-    """Replace `<home>/settings.env` with `values`, atomically and readable by the owner only
-    (it may hold keys): the file is created with mode 0600, never widened afterwards."""
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=home, prefix=f".{SETTINGS_FILE}.")  # mkstemp creates it 0600
+def write_private_file(path: Path, text: str) -> Path:
+    """Replace `path` with `text`, atomically and readable by its owner only, from the first byte:
+    the content goes into a file created with mode 0600 (mkstemp) that is then renamed into place,
+    so no moment exists in which a secret sits in a file with the default permissions."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write("# written by `slipstream stack up`: the endpoints it started; the environment wins\n")
-            for key in sorted(values):
-                if "\n" in values[key]:
-                    raise ConfigError(f"setting {key} must be one line, got {values[key]!r}")
-                f.write(f"{key}={values[key]}\n")
-        os.replace(tmp, home / SETTINGS_FILE)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return home / SETTINGS_FILE
+    return path
+
+
+def write_settings_file(home: Path, values: Mapping[str, str]) -> Path:
+    """Replace `<home>/settings.env` with `values`, atomically and readable by the owner only
+    (it may hold keys): the file is created with mode 0600, never widened afterwards."""
+    lines = ["# written by `slipstream stack up`: the endpoints it started; the environment wins\n"]
+    for key in sorted(values):
+        if "\n" in values[key]:
+            raise ConfigError(f"setting {key} must be one line, got {values[key]!r}")
+        lines.append(f"{key}={values[key]}\n")
+    return write_private_file(Path(home) / SETTINGS_FILE, "".join(lines))
 
 
 def remove_settings_file(home: Path) -> None:

@@ -4,7 +4,8 @@ Rows are buffered per rank and written as one part file per checkpoint (`audit/p
 rank-R-step-N.parquet`) just before the checkpoint commits; a resume deletes parts newer than
 the checkpoint it resumes from. So the parts always describe exactly the committed progress,
 and at the end of a run rank 0 merges them into `audit/rank-R.parquet` (the run-layout contract).
-Replayed rows (the priority mix) are training repeats by design and are not audited.
+Replayed rows (the priority mix) are training repeats by design and are not audited; records sent
+to the dead-letter topic are, as source `dead_letter` (so a rejected record is not a lost one).
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ class AuditWriter:
             "partition": pa.array(r.partition, pa.int32()),
             "offset": pa.array(r.offset, pa.int64()),
             "step": pa.array(np.full(len(r), step, dtype=np.int64)),
+        }, schema=AUDIT_SCHEMA))
+
+    def add_dead_letters(self, letters: list[tuple[int, int, str]], step: int) -> None:
+        """Records sent to the dead-letter topic, (partition, offset, sample id or ""): audited as
+        source `dead_letter`, so the report counts them as rejected, not as lost."""
+        if not letters:
+            return
+        parts, offsets, ids = zip(*letters)
+        n = len(letters)
+        self._pending.append(pa.table({
+            "sample_id": pa.array(ids, pa.string()), "source": pa.array(["dead_letter"] * n, pa.string()),
+            "epoch": pa.array(np.zeros(n, np.int32)), "partition": pa.array(parts, pa.int32()),
+            "offset": pa.array(offsets, pa.int64()), "step": pa.array(np.full(n, step, dtype=np.int64)),
         }, schema=AUDIT_SCHEMA))
 
     def write_part(self, step: int) -> None:

@@ -77,6 +77,9 @@ class DataConfig:
     max_lateness_s: float = DEFAULT_MAX_LATENESS_S
     """How late (in seconds after its event time) a record can reach Kafka; the stream is read
     from the offsets of T - max_lateness and records before T are dropped."""
+    max_future_skew_s: float = 3600.0
+    """A stream record whose event_time is more than this ahead of the consumer's clock (or before
+    1970) is a dead letter, never trained: it would set the run's freshness to a time to come."""
     bootstrap: str = ""
     """Kafka bootstrap.servers (empty: SLIPSTREAM_KAFKA_BOOTSTRAP)."""
     topic: str = ""
@@ -134,6 +137,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
         require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
+        require(self.max_future_skew_s >= 0, f"data.max_future_skew_s must be >= 0, got {self.max_future_skew_s}")
         require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
         require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
         require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")

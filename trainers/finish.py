@@ -52,6 +52,8 @@ class RunOutcome:
     cfg: TrainConfig
     plan: RunPlan
     run_dir: Path
+    broker: Any
+    """The run's broker and its security settings (`slipstream.stream.kafka.KafkaAccess`)."""
     model: torch.nn.Module
     units: list[WorkUnit]
     """The planned window's work units (the held-out rows before T are read from them)."""
@@ -97,7 +99,7 @@ def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
     t_us = int(run.plan.t_handoff.timestamp() * 1_000_000)
     out: list[Rows] = []
     dc = run.cfg.data
-    for values, _, _ in read_range(dc.bootstrap, dc.topic, ranges, f"slipstream-eval-{run.cfg.run.run_id}"):
+    for values, _, _ in read_range(run.broker, dc.topic, ranges, f"slipstream-eval-{run.cfg.run.run_id}"):
         t = decode_samples(values, spec).table
         if t.num_rows == 0:
             continue
@@ -129,7 +131,7 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"
     if batch_only.exists():
         m = build_model(run.plan.spec, run.cfg.model, run.cfg.data.seed).to(d.device)
-        m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=False)["model"])
+        m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
         # before T too: what the stream phase cost (or gained) on the window's slice
         a_bb, ll_bb, _, _, _ = _gathered_metrics(d, m, before)
         out.update(auc_before_t_batch_only=a_bb, logloss_before_t_batch_only=ll_bb)
@@ -151,6 +153,15 @@ def best_auc(path: str) -> dict[str, Any]:
     return {"best_auc": best, "best_auc_before_t": best.get("holdout_before_t"), "best_auc_after_t": best.get("holdout_after_t")}
 
 
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The metrics.json of a run that already finished (a resume of it changes nothing), or None."""
+    try:
+        summary = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     st, tp = run.state, run.throughput
@@ -168,6 +179,9 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
     summary: dict[str, Any] = {
         "run_id": plan.run_id, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
         "window_start": plan.window_start.isoformat(), "window_days": plan.window_days,
+        # where the data came from, so the report audits this run's sources, not the deployment's defaults
+        "catalog": run.cfg.data.catalog, "namespace": run.cfg.data.namespace, "table": run.cfg.data.table,
+        "kafka_bootstrap": run.cfg.data.bootstrap, "topic": run.cfg.data.topic, "dlq_topic": run.cfg.data.dlq_topic,
         **dict(zip(sorted(st.counters), (int(x) for x in counters))),
         "handoff_offsets": {str(k): v for k, v in (st.handoff_offsets or {}).items()},
         "handoff_methods": {str(k): v for k, v in st.handoff_methods.items()},

@@ -43,7 +43,7 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
     """Train as configured (collective over the torchrun world); returns the summary on rank 0.
     `plan`: the run's plan (from `plan_file`); None: planned here from the config."""
     from trainers.distributed import init_distributed
-    from trainers.finish import finish
+    from trainers.finish import finish, finished_summary
     from trainers.trainer import Trainer
 
     started = time.monotonic()
@@ -57,6 +57,10 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
             write_config(cfg, tr.plan, plan_file)
         rp = tr.resume()
         st = tr.state
+        if rp is not None and st.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
+            log.info("run %s already finished at step %d: its metrics.json stays as it is", cfg.run.run_id, st.step)
+            tr.metrics.close()
+            return done if d.is_main else {}
         if st.phase == "batch":
             tr.batch_phase(units, rp)
             if cfg.data.stream:

@@ -25,7 +25,7 @@ from slipstream.pipeline.runplan import RunPlan, check_plan_files
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
-from slipstream.stream.kafka import create_topic
+from slipstream.stream.kafka import KafkaAccess, create_topic
 from trainers import stream_profile
 from trainers.audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint import Checkpointer, atomic_torch_save
@@ -55,6 +55,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, d: Dist, settings: Settings, spec: Spec, open_file: Opener | None = None) -> None:
         self.cfg, self.d, self.settings, self.spec = cfg, d, settings, spec
         self.layout = RowLayout.from_spec(spec)
+        self.broker = KafkaAccess.from_settings(settings, cfg.data.bootstrap)  # address + security of every client
         self.run_dir = cfg.run.run_dir
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
@@ -202,8 +203,8 @@ class Trainer:
         dc, plan = self.cfg.data, self._plan()
         found: Any = None
         if self.d.is_main:
-            h = find_handoff(dc.bootstrap, dc.topic, plan.t_handoff, dc.max_lateness_s)
-            create_topic(dc.bootstrap, dc.dlq_topic, 1)
+            h = find_handoff(self.broker, dc.topic, plan.t_handoff, dc.max_lateness_s)
+            create_topic(self.broker, dc.dlq_topic, 1)
             atomic_torch_save({"model": self.stepper.model.state_dict()}, self._batch_only_path())
             found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()})
         offsets, methods = self.d.broadcast(found)
@@ -223,10 +224,11 @@ class Trainer:
     def stream_phase(self) -> None:
         dc, stop, st, tp = self.cfg.data, self.cfg.data.stop, self.state, self.tp
         st.my_partitions = parts = assigned_partitions(sorted(st.positions), self.d.rank, self.d.world)
-        src = KafkaSource(bootstrap=dc.bootstrap, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
+        src = KafkaSource(bootstrap=self.broker, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
-                          group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec)
+                          group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec,
+                          max_future_skew_s=dc.max_future_skew_s)
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
@@ -338,6 +340,7 @@ class Trainer:
         s.newest_event_us = newest
         s.dead_reasons = reasons
         self.state.positions.update(src.positions)
+        self.audit.add_dead_letters(src.take_dead_letters(), self.state.step)
 
     def _record_latency(self, batch: Rows) -> None:
         lat = self.tp.latencies_ms
@@ -395,7 +398,7 @@ class Trainer:
         """Collective (it gathers the final positions): what `finish` evaluates and reports."""
         self.global_positions()
         return RunOutcome(
-            cfg=self.cfg, plan=self._plan(), run_dir=self.run_dir, model=self.stepper.model, units=units,
+            cfg=self.cfg, plan=self._plan(), run_dir=self.run_dir, broker=self.broker, model=self.stepper.model, units=units,
             open_file=self.open_file, state=self.state, throughput=self.tp, profile=self.profile,
             drift=self.stepper.drift, newest_event_us=self.kafka.counters.newest_event_us if self.kafka else -1,
             cache=self.cache_reader.stats() if self.cache_reader is not None else None, amp=self.stepper.amp,

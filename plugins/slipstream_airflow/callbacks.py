@@ -1,11 +1,17 @@
-"""Failure callbacks: one line that says what failed, why, and where its logs are."""
+"""Failure handling: one line that says what failed, why, and where its logs are; configuration
+errors fail a task at once instead of being retried."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
+
+from slipstream.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("slipstream.failures")
 
@@ -37,3 +43,19 @@ def log_failure(context: Mapping[str, Any]) -> None:
         log.error("%s", failure_line(context))
     except Exception:  # a callback must never hide the original failure
         log.exception("could not summarise the failure of %s", context.get("ti"))
+
+
+def fail_fast(fn: F) -> F:
+    """A task body whose ConfigError (a bad param, a bad setting) fails the task without retries:
+    a retry would fail the same way, only later (Airflow's AirflowFailException skips them)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"configuration error, not retried: {e}") from e
+
+    return wrapper  # type: ignore[return-value]

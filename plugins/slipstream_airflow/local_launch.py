@@ -24,6 +24,7 @@ from slipstream.processes import descendants, pid_alive, signal_quietly
 from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
+from slipstream_airflow.kafka_connection import kafka_child_env, with_kafka_connection
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,9 @@ class LocalTorchrunOperator(BaseOperator):
         command = local_command(spec.torchrun_args())
         self.log.info("starting %s world size %d: %s", spec.run_id, spec.world_size, " ".join(command))
         started = time.monotonic()
-        self._process = LocalProcess(command, child_env(spec), kill_grace_s=self.kill_grace_s)
+        # Kafka credentials from the Airflow connection go to the child's environment only, never to the spec
+        env = {**child_env(spec), **kafka_child_env(with_kafka_connection(Settings.from_env()))}
+        self._process = LocalProcess(command, env, kill_grace_s=self.kill_grace_s)
         rc = self._process.run(on_line=self.log.info)
         if rc != 0:
             raise TorchrunFailed(

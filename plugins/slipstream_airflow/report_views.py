@@ -2,11 +2,17 @@
 
 A FastAPI app the api-server mounts under `/slipstream` (see `ui_plugin`). It serves what the
 pipeline already wrote under SLIPSTREAM_RUNS_DIR — the insight report, the quality gate's page,
-GX Data Docs — and finds the run folder of an Airflow DAG run from its run id (`make_run_id` ends
-every run id of a DAG run with a digest of it). Its own pages are Jinja2 templates in
-`templates/`. Every page needs a logged-in Airflow user: the
-caller passes `auth`, the dependency that resolves one (Airflow's own `get_user` in the
-api-server).
+GX Data Docs — and finds the run folder of an Airflow DAG run from its DAG id and run id
+(`make_run_id` ends every run id of a DAG run with a digest of it; the DAG's own run kinds scope
+the search, since two DAGs share run ids such as `scheduled__<date>`).
+
+Every page needs a logged-in Airflow user (`auth`, Airflow's own `get_user` in the api-server) who
+may read the runs of the DAG the page belongs to (`can_read_dag(user, dag_id)`, Airflow's auth
+manager in the api-server; `dag_id` None for a run folder no DAG made, which needs access to every
+DAG). Files from the runs volume are served with `Content-Security-Policy: sandbox`: a page such as
+GX Data Docs (HTML written by a third-party library from data) runs in an origin of its own, never
+with the Airflow session's.
+Its own pages are Jinja2 templates in `templates/`.
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runlayout import (
-    REPORT_FILE, RUN_ID_PATTERN, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
+    REPORT_FILE, RUN_ID_PATTERN, dag_of_run, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
 )
 from slipstream.settings import Settings
 from slipstream.templating import render
+
+SANDBOXED = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
+"""Headers of every file served from a run folder: its HTML runs no script with Airflow's origin."""
+CanReadDag = Callable[[Any, "str | None"], bool]
 
 
 def _page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -41,11 +51,24 @@ def _run_html_files(path: Path) -> list[str]:
     return pages
 
 
-def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Callable[..., Any] | None = None) -> FastAPI:
+def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Callable[..., Any] | None = None,
+               can_read_dag: CanReadDag | None = None) -> FastAPI:
     """The app; `settings_of` is read on every request (the runs dir of the api-server's
-    environment), `auth` is a FastAPI dependency every route requires."""
-    deps = [Depends(auth)] if auth is not None else []
-    app = FastAPI(title="Slipstream run reports", dependencies=deps, docs_url=None, redoc_url=None, openapi_url=None)
+    environment), `auth` is a FastAPI dependency resolving the user every route requires,
+    `can_read_dag(user, dag_id)` says whether that user may read a DAG's runs (None: everyone)."""
+
+    async def anyone() -> None:
+        return None
+
+    who = Depends(auth or anyone)  # a default, not an Annotated alias: annotations here are strings
+    app = FastAPI(title="Slipstream run reports", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def allowed(user: Any, dag_id: str | None) -> bool:
+        return can_read_dag is None or can_read_dag(user, dag_id)
+
+    def require(user: Any, dag_id: str | None) -> None:
+        if not allowed(user, dag_id):
+            raise HTTPException(403, f"no access to the runs of {dag_id or 'every DAG'}")
 
     @app.exception_handler(SlipstreamError)
     def config_error(request: Request, exc: SlipstreamError) -> HTMLResponse:  # e.g. a runs dir on S3
@@ -62,23 +85,28 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
         return run_dir(settings_of(), run_id)
 
     @app.get("/runs", response_class=HTMLResponse)
-    def runs_page() -> HTMLResponse:
+    def runs_page(user: Any = who) -> HTMLResponse:
         settings = settings_of()
-        return _page("runs.html.j2", title="Slipstream runs", runs=list_runs(settings), runs_dir=settings.runs_dir,
+        listed = list_runs(settings)
+        readable = {dag: allowed(user, dag) for dag in {dag_of_run(r.run_id) for r in listed}}
+        runs = [r for r in listed if readable[dag_of_run(r.run_id)]]
+        return _page("runs.html.j2", title="Slipstream runs", runs=runs, runs_dir=settings.runs_dir,
                      report_file=REPORT_FILE)
 
     @app.get("/runs/{run_id}/{path:path}", name="run_file")
-    def run_file(run_id: str, path: str) -> FileResponse:
+    def run_file(run_id: str, path: str, user: Any = who) -> FileResponse:
+        require(user, dag_of_run(run_id))
         base = folder(run_id).resolve()
         target = (base / path).resolve()
         if not target.is_relative_to(base) or not target.is_file():
             raise HTTPException(404, f"run {run_id} has no file {path!r}")
-        return FileResponse(target)
+        return FileResponse(target, headers=SANDBOXED)
 
     @app.get("/dag_runs/{dag_id}/{dag_run_id}/report", response_class=HTMLResponse, response_model=None)
-    def dag_run_report(dag_id: str, dag_run_id: str, request: Request) -> HTMLResponse | RedirectResponse:
+    def dag_run_report(dag_id: str, dag_run_id: str, request: Request, user: Any = who) -> HTMLResponse | RedirectResponse:
+        require(user, dag_id)
         settings = settings_of()
-        found = run_dirs_of_dag_run(settings, dag_run_id)
+        found = run_dirs_of_dag_run(settings, dag_id, dag_run_id)
         title = f"{dag_id} · {dag_run_id}"
         if not found:
             return _page("dag_run_pending.html.j2", status=404, title=title, run_id=None, runs_dir=settings.runs_dir)

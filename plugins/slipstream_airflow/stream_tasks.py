@@ -20,7 +20,11 @@ from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runlayout import has_checkpoint, run_dir, update_summary
 from slipstream.pipeline.runplan import RunPlan, plan_path, plan_request, read_plan, write_plan
 from slipstream.settings import Settings
+from slipstream_airflow.callbacks import fail_fast
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, PlanRef, RenderedJob, launch_kind
+
+STREAM_PARAMS = ("stream_name", "export_every_min")
+"""stream_train's own params besides the training knobs."""
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,11 @@ def stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, reque
     return plan, False
 
 
+@fail_fast
 def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
     run_id = f"stream-{params.get('stream_name', 'main')}"
-    plan, resumed = stream_plan(settings, cluster, run_id, TrainRequest.from_params(params))
+    plan, resumed = stream_plan(settings, cluster, run_id, TrainRequest.from_params(params, STREAM_PARAMS))
     assert plan.request is not None, "stream plans are rendered with their request"
     spec = build_train_spec(
         settings, cluster, plan,

@@ -21,6 +21,7 @@ from slipstream.pipeline.jobspec import build_train_spec, trainer_cache_dir, war
 from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runlayout import format_summary, make_run_id, read_summary, run_dir, update_summary
 from slipstream.settings import Settings
+from slipstream_airflow.callbacks import fail_fast
 from slipstream_airflow.jobxcom import JOB_XCOM_KEY, LAUNCH_TASKS, TRAIN_TASK_IDS, PlanRef, RenderedJob, launch_kind
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def _samples_table(settings: Settings) -> Any:
     return samples_table(get_catalog(settings), settings.namespace)
 
 
+@fail_fast
 def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, str]:
     """Build the interval's day and every missing window day in ONE preprocessing call, pin the
     snapshot that holds them and render the run's plan (`<run_dir>/plan.json`): the one place this
@@ -113,6 +115,7 @@ def quality_gate(pre: Mapping[str, Any]) -> dict[str, Any]:
     return {**scalars(detail), **ref.to_xcom()}
 
 
+@fail_fast
 def render_job(context: Mapping[str, Any], gate: Mapping[str, Any]) -> list[str]:
     """Render the ONE job spec of the planned run (pushed under the `job` key) and pick the launch tasks."""
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
@@ -174,8 +177,9 @@ def publish(context: Mapping[str, Any]) -> dict[str, Any]:
 def report(context: Mapping[str, Any], published: Mapping[str, Any]) -> dict[str, Any]:
     """Render the insight report and print the run summary into the task log."""
     from slipstream.quality.report import render_report
+    from slipstream_airflow.kafka_connection import with_kafka_connection
 
-    settings = Settings.from_env()
+    settings = with_kafka_connection(Settings.from_env())  # the audit reads the run's Kafka range
     run_id = published["run_id"]
     path = run_dir(settings, run_id)
     out: dict[str, Any] = {"run_id": run_id, "summary": str(path / "summary.json")}

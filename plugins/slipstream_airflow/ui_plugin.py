@@ -2,7 +2,8 @@
 
 Airflow loads this file from the plugins folder. The api-server mounts `report_views` under
 `/slipstream` (behind Airflow's login) and the UI shows:
-- an **Insight report** tab on every DAG run (daily_retrain, stream_train): the run's
+- an **Insight report** tab on every DAG run (daily_retrain, stream_train) for users who may read
+  that DAG's runs: the run's
   `report.html`, or, until the `report` task has written it, which steps are done and the pages
   written so far (the quality gate's page, GX Data Docs);
 - **Slipstream runs** under Browse: the newest run folders with links to their reports.
@@ -31,8 +32,19 @@ class LazyReportApp:
 
             from slipstream_airflow.report_views import create_app
 
-            self._app = create_app(auth=get_user)
+            self._app = create_app(auth=get_user, can_read_dag=can_read_dag_runs)
         await self._app(scope, receive, send)
+
+
+def can_read_dag_runs(user: Any, dag_id: str | None) -> bool:
+    """Whether Airflow's auth manager lets `user` read the runs of `dag_id` (of every DAG when None):
+    the check Airflow's own `requires_access_dag("GET", DagAccessEntity.RUN)` makes for its run pages."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.models.dag import DagModel
+
+    details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)) if dag_id else None
+    return get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, details=details, user=user)
 
 
 class SlipstreamUiPlugin(AirflowPlugin):

@@ -15,10 +15,10 @@ log = logging.getLogger(__name__)
 
 def require_broker(settings: Settings, timeout_s: float = 10.0) -> None:
     """Fail before any work when the broker the stream goes to does not answer."""
-    from slipstream.stream.kafka import wait_for_broker
+    from slipstream.stream.kafka import KafkaAccess, wait_for_broker
 
     try:
-        wait_for_broker(settings.kafka_bootstrap, timeout_s)
+        wait_for_broker(KafkaAccess.from_settings(settings), timeout_s)
     except StackError as e:
         raise StackError(f"{e}: start the local stack (`slipstream stack up`) or point SLIPSTREAM_KAFKA_BOOTSTRAP "
                          "at your broker") from None
@@ -27,9 +27,10 @@ def require_broker(settings: Settings, timeout_s: float = 10.0) -> None:
 def produce_spec_samples(settings: Settings, spec: Spec, samples: pa.Table) -> int:
     """Create the sample topic if needed and produce `samples` in table order (keyed by the
     spec's key column, in the spec's codec layout); returns the count."""
-    from slipstream.stream.kafka import create_topic, produce_samples
+    from slipstream.stream.kafka import KafkaAccess, create_topic, produce_samples
 
-    create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
-    n = produce_samples(settings.kafka_bootstrap, settings.topic, samples, codec=settings.kafka_codec, spec=spec)
-    log.info("produced %d samples of spec %s to %s on %s", n, spec.name, settings.topic, settings.kafka_bootstrap)
+    broker = KafkaAccess.from_settings(settings)
+    create_topic(broker, settings.topic, settings.topic_partitions)
+    n = produce_samples(broker, settings.topic, samples, codec=settings.kafka_codec, spec=spec)
+    log.info("produced %d samples of spec %s to %s on %s", n, spec.name, settings.topic, broker)
     return n

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import StackError
+from slipstream.settings import write_private_file
 from slipstream.processes import pid_alive as _pid_alive, process_argv
 
 log = logging.getLogger(__name__)
@@ -202,9 +203,7 @@ class S3Server:
                 }
             ]
         }
-        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(config, fh)
+        write_private_file(self.config_path, json.dumps(config))
         return keys
 
     def _choose_ports(self, previous: dict[str, int]) -> dict[str, int]:

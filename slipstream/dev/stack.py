@@ -40,6 +40,8 @@ class ServiceState:
 class StackState:
     services: dict[str, ServiceState] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
+    """Services the current `up` call started (not saved): what a failure of the caller stops."""
 
     @classmethod
     def load(cls, home: Path) -> "StackState":
@@ -108,17 +110,20 @@ def start_kafka(home: Path, port: int) -> ServiceState:
     data = home / "kafka"
     data.mkdir(parents=True, exist_ok=True)
     pid = start_process("kafka", broker_argv(port, data), home / "logs" / "kafka.log")
-    deadline = time.monotonic() + 30
-    while not port_open("127.0.0.1", port):
-        if not pid_alive(pid):
-            raise StackError(f"the Kafka broker exited at start; see {home / 'logs' / 'kafka.log'}")
-        if time.monotonic() > deadline:
-            stop_process(pid)
-            raise StackError(f"the Kafka broker did not listen on 127.0.0.1:{port} within 30s")
-        time.sleep(0.1)
-    from slipstream.stream.kafka import wait_for_broker
+    try:
+        deadline = time.monotonic() + 30
+        while not port_open("127.0.0.1", port):
+            if not pid_alive(pid):
+                raise StackError(f"the Kafka broker exited at start; see {home / 'logs' / 'kafka.log'}")
+            if time.monotonic() > deadline:
+                raise StackError(f"the Kafka broker did not listen on 127.0.0.1:{port} within 30s")
+            time.sleep(0.1)
+        from slipstream.stream.kafka import wait_for_broker
 
-    wait_for_broker(f"127.0.0.1:{port}")
+        wait_for_broker(f"127.0.0.1:{port}")
+    except BaseException:  # not ready, Ctrl-C or SIGTERM: nobody else knows its PID yet
+        stop_process(pid)
+        raise
     return ServiceState("kafka", pid, f"127.0.0.1:{port}", str(home / "logs" / "kafka.log"))
 
 
@@ -194,18 +199,49 @@ def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | 
 
 
 def up(settings: Settings, *, airflow: bool = True) -> StackState:
+    """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME). When any step
+    fails or the command is interrupted, the servers this call started are stopped again (those
+    that were already running are left alone); `state.started` names them on success."""
+    state = StackState.load(settings.home)
+    try:
+        _up(settings, state, airflow)
+    except BaseException:
+        stop_started(settings.home, state)
+        raise
+    return state
+
+
+def stop_started(home: Path, state: StackState) -> None:
+    """Stop the services `up` started in this call and forget them (a failed or interrupted start)."""
+    for name in reversed(state.started):
+        svc = state.services.pop(name, None)
+        if svc is not None:
+            log.warning("stopping %s (pid %d): the start did not complete", name, svc.pid)
+            stop_process(svc.pid)
+    state.started.clear()
+    if not any(pid_alive(s.pid) for s in state.services.values()):
+        state.env.clear()
+        remove_settings_file(home)
+    state.save(home)
+
+
+def _up(settings: Settings, state: StackState, airflow: bool) -> None:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
-    state = StackState.load(home)
     kafka = state.services.get("kafka")
     if kafka and pid_alive(kafka.pid):
         log.info("kafka already running (pid %d) at %s", kafka.pid, kafka.address)
     else:
         state.services["kafka"] = start_kafka(home, settings.kafka_port)
+        state.started.append("kafka")
         state.save(home)
+    running_s3 = state.services.get("s3")
     s3 = start_s3_if_wanted(settings, state)
     if s3 is not None:
         state.services["s3"] = s3
+        if running_s3 is None or running_s3.pid != s3.pid:
+            state.started.append("s3")
+        state.save(home)
     from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
@@ -228,7 +264,6 @@ def up(settings: Settings, *, airflow: bool = True) -> StackState:
     if airflow:
         prepare_airflow(settings)
     state.save(home)
-    return state
 
 
 def down(settings: Settings) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.errors import StackError
-from slipstream.settings import Settings
+from slipstream.settings import Settings, write_private_file
 from slipstream.dev.stack import (
     ServiceState, StackState, _bin, airflow_env, free_port, pid_alive, port_open, start_process, stop_process,
 )
@@ -51,10 +51,8 @@ def _secret(path: Path, nbytes: int = 24) -> str:
     """A random value kept in a file under AIRFLOW_HOME (the same across restarts of the UI)."""
     if path.exists():
         return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(nbytes)
-    path.write_text(value + "\n")
-    path.chmod(0o600)
+    write_private_file(path, value + "\n")
     return value
 
 
@@ -62,10 +60,7 @@ def ui_env(settings: Settings, port: int, password: str) -> dict[str, str]:
     """airflow_env plus what the UI components share: API address, login, JWT secret."""
     env = airflow_env(settings)
     home = Path(env["AIRFLOW_HOME"])
-    passwords = home / "simple_auth_manager_passwords.json"
-    passwords.parent.mkdir(parents=True, exist_ok=True)
-    passwords.write_text(json.dumps({ADMIN_USER: password}) + "\n")
-    passwords.chmod(0o600)
+    passwords = write_private_file(home / "simple_auth_manager_passwords.json", json.dumps({ADMIN_USER: password}) + "\n")
     base = f"http://127.0.0.1:{port}"
     env.update({
         "AIRFLOW__API__HOST": "127.0.0.1",
@@ -106,6 +101,15 @@ def up(settings: Settings, *, port: int | None = None, password: str | None = No
     from slipstream.dev import stack
 
     state = stack.up(settings, airflow=True)
+    try:
+        return _start_components(settings, state, port, password, timeout_s)
+    except BaseException:  # also the broker (and S3 server) this call started for the UI
+        stack.stop_started(settings.home, state)
+        raise
+
+
+def _start_components(settings: Settings, state: StackState, port: int | None, password: str | None,
+                      timeout_s: float) -> UiInfo:
     running = {n: s for n, s in state.services.items() if n in COMPONENTS and pid_alive(s.pid)}
     home = settings.home / "airflow"
     password = password or os.environ.get("SLIPSTREAM_UI_PASSWORD") or _secret(home / ".ui_password", 12)

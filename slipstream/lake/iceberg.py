@@ -113,7 +113,6 @@ def samples_table(catalog: Catalog, namespace: str, spec: Spec | None = None) ->
 
 # Imports of this section live here, not at the top, so that appends by other teams merge cleanly.
 import random  # noqa: E402
-import warnings  # noqa: E402
 from datetime import date, datetime, timedelta, timezone  # noqa: E402
 from typing import Mapping, Sequence  # noqa: E402
 
@@ -191,6 +190,42 @@ def _data_files_of_day(table: Table, day: date, files: Sequence[str]) -> list[Da
     return data_files
 
 
+def _committed_files_of_day(table: Table, day: date) -> list[DataFile]:
+    """The data files the current snapshot holds for `day`: whole files, since every file of a
+    day-partitioned table holds one day (a file of another partition would be refused)."""
+    if table.current_snapshot() is None:
+        return []
+    want = (day - _EPOCH).days
+    files = [task.file for task in table.scan(row_filter=day_predicate(table, day)).plan_files()]
+    for df in files:
+        if not len(df.partition) or df.partition[0] != want:
+            raise ConfigError(
+                f"{df.file_path} is in partition {df.partition} of {'.'.join(table.name())}, not day {day}: "
+                "a day overwrite replaces whole files of the day's partition (was the table's partition spec changed?)"
+            )
+    return files
+
+
+def _overwrite_transaction(table: Table, day: date, data_files: list[DataFile], props: dict[str, str]) -> Any:
+    """One transaction, one OVERWRITE snapshot: the day's committed files out, the new ones in.
+    (A delete and an append would be two snapshots, and a reader pinned to the first between them
+    would see the day missing.)"""
+    old = _committed_files_of_day(table, day)
+    tx = table.transaction()
+    if data_files and tx.table_metadata.name_mapping() is None:
+        # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
+    if old or data_files:
+        with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
+            # the day's predicate is also the conflict filter: a concurrent writer of this day fails our commit
+            overwrite.delete_by_predicate(day_predicate(table, day))
+            for data_file in old:
+                overwrite.delete_data_file(data_file)
+            for data_file in data_files:
+                overwrite.append_data_file(data_file)
+    return tx
+
+
 def commit_day_overwrite(
     table: Table,
     day: date,
@@ -199,12 +234,14 @@ def commit_day_overwrite(
     snapshot_properties: Mapping[str, str] | None = None,
     max_attempts: int = 5,
 ) -> int | None:
-    """Replace `day` in `table` by the Parquet `files` in ONE catalog commit (delete the day, add
-    the files) and return the new current snapshot id (None when the table is still empty).
+    """Replace `day` in `table` by the Parquet `files` in ONE catalog commit that makes ONE
+    snapshot (operation `overwrite`: the day's old files out, the new ones in), and return the new
+    current snapshot id (None when the table is still empty). A reader at any snapshot sees the day
+    whole, old or new, never missing.
 
     Re-running with new files for the same day replaces the old ones, so a day's rerun is
     idempotent. A commit that loses to a concurrent writer (CommitFailedException, or
-    ValidationException when the other run added files to this day) is rebuilt and retried on the
+    ValidationException when the other run changed this day's files) is rebuilt and retried on the
     refreshed table: the last writer wins and the day never holds two runs' files. After `max_attempts`
     conflicts it raises `CommitConflict`.
     """
@@ -212,25 +249,13 @@ def commit_day_overwrite(
     files = list(files)
     for attempt in range(1, max_attempts + 1):
         data_files = _data_files_of_day(table, day, files)
-        tx = table.transaction()
-        with warnings.catch_warnings():  # a first run deletes nothing: expected, not worth a warning
-            warnings.filterwarnings("ignore", message="Delete operation did not match any records")
-            tx.delete(day_predicate(table, day), snapshot_properties=props)
-        if data_files:
-            if tx.table_metadata.name_mapping() is None:
-                # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
-                tx.set_properties(
-                    **{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
-                )
-            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
-                for data_file in data_files:
-                    append.append_data_file(data_file)
+        tx = _overwrite_transaction(table, day, data_files, props)
         try:
             tx.commit_transaction()
         except (CommitFailedException, ValidationException) as e:
-            # pyiceberg first retries by itself on the new base; when another run added files to
-            # this day meanwhile, its validation refuses (ValidationException). We then rebuild
-            # the whole transaction on the refreshed table: our delete now covers their files too.
+            # pyiceberg first retries by itself on the new base; when another run changed this
+            # day meanwhile, its validation refuses (ValidationException). We then rebuild the
+            # whole transaction on the refreshed table: our overwrite now covers their files too.
             if attempt == max_attempts:
                 raise CommitConflict(
                     f"day {day} of {'.'.join(table.name())}: {attempt} commits lost to concurrent "

@@ -8,9 +8,10 @@ through the API skips the form's validation). A run's plan records its request
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from slipstream.errors import ConfigError
 from slipstream.settings import BACKENDS
@@ -115,9 +116,20 @@ class TrainRequest:
             raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node")
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "TrainRequest":
-        """From DAG params (or any mapping); unknown keys are ignored, missing ones take defaults."""
+    def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> "TrainRequest":
+        """From DAG params (or any mapping); missing keys take defaults. A key that is neither a knob
+        nor one of the DAG's `other_params` is refused with the valid names: a misspelt key
+        (`learning_rate` for `lr`) would otherwise be ignored and the run train with the default."""
         names = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - names - set(other_params))
+        if unknown:
+            valid = sorted(names | set(other_params))
+            near = {k: difflib.get_close_matches(k, valid, n=1, cutoff=0.6) for k in unknown}
+            hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k, m in near.items() if m)
+            raise ConfigError(
+                f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in the run's "
+                f"conf{hints}; the valid names are: {', '.join(valid)}"
+            )
         return cls(**{k: v for k, v in params.items() if k in names})
 
     @property

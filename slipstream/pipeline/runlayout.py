@@ -164,10 +164,23 @@ def run_folders(settings: Settings, pattern: str = "*") -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def run_dirs_of_dag_run(settings: Settings, dag_run_id: str) -> list[Path]:
-    """The run folders one Airflow DAG run created (any kind), newest first: `make_run_id` ends
-    every run id of a DAG run with the digest of the DAG run's id."""
-    return run_folders(settings, f"*-{dag_run_digest(dag_run_id)}")
+RUN_KINDS: dict[str, str] = {"daily": "daily_retrain", "stream": "stream_train", "preprocess": "preprocess_samples"}
+"""The DAG whose runs make the run folders of each kind (the first part of a run id). A folder
+of another kind (a trainer run started by hand) belongs to no DAG."""
+
+
+def dag_of_run(run_id: str) -> str | None:
+    """The DAG a run folder belongs to, by its kind; None for one no DAG makes."""
+    return RUN_KINDS.get(run_id.split("-", 1)[0])
+
+
+def run_dirs_of_dag_run(settings: Settings, dag_id: str, dag_run_id: str) -> list[Path]:
+    """The run folders one Airflow DAG run of `dag_id` created, newest first: `make_run_id` ends
+    every run id of a DAG run with the digest of the DAG run's id, and only folders of the DAG's
+    own kinds count (two DAGs share run ids such as `scheduled__<date>`)."""
+    digest = dag_run_digest(dag_run_id)
+    found = [p for kind, dag in RUN_KINDS.items() if dag == dag_id for p in run_folders(settings, f"{kind}-*-{digest}")]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 @dataclass(frozen=True)

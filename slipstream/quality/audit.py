@@ -13,12 +13,15 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from slipstream.stream.kafka import Broker
 
 from slipstream.samples.schema import is_holdout
 
@@ -116,7 +119,7 @@ def shuffle_score(audit: pa.Table, ids: pa.Array, event_time: pa.Array) -> float
 
 
 def read_kafka_range(
-    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0
+    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0
 ) -> pa.Table:
     """Decode the records of [start, end) per partition (sample columns + partition/offset)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -160,6 +163,14 @@ def read_kafka_range(
     return pa.concat_tables(parts) if parts else pa.table({"sample_id": pa.array([], pa.string())})
 
 
+def _record_keys(t: pa.Table) -> pa.Array:
+    """partition * 2^40 + offset: one int64 per Kafka record."""
+    t = t.select(["partition", "offset"]).combine_chunks()
+    part, off = (pc.cast(t.column(c).chunk(0) if t.column(c).num_chunks else pa.array([], pa.int64()), pa.int64())
+                 for c in ("partition", "offset"))
+    return pc.add(pc.multiply(part, 1 << 40), off)
+
+
 def audit_run(
     audit: pa.Table, window_ids: pa.Array, window_times: pa.Array, metrics: dict[str, Any],
     kafka: pa.Table | None,
@@ -186,6 +197,13 @@ def audit_run(
     if kafka is not None:
         t_handoff = datetime.fromisoformat(metrics["t_handoff"])
         after = kafka.filter(pc.greater_equal(kafka.column("event_time"), pa.scalar(t_handoff, kafka.column("event_time").type)))
+        dead = audit.filter(pc.equal(src, "dead_letter"))
+        if dead.num_rows and after.num_rows:
+            # the trainer refused these (e.g. an event time far in the future): rejected, not lost
+            refused = pc.is_in(_record_keys(after), value_set=_record_keys(dead))
+            notes.append(f"{dead.num_rows:,} records went to the dead-letter topic ({pc.sum(refused).as_py():,} of them "
+                         "decodable with event_time >= t_handoff): not expected in training")
+            after = after.filter(pc.invert(refused))
         expected_stream = _trainable(after.column("sample_id"))
         rows = audit.filter(pc.equal(src, "kafka"))
         sources.append(compare_ids("kafka", 0, expected_stream, rows.column("sample_id").combine_chunks()))

@@ -131,7 +131,9 @@ def training_curve(points: list[dict[str, Any]]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(9, 3))
     for k in keys:
         pts = [(p.get("step", i), p[k]) for i, p in enumerate(points) if k in p]
-        ax.plot([a for a, _ in pts], [b for _, b in pts], label=k)
+        # points as well as the line: a short run has one or two metrics lines, and a line through
+        # a single point draws nothing
+        ax.plot([a for a, _ in pts], [b for _, b in pts], label=k, marker="o" if len(pts) <= 50 else None, ms=4)
     ax.set_xlabel("step")
     ax.set_title("Training curve (metrics.jsonl)")
     ax.legend(fontsize=7)

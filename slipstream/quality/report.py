@@ -10,6 +10,7 @@ sentence in its section, never an error.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.pipeline.runlayout import run_dir as run_folder_of
 from slipstream.pipeline.runplan import RunPlan, plan_path, read_plan
 from slipstream.settings import Settings
+from slipstream.stream.kafka import KafkaAccess
 from slipstream.templating import render
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ class _Window:
     """The run's Iceberg window: ids/times for the audit, per-day profiles for the plots."""
 
     def __init__(self, settings: Settings, metrics: dict[str, Any], plan: RunPlan | None) -> None:
+        settings = run_settings(settings, metrics)
         # the run's plan.json when it has one (its window and files); else what metrics.json says
         self.snapshot_id = plan.snapshot_id if plan else int(metrics["snapshot_id"])
         self.start = plan.window_start if plan else datetime.fromisoformat(metrics["window_start"]).astimezone(timezone.utc)
@@ -132,6 +135,14 @@ class _Window:
             if before:
                 out[d] = compare_profiles(merge_profiles(before), self.day_profiles[d])
         return out
+
+
+def run_settings(settings: Settings, metrics: dict[str, Any]) -> Settings:
+    """The settings the run itself used, as far as metrics.json records them (a run may set its own
+    catalog, namespace, topic or broker: the report must audit those, not the deployment's defaults)."""
+    given = {"catalog": metrics.get("catalog"), "namespace": metrics.get("namespace"),
+             "topic": metrics.get("topic"), "kafka_bootstrap": metrics.get("kafka_bootstrap")}
+    return dataclasses.replace(settings, **{k: v for k, v in given.items() if v})
 
 
 def render_report(settings: Settings, run_id: str) -> Path:
@@ -225,11 +236,14 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
     start, end = _offsets(metrics.get("handoff_offsets")), _offsets(metrics.get("final_offsets"))
     notes = []
     if start and end and any(end.get(p, 0) > o for p, o in start.items()):
-        topic = metrics.get("topic") or settings.topic
-        bootstrap = metrics.get("kafka_bootstrap") or settings.kafka_bootstrap
+        own = run_settings(settings, metrics)
+        topic, bootstrap = own.topic, own.kafka_bootstrap
+        if "topic" not in metrics:
+            notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
+                         f"audited {topic} on {bootstrap}, the deployment's")
         try:
-            kafka = read_kafka_range(bootstrap, topic, start, end)
-        except Exception as e:
+            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, end)
+        except Exception as e:  # also a bad security setting: the rest of the report still renders
             notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
     else:
         notes.append("no stream phase (no Kafka offsets range in metrics.json)")

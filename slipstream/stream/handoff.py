@@ -23,7 +23,7 @@ from typing import Callable
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from slipstream.errors import HandoffError
-from slipstream.stream.kafka import consumer_config
+from slipstream.stream.kafka import Broker, KafkaAccess, as_access, consumer_config
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def search_start(r: _Reader, partition: int, low: int, high: int, target: int) -
 
 
 def find_handoff(
-    consumer_or_bootstrap: Consumer | str,
+    consumer_or_bootstrap: Consumer | Broker,
     topic: str,
     t_handoff: datetime,
     max_lateness: timedelta | float,
@@ -161,14 +161,16 @@ def find_handoff(
 ) -> HandoffPlan:
     """Start offset of every partition of `topic` for the handoff at `t_handoff`.
 
-    A Consumer passed in is used for reading (its assignment is replaced); a bootstrap string
-    gets a private consumer that is closed afterwards."""
-    own = isinstance(consumer_or_bootstrap, str)
+    A Consumer passed in is used for reading (its assignment is replaced); a broker (KafkaAccess
+    or bootstrap string) gets a private consumer that is closed afterwards."""
+    own = isinstance(consumer_or_bootstrap, (str, KafkaAccess))
     consumer = Consumer(consumer_config(consumer_or_bootstrap, group="slipstream-handoff")) if own else consumer_or_bootstrap
     try:
         return _find(consumer, topic, target_ms(t_handoff, max_lateness), timeout_s, offsets_for_times)
     except KafkaException as e:
-        raise HandoffError(f"handoff offsets for topic {topic!r} could not be read: {e}") from e
+        consumer.poll(0)  # serves the error callback: a refused login raises KafkaAuthError, naming broker and mechanism
+        where = f" from {as_access(consumer_or_bootstrap)}" if own else ""  # type: ignore[arg-type]
+        raise HandoffError(f"handoff offsets for topic {topic!r} could not be read{where}: {e}") from e
     finally:
         if own:
             consumer.close()
@@ -209,7 +211,7 @@ def _find(consumer: Consumer, topic: str, target: int, timeout_s: float, oft: Of
 
 
 def handoff_offsets(
-    consumer_or_bootstrap: Consumer | str,
+    consumer_or_bootstrap: Consumer | Broker,
     topic: str,
     t_handoff: datetime,
     max_lateness: timedelta | float,

@@ -70,3 +70,23 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["samples_iceberg"] > 0 and metrics["samples_kafka"] > 0
     assert summary["publish"]["challenger_auc"] == pytest.approx(metrics["auc"])
+
+
+@pytest.mark.parametrize("conf, named", [
+    ({"learning_rat": 0.1}, ["'learning_rat'", "lr", "window_days"]),  # a typo: refused, not ignored
+    ({"nnodes": 2}, ["nnodes=2 needs backend=kubernetes"]),            # a configuration error
+])
+def test_a_bad_conf_fails_at_once_naming_the_key(settings: Settings, migrated_airflow_db: Path, conf: dict,  # noqa: F811
+                                                 named: list[str]) -> None:
+    """Both fail the first task without a retry (AirflowFailException), before any data is touched
+    (issue 23, item 8)."""
+    env = airflow_cli_env(settings.home)
+    use_airflow_db(migrated_airflow_db, settings.home)
+    out = airflow(["dags", "test", "daily_retrain", "2025-01-03", "-c", json.dumps(conf)], env, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 or "state=failed" in text, text[-4000:]
+    assert "AirflowFailException" in text and "configuration error, not retried" in text, text[-4000:]
+    for name in named:
+        assert name in text, (name, text[-4000:])
+    assert "up_for_retry" not in text and "UP_FOR_RETRY" not in text
+    assert not any(Path(settings.runs_dir).glob("daily-*/summary.json"))  # nothing ran

@@ -252,6 +252,14 @@ def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Pat
     assert f"Training-data insight — run {folder.name}" in body
     status, _, body = _get(f"{info.url}/slipstream/runs", token)
     assert status == 200 and folder.name in body
+    # the admin passes Airflow's DAG-level check; the file comes sandboxed; another DAG's tab for
+    # the same run id does not show this run's report
+    req = urllib.request.Request(final, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.headers["Content-Security-Policy"] == "sandbox"
+    other = f"{info.url}/slipstream/dag_runs/preprocess_samples/{urllib.parse.quote(dag_run_id, safe='')}/report"
+    status, _, body = _get(other, token)
+    assert status == 404 and folder.name not in body
 
     if not (CHROMIUM and DRIVER):
         pytest.skip("the API part passed; the browser part needs: sudo apt-get install -y chromium chromium-driver")

@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from slipstream.stream.kafka import create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
@@ -32,6 +31,7 @@ from tests.trainer_fixtures import (
 )
 from trainers.audit import read_audit
 from trainers.data.kafka_source import assigned_partitions
+from trainers.statefile import decode_state
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +106,8 @@ def foreign_buffered_rows(run_dir: Path) -> int:
     foreign = 0
     for rank in (0, 1):
         try:
-            state = torch.load(ckpt / f"data-rank-{rank}.pt", map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError):  # pruned by the live run while we read: look again
+            state = decode_state(ckpt / f"data-rank-{rank}.npz")
+        except (OSError, ValueError, EOFError):  # pruned by the live run while we read: look again
             return 0
         if state.get("shuffle"):
             parts = np.asarray(state["shuffle"]["rows"]["partition"])

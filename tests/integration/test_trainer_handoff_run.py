@@ -8,15 +8,19 @@ dropped, bad records in the dead-letter topic with their reason and origin, the 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from slipstream.samples.codec import encode_samples
 from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
@@ -34,6 +38,9 @@ pytestmark = pytest.mark.integration
 BAD_VALUES = [b"{not json", b'{"sample_id": "x-1"}', b"", b"[1, 2, 3]",
               b"\xb1\x00\x04\x03",          # a binary-codec value cut inside its head
               b"\xb1\x01\x04\x03" + bytes(76)]  # a binary head whose lengths disagree with the value
+
+
+ODD_TIMES = [datetime(2100, 1, 1, tzinfo=timezone.utc), datetime(1969, 12, 31, 23, 0, tzinfo=timezone.utc)]
 
 
 @dataclass
@@ -61,9 +68,16 @@ def run(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Run:
     ts = int(fx.t_handoff.timestamp() * 1000) + 60_000
     for v in BAD_VALUES:
         producer.produce(topic, value=v, partition=1, timestamp=ts)
+    # samples that decode but whose event time is out of reason: year 2100 and before 1970
+    odd = data.stream.slice(0, len(ODD_TIMES))
+    odd = odd.set_column(odd.schema.get_field_index("sample_id"), "sample_id", pa.array([f"odd-time-{i}" for i in range(len(ODD_TIMES))]))
+    odd = odd.set_column(odd.schema.get_field_index("event_time"), "event_time",
+                         pa.array(ODD_TIMES, pa.timestamp("us", tz="UTC")))
+    for v in encode_samples(odd):
+        producer.produce(topic, value=v, partition=1, timestamp=ts)
     producer.flush(30)
     high = end_offsets(kafka_bootstrap, topic)[1]
-    bad_origin = [(1, o) for o in range(high - len(BAD_VALUES), high)]
+    bad_origin = [(1, o) for o in range(high - len(BAD_VALUES) - len(ODD_TIMES), high)]
     cfg_path = home / "train.json"
     cfg_path.write_text(json.dumps(train_config(fx, run_id="e2e", bootstrap=kafka_bootstrap, topic=topic, dlq_topic=dlq)))
     proc = run_torchrun(home, cfg_path, nproc=2)
@@ -75,7 +89,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Run:
 
 def test_every_sample_is_trained_exactly_once_across_the_handoff(run: Run) -> None:
     audit = read_audit(run.run_dir)
-    ids = audit.column("sample_id").to_pylist()
+    trained = audit.filter(pc.not_equal(audit.column("source"), "dead_letter"))
+    ids = trained.column("sample_id").to_pylist()
     dupes = [i for i, n in Counter(ids).items() if n > 1]
     assert not dupes, f"trained twice: {dupes[:5]}"
     iceberg = set(audit.filter(pc.equal(audit.column("source"), "iceberg")).column("sample_id").to_pylist())
@@ -92,25 +107,35 @@ def test_every_sample_is_trained_exactly_once_across_the_handoff(run: Run) -> No
 
 
 def test_bad_records_land_in_the_dead_letter_topic_with_reason_and_origin(run: Run) -> None:
-    assert run.summary["dead_letters"] == len(BAD_VALUES)
+    n_bad = len(BAD_VALUES) + len(ODD_TIMES)
+    assert run.summary["dead_letters"] == n_bad
     c = Consumer(consumer_config(run.bootstrap, group="dlq-check"))
     try:
         c.assign([TopicPartition(run.dlq_topic, 0, 0)])
         got = []
         for _ in range(50):
             got += [m for m in c.consume(10, timeout=0.2) if m.error() is None]
-            if len(got) >= len(BAD_VALUES):
+            if len(got) >= n_bad:
                 break
     finally:
         c.close()
-    assert len(got) == len(BAD_VALUES)
-    origins = []
+    assert len(got) == n_bad
+    origins, time_reasons = [], []
     for m in got:
         h = {k: v.decode() for k, v in m.headers()}
         assert h["origin_topic"] == run.topic and h["reason"]
         origins.append((int(h["origin_partition"]), int(h["origin_offset"])))
+        if h["reason"].startswith("event_time out of range"):
+            time_reasons.append(h["reason"])
     assert sorted(origins) == run.bad_origin
-    assert {(m.value() or b"") for m in got} == set(BAD_VALUES)
+    assert set(BAD_VALUES) <= {(m.value() or b"") for m in got}
+    assert any("2100-01-01" in r and "max_future_skew_s" in r for r in time_reasons)
+    assert any("1969-12-31" in r and "before 1970" in r for r in time_reasons)
+    # neither trained nor counted as "before T", and the run's freshness is not the year 2100
+    assert str(run.summary["newest_event_time"]) < "2027"
+    audit = read_audit(run.run_dir)
+    dead = audit.filter(pc.equal(audit.column("source"), "dead_letter"))
+    assert sorted(zip(dead.column("partition").to_pylist(), dead.column("offset").to_pylist())) == run.bad_origin
 
 
 def test_run_layout_and_summary(run: Run) -> None:
@@ -145,7 +170,7 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
     from trainers.model import CTRModel
     from trainers.rows import Features, Rows
 
-    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=False)
+    blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     assert blob["schema_version"] == SCHEMA_VERSION
     from slipstream.samples.spec import spec_from_dict
 
@@ -156,3 +181,27 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
     assert p.shape == (100,) and bool(((p > 0) & (p < 1)).all())
     info = json.loads((run.run_dir / "export" / "model.json").read_text())
     assert info["snapshot_id"] == run.fx.snapshot_id and info["run_id"] == "e2e"
+
+
+def test_the_report_audits_the_runs_own_topic_and_broker(run: Run) -> None:
+    """The run set data.topic and data.bootstrap; the deployment's settings name another topic on a
+    broker that is not there. The report's audit must read the run's own (issue 23, item 3)."""
+    from slipstream.quality.report import render_report
+    from slipstream.settings import Settings
+
+    assert run.summary["topic"] == run.topic and run.summary["kafka_bootstrap"] == run.bootstrap
+    home = run.run_dir.parent.parent
+    deployment = Settings(home=home, topic="samples", kafka_bootstrap="127.0.0.1:9")
+    text = render_report(deployment, "e2e").read_text()
+    assert "exactly once: 0 lost, 0 duplicated" in text
+    kafka_row = re.search(r"<tr><td>kafka</td><td>0</td><td>([\d,]+)</td><td>([\d,]+)</td><td>0</td><td>0</td><td>0</td>", text)
+    assert kafka_row is not None and int(kafka_row.group(1).replace(",", "")) == len(run.expected_stream)
+
+
+def test_resuming_a_finished_run_keeps_its_summary(run: Run) -> None:
+    home = run.run_dir.parent.parent
+    before = (run.run_dir / "metrics.json").read_text()
+    again = run_torchrun(home, home / "train.json", nproc=2)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert json.loads((run.run_dir / "metrics.json").read_text()) == json.loads(before)
+    assert json.loads(before)["stop_reason"].startswith("caught up")

@@ -59,7 +59,8 @@ def test_defaults_and_good_values_resolve(params: Any) -> None:
 def test_request_from_params_renders_trainer_overrides(settings: Settings) -> None:
     from trainers.plan import load_plan_config
 
-    req = TrainRequest.from_params({"window_days": 3, "epochs": 2, "stream_stop": "0", "lr": 0.01, "unrelated": 1})
+    req = TrainRequest.from_params({"window_days": 3, "epochs": 2, "stream_stop": "0", "lr": 0.01, "stream_name": "x"},
+                                   other_params=("stream_name",))
     sets = trainer_overrides(req)
     # the run's id and snapshot are not knobs: the trainer takes them from the run's plan
     plan = plan_for(settings, req, run_id="r1", snapshot_id=5)
@@ -83,3 +84,27 @@ def test_knob_table_matches_request_fields() -> None:
     assert {k.name for k in KNOBS} == {f.name for f in fields(TrainRequest)}
     for k in KNOBS:
         assert getattr(TrainRequest(), k.name) == k.default
+
+
+def test_an_unknown_param_is_refused_with_the_valid_names() -> None:
+    """A misspelt key was accepted and ignored: the run trained with the default (issue 23, item 8)."""
+    with pytest.raises(ConfigError) as e:
+        TrainRequest.from_params({"learning_rat": 0.1, "window_days": 2})
+    msg = str(e.value)
+    assert "'learning_rat'" in msg and "lr, nnodes" in msg and "window_days" in msg
+    with pytest.raises(ConfigError, match="did you mean 'epochs'"):
+        TrainRequest.from_params({"epoch": 3})
+
+
+def test_a_configuration_error_fails_the_task_without_retries() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from slipstream_airflow.callbacks import fail_fast
+
+    @fail_fast
+    def task_body(params: dict) -> TrainRequest:  # type: ignore[type-arg]
+        return TrainRequest.from_params(params)
+
+    assert task_body({"nnodes": 1}).nnodes == 1
+    with pytest.raises(AirflowFailException, match="nnodes=2 needs backend=kubernetes"):
+        task_body({"nnodes": 2})

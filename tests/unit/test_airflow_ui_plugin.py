@@ -1,4 +1,5 @@
-"""The Airflow UI plugin's pages: run list, run files, a DAG run's report, login required."""
+"""The Airflow UI plugin's pages: run list, run files, a DAG run's report, login and DAG access
+required, third-party HTML sandboxed."""
 
 from __future__ import annotations
 
@@ -109,3 +110,46 @@ def test_airflow_finds_the_plugin_in_the_plugins_folder() -> None:
     assert views["dag_run"]["href"] == "slipstream/dag_runs/{DAG_ID}/{RUN_ID}/report"
     assert views["nav"]["href"] == "slipstream/runs"
     assert [a["url_prefix"] for a in ours[0].fastapi_apps] == ["/slipstream"]
+
+
+def test_a_dag_run_finds_only_its_own_dags_run(runs: tuple[Settings, Path, Path]) -> None:
+    """daily_retrain and preprocess_samples share `scheduled__<date>` run ids: one DAG's tab must
+    not show the other's report (issue 23, item 12)."""
+    settings, done, _ = runs
+    client = _client(settings)
+    assert client.get(f"/dag_runs/daily_retrain/{DONE_RUN}/report", follow_redirects=False).status_code == 307
+    other = client.get(f"/dag_runs/preprocess_samples/{DONE_RUN}/report", follow_redirects=False)
+    assert other.status_code == 404 and done.name not in other.text
+
+
+def test_pages_need_access_to_the_dag_the_run_belongs_to(runs: tuple[Settings, Path, Path]) -> None:
+    settings, done, busy = runs
+    manual = Path(settings.runs_dir) / "by-hand-7"  # a trainer run started by hand: no DAG made it
+    (manual / "report.html").parent.mkdir(parents=True)
+    (manual / "report.html").write_text("<p>manual</p>")
+    asked: list[tuple[str, str | None]] = []
+
+    def can_read_dag(user: str, dag_id: str | None) -> bool:
+        asked.append((user, dag_id))
+        return dag_id == "stream_train"  # this user reads stream_train's runs only
+
+    client = _client(settings, auth=lambda: "bob", can_read_dag=can_read_dag)
+    for path in (f"/dag_runs/daily_retrain/{DONE_RUN}/report", f"/runs/{done.name}/report.html",
+                 f"/runs/{busy.name}/quality/window_2026-11-02.html", "/runs/by-hand-7/report.html"):
+        assert client.get(path, follow_redirects=False).status_code == 403, path
+    listing = client.get("/runs")
+    assert listing.status_code == 200 and done.name not in listing.text and "by-hand-7" not in listing.text
+    assert ("bob", "daily_retrain") in asked and ("bob", None) in asked  # a DAG-less run needs every DAG
+    admin = _client(settings, auth=lambda: "root", can_read_dag=lambda user, dag_id: True)
+    assert admin.get(f"/runs/{done.name}/report.html").status_code == 200
+    assert "by-hand-7" in admin.get("/runs").text
+
+
+def test_run_files_are_served_sandboxed(runs: tuple[Settings, Path, Path]) -> None:
+    """GX Data Docs is HTML a library wrote from data: it must not run script as the Airflow UI."""
+    settings, done, busy = runs
+    client = _client(settings)
+    for path in (f"/runs/{busy.name}/quality/gx_data_docs/w/index.html", f"/runs/{done.name}/report.html"):
+        resp = client.get(path)
+        assert resp.status_code == 200 and resp.headers["content-security-policy"] == "sandbox", path
+        assert resp.headers["x-content-type-options"] == "nosniff"

@@ -11,7 +11,7 @@ import pytest
 
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ConfigError
-from slipstream.lake.iceberg import commit_day_overwrite, samples_table
+from slipstream.lake.iceberg import commit_day_overwrite, day_predicate, samples_table
 from slipstream.samples.schema import NAMESPACE
 from tests.preprocess_fixtures import content_checksum, day_rows
 
@@ -78,3 +78,21 @@ def test_a_file_of_another_day_is_refused_before_any_commit(catalog, days) -> No
     with pytest.raises(ConfigError, match="must contain exactly that day's rows"):
         commit_day_overwrite(table, D1, _files(table, "mixed", both, D1, parts=1))
     assert table.current_snapshot() is None
+
+
+def test_a_reader_at_any_snapshot_sees_a_re_run_day_whole(catalog, days) -> None:  # type: ignore[no-untyped-def]
+    """A re-run of a day is ONE overwrite snapshot: a time-travel reader pinned to any snapshot sees
+    the day with the old run's rows or the new run's, never without it (issue 23, item 10)."""
+    table = samples_table(catalog, NAMESPACE)
+    commit_day_overwrite(table, D1, _files(table, "a", days[D1], D1))
+    commit_day_overwrite(table, D2, _files(table, "a", days[D2], D2))
+    commit_day_overwrite(table, D1, _files(table, "b", days[D1].slice(0, 100), D1))  # the re-run
+    table.refresh()
+    snapshots = table.snapshots()
+    assert len(snapshots) == 3
+    assert snapshots[-1].summary.operation.value == "overwrite"
+    seen = []
+    for snap in snapshots:
+        n = table.scan(row_filter=day_predicate(table, D1), snapshot_id=snap.snapshot_id).to_arrow().num_rows
+        seen.append(n)
+    assert seen == [days[D1].num_rows, days[D1].num_rows, 100]

@@ -56,6 +56,7 @@ def _source(positions: dict[int, int], batches: list[list[_Msg]]) -> KafkaSource
     src.t_us, src.consume_batch, src.consume_timeout_s = 0, 100, 0.0
     src.counters = StreamCounters()
     src.wait_s, src.idle, src._dlq = 0.0, False, None
+    src.max_future_us, src.dead_lettered = 3600 * 10**6, []
     src.consumer = _Consumer(batches)  # type: ignore[assignment]
     return src
 

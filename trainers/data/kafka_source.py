@@ -8,6 +8,12 @@
   phase trained them); held-out records are kept out of training; bad records go to the dead-letter
   topic with the reason and their origin in headers.
 - `positions` is the next offset to read per partition: what a checkpoint stores (`state_dict`).
+- A broker that lost records this run already read (noida-db killed -9, a broker restarted on an
+  empty data dir) is detected, never skipped past: the consumer never resets its offsets by itself
+  (`auto.offset.reset=error`), and a partition whose high watermark is below the run's position
+  (at start, at every watermark refresh, on an out-of-range fetch) stops the run with
+  `StreamDataLost` naming topic, partition and offsets. New records there would otherwise reuse
+  offsets the run has passed and never be trained.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -23,8 +30,8 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from slipstream.samples.codec import decode_samples
-from slipstream.errors import HandoffError, ResumeError
-from slipstream.stream.kafka import consumer_config
+from slipstream.errors import HandoffError, ResumeError, StreamDataLost
+from slipstream.stream.kafka import Broker, as_access, client_config, consumer_config
 from trainers.data.holdout import holdout_mask
 from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.samples.spec import Spec
@@ -36,11 +43,18 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
+def _iso(us: int) -> str:
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return f"{us} us since 1970"
+
+
 def assigned_partitions(partitions: list[int], rank: int, world: int) -> list[int]:
     return sorted(partitions)[rank::world]
 
 
-def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[int]:
+def topic_partitions(bootstrap: Broker, topic: str, timeout_s: float = 10.0) -> list[int]:
     c = Consumer(consumer_config(bootstrap, group="slipstream-meta"))
     try:
         meta = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
@@ -67,7 +81,7 @@ class KafkaSource:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: Broker,
         topic: str,
         dlq_topic: str,
         partitions: list[int],
@@ -78,15 +92,20 @@ class KafkaSource:
         lag_interval_s: float,
         group: str,
         spec: Spec = DEFAULT_SPEC,
+        max_future_skew_s: float = 3600.0,
     ) -> None:
         self.spec, self.layout = spec, RowLayout.from_spec(spec)
         self.topic, self.dlq_topic = topic, dlq_topic
-        self.bootstrap = bootstrap
+        self.bootstrap = as_access(bootstrap)
         self.partitions = list(partitions)
         self.positions = {p: int(positions[p]) for p in self.partitions}
         self.t_us = t_handoff_us
         self.consume_batch, self.consume_timeout_s = consume_batch, consume_timeout_s
         self.lag_interval_s = lag_interval_s
+        self.max_future_us = int(max_future_skew_s * 1_000_000)
+        self.dead_lettered: list[tuple[int, int, str]] = []
+        """(partition, offset, sample id or "") of each dead letter since the trainer last took them
+        (`take_dead_letters`): the audit accounts for them, so a dead letter is not a lost sample."""
         self.counters = StreamCounters()
         self.wait_s = 0.0
         self.idle = False
@@ -95,8 +114,11 @@ class KafkaSource:
         self._high_at = 0.0
         self._unknown = False
         self._dlq: Producer | None = None
-        self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50}))
+        # offsets are ours (checkpointed): an out-of-range position is an error, never a silent reset
+        self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50,
+                                                                            "auto.offset.reset": "error"}))
         if self.partitions:
+            self.lag(refresh=True)  # a broker that lost what this run read is refused before any poll
             self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in self.partitions])
 
     # --- reading ----------------------------------------------------------------------------
@@ -119,6 +141,8 @@ class KafkaSource:
                     continue
                 if err.fatal():
                     raise KafkaException(err)
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    self._out_of_range(m.partition(), err.str())
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error on %s: %s (retrying)", self.topic, err)
         parts = np.asarray([m.partition() for m in good], dtype=np.int64)
@@ -169,25 +193,48 @@ class KafkaSource:
         now_ms = int(time.time() * 1000)
         # which rows train is decided on the decoded columns, so `Rows` gathers only those rows
         event_us = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
-        before = event_us < self.t_us
-        hold = holdout_mask(table.column("sample_id"))
+        sane = self._check_event_times(event_us, now_ms * 1000, table, values, idx, parts, offs, msgs)
+        before = sane & (event_us < self.t_us)
+        hold = sane & holdout_mask(table.column("sample_id"))
         c.dropped_before_t += int(before.sum())
         c.holdout += int((hold & ~before).sum())
-        c.newest_event_us = max(c.newest_event_us, int(event_us.max()))
-        keep = np.flatnonzero(~before & ~hold)
+        if sane.any():
+            c.newest_event_us = max(c.newest_event_us, int(event_us[sane].max()))
+        keep = np.flatnonzero(sane & ~before & ~hold)
         c.fresh += len(keep)
         return Rows.from_arrow(
             table, self.layout, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],
             consumed_ms=np.full(len(idx), now_ms, dtype=np.int64), take=None if len(keep) == len(idx) else keep,
         )
 
-    def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int) -> None:
+    def _check_event_times(self, event_us: np.ndarray, now_us: int, table: pa.Table, values: list[bytes | None],
+                           idx: np.ndarray, parts: np.ndarray, offs: np.ndarray, msgs: list[Any]) -> np.ndarray:
+        """Which decoded rows have a believable event time; the others become dead letters."""
+        early, late = event_us < 0, event_us > now_us + self.max_future_us
+        bad = np.flatnonzero(early | late)
+        for j in bad.tolist():
+            i = int(idx[j])
+            at = _iso(int(event_us[j]))
+            reason = (f"event_time out of range: {at} is before 1970-01-01" if early[j] else
+                      f"event_time out of range: {at} is more than {self.max_future_us / 1e6:.0f}s after the "
+                      f"consumer's clock (data.max_future_skew_s)")
+            self._dead_letter(values[i], msgs[i].key(), reason, int(parts[i]), int(offs[i]),
+                              sample_id=str(table.column("sample_id")[j]))
+        return ~(early | late)
+
+    def take_dead_letters(self) -> list[tuple[int, int, str]]:
+        out, self.dead_lettered = self.dead_lettered, []
+        return out
+
+    def _dead_letter(self, value: bytes | None, key: bytes | None, reason: str, partition: int, offset: int,
+                     sample_id: str = "") -> None:
         c = self.counters
         c.dead_letters += 1
+        self.dead_lettered.append((partition, offset, sample_id))
         kind = reason.split(":")[0][:60]
         c.dead_reasons[kind] = c.dead_reasons.get(kind, 0) + 1
         if self._dlq is None:
-            self._dlq = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 20})
+            self._dlq = Producer(client_config(self.bootstrap, **{"enable.idempotence": True, "linger.ms": 20}))
         headers = [
             ("reason", reason.encode()),
             ("origin_topic", self.topic.encode()),
@@ -218,14 +265,48 @@ class KafkaSource:
             for p in self.partitions:
                 try:
                     _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=2, cached=False)
-                    self._high[p] = high
                 except KafkaException as e:
                     # broker unreachable: the lag is unknown, never "caught up" (data.stop.timeout_s caps the wait)
                     self._unknown = True
                     log.warning("watermarks of %s[%d] unavailable (%s): lag unknown", self.topic, p, e)
+                    continue
+                self._high[p] = high
+                if high < self.positions[p]:  # a fresh watermark, not one cached before records arrived
+                    self._refuse_lost(p, f"its high watermark is {high}")
             self._high_at = now
         lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
         return max(lag, 1) if self._unknown else lag
+
+    def _out_of_range(self, partition: int | None, why: str) -> None:
+        """The broker refused a fetch at this run's position: records lost, or deleted unread."""
+        if partition in self.positions:
+            try:
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5, cached=False)
+            except KafkaException:
+                low, high = -1, -1
+            if low > self.positions[partition]:
+                raise StreamDataLost(
+                    f"Kafka partition {self.topic}[{partition}] on {self.bootstrap} no longer holds offsets "
+                    f"{self.positions[partition]}..{low - 1}, which this run has not read yet (the topic's retention "
+                    "deleted them): those samples can no longer be trained. Raise the topic's retention.ms (Slipstream "
+                    "creates topics with -1), and start a new run (new run.run_id)."
+                )
+            if 0 <= high < self.positions[partition]:
+                self._refuse_lost(partition, f"its high watermark is {high}")
+        self._refuse_lost(partition, f"the fetch at its position was refused ({why})")
+
+    def _refuse_lost(self, partition: int | None, evidence: str) -> None:
+        """Stop the run: the broker lost records of `partition` this run has already read."""
+        p = partition if partition in self.positions else None
+        where = f"{self.topic}[{p}]" if p is not None else f"{self.topic} (partitions {self.partitions})"
+        at = f"this run's next offset is {self.positions[p]}" if p is not None else f"this run's positions are {self.positions}"
+        raise StreamDataLost(
+            f"Kafka partition {where} on {self.bootstrap} lost records this run already read: {at} but {evidence}. "
+            "The broker dropped acknowledged records (a noida-db broker killed with -9 loses its last "
+            "seconds of writes; a broker restarted on an empty data dir loses all), and new records would "
+            "reuse offsets below the position and never be trained. Restore the topic's data and resume, "
+            "or start a new run (new run.run_id) on the topic as it is now."
+        )
 
     def close(self) -> None:
         try:
@@ -253,7 +334,7 @@ class KafkaSource:
             self.consumer.assign([TopicPartition(self.topic, p, self.positions[p]) for p in self.partitions])
 
 
-def read_range(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], group: str,
+def read_range(bootstrap: Broker, topic: str, ranges: dict[int, tuple[int, int]], group: str,
                timeout_s: float = 30.0) -> list[tuple[list[bytes | None], np.ndarray, np.ndarray]]:
     """Values of the records in [start, stop) per partition (for evaluation after training).
     Returns one (values, partitions, offsets) tuple per consume call."""
