@@ -53,6 +53,7 @@ from trainers.config import DataConfig, load_config
 from trainers.data.holdout import holdout_mask
 from trainers.data.kafka_source import KafkaSource
 from trainers.distributed import Dist, select_device
+from slipstream.samples.schema import DEFAULT_SPEC
 from trainers.rows import SOURCE_KAFKA, Features, Rows
 
 log = logging.getLogger("bench.stream")
@@ -155,14 +156,14 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031", "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
     ], settings)
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
-    tr = Trainer(cfg, d, settings)
+    tr = Trainer(cfg, d, settings, DEFAULT_SPEC)
     start = {p: 0 for p in end_offsets(bootstrap, topic)}
     tr.state.positions, tr.state.handoff_offsets, tr.state.phase = dict(start), dict(start), "stream"
     lat: list[np.ndarray] = []
     step = tr.train_step
 
-    def timed_step(rows: Rows, batch_size: int) -> torch.Tensor:
-        losses = step(rows, batch_size)
+    def timed_step(rows: Rows, batch_size: int, fresh: Any = None) -> torch.Tensor:
+        losses = step(rows, batch_size, fresh)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
         now_ms = time.time() * 1000

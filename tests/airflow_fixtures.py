@@ -38,8 +38,11 @@ def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def write_run(runs_dir: Path, run_id: str, auc: float | None) -> Path:
-    """A finished run folder as the trainer leaves it (for registry tests that need no training)."""
+def write_run(runs_dir: Path, run_id: str, auc: float | None, *, baseline: float = 0.5,
+              champion: tuple[str, float] | None = None, rows: int = 1000) -> Path:
+    """A finished run folder as the trainer leaves it (for registry tests that need no training):
+    `auc` on `rows` held-out rows after T, its logistic baseline's AUC on them, and `champion`:
+    the champion's (run id, AUC) re-scored on the same rows."""
     run = runs_dir / run_id
     (run / "export").mkdir(parents=True, exist_ok=True)
     (run / "export" / "model.pt").write_bytes(b"weights-" + run_id.encode())
@@ -51,7 +54,10 @@ def write_run(runs_dir: Path, run_id: str, auc: float | None) -> Path:
         "samples_iceberg": 10, "samples_kafka": 2,
     }
     if auc is not None:
-        metrics["auc"] = auc
+        metrics.update(auc=auc, auc_after_t=auc, eval_rows_after_t=rows, baseline_auc_after_t=baseline,
+                       auc_diff_vs_baseline_ci=[auc - baseline - 0.01, auc - baseline + 0.01])
+    if champion is not None:
+        metrics.update(champion_run_id=champion[0], champion_auc_after_t=champion[1])
     (run / "metrics.json").write_text(json.dumps(metrics))
     return run
 

@@ -118,11 +118,14 @@ class Broker:
         self.proc = None
 
 
-def training_ids(fx: SamplesFixture, window_days: int | None = None) -> set[str]:
-    """Ids the batch phase must train: the window's samples that are not held out."""
+def training_ids(fx: SamplesFixture, window_days: int | None = None, validation_days: int = 1) -> set[str]:
+    """Ids the batch phase must train: the window's samples that are not held out, without the
+    validation days before T (the trainer's `data.validation_days`, when the window is longer)."""
     from slipstream.samples.schema import is_holdout
 
     days = sorted(fx.days)[-(window_days or len(fx.days)):]
+    if validation_days and len(days) > validation_days:
+        days = days[:-validation_days]
     ids = pa.concat_tables([fx.days[d] for d in days]).column("sample_id")
     return set(pa.array(ids).filter(pa.array(~is_holdout(ids))).to_pylist())
 
@@ -142,7 +145,7 @@ def train_config(fx: SamplesFixture, *, run_id: str, bootstrap: str, topic: str,
                  window_days: int = 2, **sections: dict[str, object]) -> dict[str, object]:
     """A small, fast trainer config for the fixture's table and topic (sections override keys)."""
     cfg: dict[str, dict[str, object]] = {
-        "data": {"snapshot_id": fx.snapshot_id, "t_handoff": fx.t_handoff.isoformat(), "window_days": window_days,
+        "data": {"snapshot_id": fx.snapshot_id, "t_handoff": fx.t_handoff.isoformat(), "window_days": window_days, "epochs": 1,
                  "bootstrap": bootstrap, "topic": topic, "dlq_topic": dlq_topic, "batch_size": 128,
                  "shuffle_buffer": 1500, "stream_shuffle_buffer": 64, "replay_share": 0.25,
                  "max_lateness_s": fx.gen.max_lateness_s, "stop": {"mode": "caught_up", "timeout_s": 60}},

@@ -109,8 +109,14 @@ class DataConfig:
     the stream is short and fresh: a few thousand samples in batches of 1024 are a handful of
     optimizer steps, too few to follow a change of the click model (docs/trainer.md, Model
     quality)."""
-    epochs: int = 1
-    """Passes over the batch window."""
+    epochs: int = 10
+    """At most this many passes over the batch window (validation stops earlier, see below)."""
+    validation_days: float = 1.0
+    """The last days of the window (before T) are the validation set: never trained in the batch
+    phase, scored after every epoch; the epoch with the lowest validation loss goes on to the
+    stream phase. 0, or a window no longer than this: no validation, `epochs` passes."""
+    patience: int = 1
+    """Epochs in a row without a better validation loss after which the batch phase stops."""
     seed: int = 0
     """Seeds the global unit permutation, the shuffle buffers, replay and model init."""
     cache_dir: str = ""
@@ -146,6 +152,8 @@ class DataConfig:
         require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
         require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
+        require(self.validation_days >= 0, f"data.validation_days must be >= 0, got {self.validation_days}")
+        require(self.patience >= 1, f"data.patience must be >= 1, got {self.patience}")
         require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
         require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
         require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
@@ -217,6 +225,8 @@ class OptimConfig:
     held-out AUC on stationary data at 360k rows (docs/trainer.md, Model quality)."""
     grad_clip: float = 0.0
     """Clip the gradient norm to this (0 = no clipping)."""
+    baseline_lr: float = 0.05
+    """Adagrad learning rate of the logistic-regression baseline fitted alongside the model."""
 
     def __post_init__(self) -> None:
         require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
@@ -227,6 +237,7 @@ class OptimConfig:
                  f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
         require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
         require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        require(self.baseline_lr > 0, f"optim.baseline_lr must be > 0, got {self.baseline_lr}")
 
 
 @dataclass(kw_only=True)

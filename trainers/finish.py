@@ -26,6 +26,8 @@ from slipstream.pipeline.runplan import RunPlan
 from slipstream.quality.profiles import FeatureProfile
 from slipstream.samples.codec import decode_samples
 from slipstream.samples.schema import HOLDOUT_MODULO
+from slipstream.samples.spec import Spec
+from slipstream.settings import Settings
 from trainers.audit import merge_parts
 from trainers.config import TrainConfig
 from trainers.data.holdout import holdout_mask
@@ -34,7 +36,9 @@ from trainers.data.kafka_source import assigned_partitions, read_range
 from trainers.data.units import Opener, WorkUnit
 from trainers.distributed import Dist
 from trainers.drift import DriftGauge
-from trainers.evaluate import auc_logloss, score
+from trainers.baselines import Baselines
+from trainers.judge import judged, load_champion
+from trainers.validation import EarlyStopping, scores, validation_rows
 from trainers.export import export_model
 from trainers.metrics import MetricsLogger, percentile
 from trainers.model import build_model
@@ -68,6 +72,12 @@ class RunOutcome:
     cache: dict[str, float] | None
     """The cache reader's statistics (None: files read directly)."""
     amp: bool
+    settings: Settings
+    """The deployment's settings (where the model registry is, to re-score the champion)."""
+    baselines: Baselines
+    early: EarlyStopping
+    train_end: datetime
+    """The batch phase trained rows before this (T minus the validation days)."""
 
 
 def holdout_before_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
@@ -109,35 +119,64 @@ def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
     return rows.slice(0, cap) if len(rows) > cap else rows
 
 
-def _gathered_metrics(d: Dist, model: Any, rows: Rows) -> tuple[float, float, int, np.ndarray, np.ndarray]:
-    probs = score(model, rows, d.device)
-    everything = d.gather((rows.label, probs))
-    labels = np.concatenate([e[0] for e in everything]) if everything else np.zeros(0)
-    p = np.concatenate([e[1] for e in everything]) if everything else np.zeros(0)
-    a, ll = auc_logloss(labels, p)
-    return a, ll, len(labels), labels, p
+def _user_groups(rows: Rows, spec: Spec) -> np.ndarray:
+    """The bootstrap's groups: each row's user (the id feature with role user), else the row."""
+    user = spec.with_role("user")
+    if user is None:
+        return np.arange(len(rows), dtype=np.int64)
+    return rows.sparse[:, [f.name for f in spec.sparse].index(user.name)]
 
 
 def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
+    """Collective: every score of metrics.json. Three sets of rows none of the models trained on:
+    the held-out rows before T (interpolation, for comparison with the generator's best), the
+    validation days (what chose the epoch) and the held-out rows after T (the future: what decides
+    promotion, with the baselines and the champion scored on exactly the same rows)."""
     cap = max(1, run.cfg.data.eval_max_rows // d.world)
+    spec, dev = run.plan.spec, d.device
+    layout = RowLayout.from_spec(spec)
     before = holdout_before_t(run, d, cap)
     after = holdout_after_t(run, d, cap)
+    val = (validation_rows(run.units, run.open_file, layout, int(run.train_end.timestamp() * 1e6),
+                           int(run.plan.t_handoff.timestamp() * 1e6), d.rank, d.world, cap)
+           if run.train_end < run.plan.t_handoff else Rows.empty(layout))
+    lr = run.baselines.logistic
     out: dict[str, Any] = {}
-    a_b, ll_b, n_b, lab_b, p_b = _gathered_metrics(d, run.model, before)
-    a_a, ll_a, n_a, lab_a, p_a = _gathered_metrics(d, run.model, after)
-    a, ll = auc_logloss(np.concatenate([lab_b, lab_a]), np.concatenate([p_b, p_a]))
-    out.update(auc=a, logloss=ll, auc_before_t=a_b, logloss_before_t=ll_b, eval_rows_before_t=n_b,
-               auc_after_t=a_a, logloss_after_t=ll_a, eval_rows_after_t=n_a)
+    a_b, ll_b, lab_b, p_b = scores(d.gather, run.model, before, dev)
+    a_v, ll_v, lab_v, _ = scores(d.gather, run.model, val, dev)
+    a_a, ll_a, lab_a, p_a = scores(d.gather, run.model, after, dev)
+    out.update(auc_before_t=a_b, logloss_before_t=ll_b, eval_rows_before_t=len(lab_b),
+               val_auc=a_v, val_logloss=ll_v, val_rows=len(lab_v),
+               auc_after_t=a_a, logloss_after_t=ll_a, eval_rows_after_t=len(lab_a))
+    bb, bv, ba = (scores(d.gather, lr, rows, dev) for rows in (before, val, after))
+    out.update(baseline_auc_before_t=bb[0], baseline_auc_val=bv[0], baseline_val_auc=bv[0], baseline_val_logloss=bv[1],
+               baseline_auc_after_t=ba[0], baseline_logloss_after_t=ba[1])
+    views, clicks = run.baselines.popularity_counts()
+    pop = d.gather(run.baselines.popularity.score(after, views, clicks))
+    users = d.gather(_user_groups(after, spec))
+    champ_id, champ, note = load_champion(run.settings, spec, run.cfg.model, run.plan.run_id, dev)
+    champ_p = scores(d.gather, champ, after, dev)[3] if champ is not None and len(lab_a) else None
+    out.update(champion_run_id=champ_id, champion_note=note or None)
+    if len(lab_a):
+        out.update(judged(lab_a, np.concatenate(users), p_a, ba[3],
+                          np.concatenate(pop) if run.baselines.popularity.available else None, champ_p))
+    # the headline: the future when the run has one, else the validation days, else the holdout
+    source = "after_t" if len(lab_a) else ("validation" if len(lab_v) else "holdout_before_t")
+    pick = {"after_t": (a_a, ll_a, ba[0]), "validation": (a_v, ll_v, bv[0]), "holdout_before_t": (a_b, ll_b, bb[0])}
+    out.update(auc=pick[source][0], logloss=pick[source][1], baseline_auc=pick[source][2], auc_on=source)
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"
     if batch_only.exists():
-        m = build_model(run.plan.spec, run.cfg.model, run.cfg.data.seed).to(d.device)
+        m = build_model(spec, run.cfg.model, run.cfg.data.seed).to(dev)
         m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
         # before T too: what the stream phase cost (or gained) on the window's slice
-        a_bb, ll_bb, _, _, _ = _gathered_metrics(d, m, before)
-        out.update(auc_before_t_batch_only=a_bb, logloss_before_t_batch_only=ll_bb)
-        if n_a > 0:
-            a_bo, ll_bo, _, _, _ = _gathered_metrics(d, m, after)
-            out.update(auc_after_t_batch_only=a_bo, logloss_after_t_batch_only=ll_bo)
+        bo_b = scores(d.gather, m, before, dev)
+        out.update(auc_before_t_batch_only=bo_b[0], logloss_before_t_batch_only=bo_b[1])
+        if len(lab_a):
+            bo_a = scores(d.gather, m, after, dev)
+            out.update(auc_after_t_batch_only=bo_a[0], logloss_after_t_batch_only=bo_a[1])
+    e = run.early
+    out.update(validation_curve=e.curve, chosen_epoch=e.best_epoch if e.curve else None,
+               epochs_run=run.state.epoch, stopped_early=e.stopped, train_end=run.train_end.isoformat())
     return out
 
 
@@ -195,7 +234,8 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "latency_consume_to_train_ms_p99": percentile(lat, 99),
         "drift_excess": run.drift.excess, "drift_level": run.drift.level,
         "exchange": dc.exchange, "exchange_s": waits[2] / d.world, "exchanged_rows": int(waits[3]),
-        "stop_reason": st.stop_reason, "step": st.step, "epochs": dc.epochs, "world_size": d.world,
+        "stop_reason": st.stop_reason, "step": st.step, "epochs": dc.epochs, "validation_days": dc.validation_days,
+        "world_size": d.world,
         "device": str(d.device), "backend": d.backend, "amp": run.amp, "wall_s": wall_s,
         "trained_this_process": tp.trained_global,
         "checkpoint": st.last_checkpoint,
@@ -204,7 +244,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
     summary["export"] = str(export_model(run.model, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                          positions=st.positions, metrics=summary))
     metrics.summary(summary)
-    for k in ("auc", "auc_after_t", "auc_after_t_batch_only"):
+    for k in ("auc", "baseline_auc", "auc_after_t", "auc_after_t_batch_only"):
         v = summary.get(k)
         if isinstance(v, float) and not math.isnan(v):
             log.info("%s = %.4f", k, v)

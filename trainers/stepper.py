@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -18,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
 from trainers.distributed import Dist
+from trainers.baselines import Baselines
 from trainers.drift import DriftGauge
 from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
 from trainers.rows import SOURCE_REPLAY, Features, Rows
@@ -33,6 +35,7 @@ class Stepper:
         self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
                                    o.id_weight_decay if o.id_weight_decay >= 0 else None)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
+        self.baselines = Baselines(spec, d, cfg.model.buckets, o.baseline_lr)
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
@@ -40,8 +43,9 @@ class Stepper:
         self.loss_rows = 0
         """Loss summed over the rows trained since `take_loss` (for the progress log)."""
 
-    def step(self, rows: Rows, batch_size: int) -> torch.Tensor:
-        """One optimizer step; returns the rows' losses (detached, on the device)."""
+    def step(self, rows: Rows, batch_size: int, fresh: "np.ndarray | None" = None) -> torch.Tensor:
+        """One optimizer step of the model and one of its logistic baseline on the same rows;
+        returns the rows' losses (detached, on the device). `fresh`: the rows not replayed."""
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
@@ -57,7 +61,12 @@ class Stepper:
         if len(rows):
             self.loss_sum += float(loss_sum.detach())
             self.loss_rows += len(rows)
+        self.baselines.step(feats, rows, batch_size, fresh)
         return losses.detach()
+
+    def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.model.set_dense_stats(mean, std)
+        self.baselines.set_dense_stats(mean, std, self.model.dense_standardized)
 
     def take_loss(self) -> float:
         """Mean loss since the last call."""
@@ -90,9 +99,12 @@ class Stepper:
     # --- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer and grad scaler (the drift gauge travels in the meta: it is a few floats)."""
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
+                "baselines": self.baselines.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
+        if "baselines" in state:
+            self.baselines.load_state_dict(state["baselines"])

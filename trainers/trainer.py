@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import torch
@@ -40,9 +41,10 @@ from trainers.export import export_model
 from trainers.finish import RunOutcome
 from trainers.metrics import MetricsLogger, ProgressLog
 from trainers.plan import plan_for_config
-from trainers.rows import SOURCE_KAFKA, RowLayout, Rows
+from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
 from trainers.state import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
 from trainers.stepper import Stepper
+from trainers.validation import EarlyStopping, load_best, save_best, scores, validation_rows
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ class Trainer:
         self.t_us = _us(cfg.data.t_handoff)
         replay_start = self.t_us - int(cfg.data.replay_window_hours * 3600 * 1e6)
         self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout)
+        self.early = EarlyStopping(cfg.data.patience)
+        self.val_rows: Rows = Rows.empty(self.layout)
         self._last_ckpt_t = time.monotonic()
 
     # --- setup ------------------------------------------------------------------------------
@@ -99,7 +103,7 @@ class Trainer:
             planned = (plan, units, stats)
         self.plan, units, stats = self.d.broadcast(planned)
         if stats is not None:  # a resumed run's checkpoint restores the same numbers with the weights
-            self.stepper.model.set_dense_stats(*(torch.as_tensor(s, dtype=torch.float32) for s in stats))
+            self.stepper.set_dense_stats(*(torch.as_tensor(s, dtype=torch.float32) for s in stats))
         return units
 
     def resume(self) -> ResumePoint | None:
@@ -126,6 +130,7 @@ class Trainer:
         self.d.barrier()
         self.state = rp.state
         self.stepper.drift.load_state_dict(meta.get("drift"))
+        self.early.load_state_dict(meta.get("early_stopping"))
         self.stepper.set_lr(self.state.phase)
         if rp.profile:
             self.profile = stream_profile.as_profile(rp.profile)
@@ -143,9 +148,9 @@ class Trainer:
         return self.plan
 
     # --- one optimizer step -----------------------------------------------------------------
-    def train_step(self, rows: Rows, batch_size: int) -> torch.Tensor:
+    def train_step(self, rows: Rows, batch_size: int, fresh: Any = None) -> torch.Tensor:
         """One optimizer step; returns the rows' losses (detached, on the device)."""
-        losses = self.stepper.step(rows, batch_size)
+        losses = self.stepper.step(rows, batch_size, fresh)
         self.state.step += 1
         return losses
 
@@ -159,19 +164,37 @@ class Trainer:
         return float(due)
 
     # --- batch phase ------------------------------------------------------------------------
+    def train_end(self) -> datetime:
+        """Where the batch phase's training rows end: T minus the validation days (T itself when
+        the window is too short to give any up: then `data.epochs` passes, no validation)."""
+        plan, days = self._plan(), self.cfg.data.validation_days
+        if days and days >= plan.window_days:
+            if not getattr(self, "_warned_short", False):
+                log.warning("a %d-day window leaves no training day with data.validation_days=%g: no time validation, "
+                            "%d epochs", plan.window_days, days, self.cfg.data.epochs)
+                self._warned_short = True
+            return plan.t_handoff
+        return plan.t_handoff - timedelta(days=days)
+
     def batch_phase(self, units: list[WorkUnit], rp: ResumePoint | None) -> None:
         dc, st, tp, plan = self.cfg.data, self.state, self.tp, self._plan()
+        train_end_us = _us(self.train_end())
         src = IcebergSource(units, self.open_file, rank=self.d.rank, world=self.d.world, seed=dc.seed,
                             batch_size=dc.batch_size, shuffle_rows=dc.shuffle_buffer,
-                            window_us=(_us(plan.window_start), _us(plan.t_handoff)), prefetch_chunks=dc.prefetch_chunks,
+                            window_us=(_us(plan.window_start), train_end_us), prefetch_chunks=dc.prefetch_chunks,
                             layout=self.layout)
         self.iceberg = src
         if rp is not None and rp.iceberg is not None:
             src.load_state_dict(rp.iceberg)
+        validating = train_end_us < self.t_us
+        if validating:
+            self.val_rows = validation_rows(units, self.open_file, self.layout, train_end_us, self.t_us,
+                                            self.d.rank, self.d.world, max(1, dc.eval_max_rows // self.d.world))
         try:
-            while st.epoch < dc.epochs:
+            while st.epoch < dc.epochs and not self.early.stopped:
                 src.start_epoch(st.epoch)
-                replay = dc.replay_share > 0 and st.epoch == dc.epochs - 1
+                replay = not validating and dc.replay_share > 0 and st.epoch == dc.epochs - 1
+                self.stepper.baselines.count_popularity = st.epoch == 0
                 while True:
                     t0 = time.perf_counter()
                     w0 = src.wait_s
@@ -193,10 +216,43 @@ class Trainer:
                     if g_ckpt:
                         self.checkpoint()
                 src.close()
+                if validating:
+                    self._validate_epoch(st.epoch)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
         finally:
             src.close()
+        if validating:
+            self._restore_best()
+            self.replay.offer(self.val_rows)  # recent rows the model has not trained on
+
+    def _validate_epoch(self, epoch: int) -> None:
+        """Collective: score the model and the logistic baseline on the validation days, keep the
+        better weights (rank 0 writes them), decide whether to stop."""
+        device, b = self.d.device, self.stepper.baselines
+        auc, loss, _, _ = scores(self.d.gather, self.stepper.model, self.val_rows, device)
+        b_auc, b_loss, _, _ = scores(self.d.gather, b.logistic, self.val_rows, device)
+        improved, base_improved = self.early.record(epoch, loss, auc, b_loss, b_auc)
+        ckpt = self.run_dir / "checkpoint"
+        if self.d.is_main:
+            if improved:
+                save_best(ckpt, epoch, "model", self.stepper.state_dict())
+            if base_improved:
+                save_best(ckpt, epoch, "baseline", {"logistic": b.logistic.state_dict()})
+        self.d.barrier()
+        log.info("epoch %d: validation loss %.4f AUC %.4f (baseline %.4f / %.4f)%s", epoch, loss, auc, b_loss, b_auc,
+                 " - best so far" if improved else f" - {self.early.since_best} without improvement")
+
+    def _restore_best(self) -> None:
+        """Every rank: continue with the best epoch's model (and the baseline's own best)."""
+        ckpt, e = self.run_dir / "checkpoint", self.early
+        last = self.state.epoch - 1
+        if e.best_epoch >= 0 and e.best_epoch != last:
+            self.stepper.load_state_dict(load_best(ckpt, e.best_epoch, "model"))
+            log.info("the batch phase keeps epoch %d (validation loss %.4f), not the last one (%d)", e.best_epoch,
+                     e.best_loss, last)
+        if e.baseline_best_epoch >= 0 and e.baseline_best_epoch != last:
+            self.stepper.baselines.logistic.load_state_dict(load_best(ckpt, e.baseline_best_epoch, "baseline")["logistic"])
 
     # --- handoff ----------------------------------------------------------------------------
     def handoff(self) -> None:
@@ -212,6 +268,7 @@ class Trainer:
         st.handoff_offsets, st.handoff_methods = offsets, methods
         st.positions = dict(offsets)
         st.phase = "stream"
+        self.stepper.baselines.count_popularity = True  # fresh stream rows count once each
         self.stepper.set_lr(st.phase)
         self.checkpoint()
 
@@ -263,7 +320,7 @@ class Trainer:
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
-                    losses = self.train_step(rows, dc.stream_batch_size)
+                    losses = self.train_step(rows, dc.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
                     if self.stepper.adaptive:
                         self.stepper.gauge_drift(rows, losses)
                     self.audit.add(batch, st.step)
@@ -369,7 +426,8 @@ class Trainer:
             **st.state_dict(counters=dict(zip(COUNTERS, totals))),
             "world": self.d.world, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
             "window_days": plan.window_days, "topic": plan.topic, "positions": positions or st.handoff_offsets or {},
-            "profile": stream_profile.merge(profiles).to_dict(), "drift": self.stepper.drift.state_dict(), "time": time.time(),
+            "profile": stream_profile.merge(profiles).to_dict(), "drift": self.stepper.drift.state_dict(),
+            "early_stopping": self.early.state_dict(), "time": time.time(),
         }
         self.audit.write_part(st.step)
         model_state = {**self.stepper.state_dict(), "step": st.step} if self.d.is_main else None
@@ -402,4 +460,5 @@ class Trainer:
             open_file=self.open_file, state=self.state, throughput=self.tp, profile=self.profile,
             drift=self.stepper.drift, newest_event_us=self.kafka.counters.newest_event_us if self.kafka else -1,
             cache=self.cache_reader.stats() if self.cache_reader is not None else None, amp=self.stepper.amp,
+            settings=self.settings, baselines=self.stepper.baselines, early=self.early, train_end=self.train_end(),
         )

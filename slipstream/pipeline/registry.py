@@ -1,4 +1,4 @@
-"""Model registry: one package per training run, and a champion chosen by held-out AUC.
+"""Model registry: one package per training run, and a champion chosen on the future.
 
 Layout under the registry location (a local folder or `s3://bucket/prefix`):
 
@@ -7,8 +7,14 @@ Layout under the registry location (a local folder or `s3://bucket/prefix`):
                                     written last, so a package without it is incomplete
     champion.json                   {"run_id", "auc", "promoted_at"} of the serving model
 
-A challenger is promoted when its held-out AUC is at least the champion's minus a tolerance
-(retraining on fresher data is worth a hair of AUC noise; a real regression is not).
+The decision reads the run's metrics.json, whose scores the trainer computed on rows after T (the
+future: neither the challenger, its baselines nor the champion trained on them), with the champion
+re-scored on the same rows in the same step (`trainers.judge`). A challenger is promoted when it
+beats its own logistic-regression baseline there, and its AUC is at least the champion's minus a
+tolerance (retraining on fresher data is worth a hair of AUC noise; a real regression is not).
+The reason names the numbers, the rows and the 95% interval of each difference (a bootstrap over
+users), so "better" means better. Without rows after T (no stream phase) the validation days
+decide against the baseline only, and a champion is never replaced on them.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ PACKAGE_FILES = {
     "metrics.json": "metrics.json",
 }
 LINEAGE_FIELDS = ("snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets", "newest_event_time")
-SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "best_auc", "samples_iceberg", "samples_kafka")
+SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "baseline_auc_after_t", "popularity_auc_after_t",
+                "champion_auc_after_t", "val_auc", "baseline_val_auc", "chosen_epoch", "best_auc", "samples_iceberg",
+                "samples_kafka")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,31 +83,64 @@ class PromotionDecision:
     champion_auc: float | None
     tolerance: float
     reason: str
+    baseline_auc: float | None = None
+    evaluated_on: str = ""
+    """`after_t` (the future, the default) or `validation` (no stream phase: the last days before T)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def decide_promotion(
-    challenger_run_id: str, challenger_auc: float | None, champion: Mapping[str, Any] | None, tolerance: float
-) -> PromotionDecision:
+def _ci(metrics: Mapping[str, Any], key: str) -> str:
+    lo, hi = (metrics.get(key) or [None, None])[:2]
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return ""
+    return f", 95% CI [{lo:+.4f}, {hi:+.4f}]"
+
+
+def decide_promotion(challenger_run_id: str, metrics: Mapping[str, Any], champion: Mapping[str, Any] | None,
+                     tolerance: float) -> PromotionDecision:
+    """Promote a challenger that beats its own baseline on the future and is not worse than the
+    champion re-scored on the same rows (within `tolerance`); see the module docstring."""
+    after = (_float_or_none(metrics.get("eval_rows_after_t")) or 0) > 0
+    where = "after_t" if after else "validation"
+    chall = _float_or_none(metrics.get("auc_after_t" if after else "val_auc"))
+    base = _float_or_none(metrics.get("baseline_auc_after_t" if after else "baseline_val_auc"))
+    rows = int(_float_or_none(metrics.get("eval_rows_after_t" if after else "val_rows")) or 0)
     champ_id = champion.get("run_id") if champion else None
-    champ_auc = champion.get("auc") if champion else None
+    same_rows = _float_or_none(metrics.get("champion_auc_after_t")) if after else None
+    same_id = metrics.get("champion_run_id")
 
     def verdict(promoted: bool, reason: str) -> PromotionDecision:
-        return PromotionDecision(promoted, challenger_run_id, challenger_auc, champ_id, champ_auc, tolerance, reason)
+        return PromotionDecision(promoted, challenger_run_id, chall, champ_id, same_rows if same_id == champ_id else None,
+                                 tolerance, reason, base, where)
 
-    if challenger_auc is None or not math.isfinite(challenger_auc):
-        return verdict(False, "challenger has no finite held-out AUC in metrics.json")
+    on = f"on {rows:,} {'rows after T' if after else 'validation rows'}"
+    if chall is None or not math.isfinite(chall):
+        return verdict(False, f"the challenger has no finite AUC {on} in metrics.json")
+    if base is not None and math.isfinite(base) and chall <= base:
+        return verdict(False, f"AUC {chall:.4f} does not beat its logistic-regression baseline {base:.4f} {on}"
+                              f"{_ci(metrics, 'auc_diff_vs_baseline_ci')}: a model worse than the baseline is never promoted")
+    beats = (f"AUC {chall:.4f} beats its baseline {base:.4f}{_ci(metrics, 'auc_diff_vs_baseline_ci')}"
+             if base is not None and math.isfinite(base) else f"AUC {chall:.4f} (no baseline scored)")
     if champion is None:
-        return verdict(True, "no champion yet: the first model is promoted")
+        return verdict(True, f"no champion yet: the first model is promoted; {beats} {on}")
     if champ_id == challenger_run_id:
-        return verdict(True, "challenger is already the champion (re-published)")
-    if champ_auc is None or not math.isfinite(champ_auc):
-        return verdict(True, f"champion {champ_id} has no finite AUC on record")
-    if challenger_auc >= champ_auc - tolerance:
-        return verdict(True, f"AUC {challenger_auc:.4f} >= champion {champ_auc:.4f} - {tolerance}")
-    return verdict(False, f"AUC {challenger_auc:.4f} < champion {champ_auc:.4f} - {tolerance}")
+        return verdict(True, "the challenger is already the champion (re-published)")
+    if not after:
+        return verdict(False, f"{beats}, but without rows after T the champion {champ_id} cannot be compared on data "
+                              "neither trained on: it stays (run the stream phase to judge on the future)")
+    if same_id != champ_id or same_rows is None or not math.isfinite(same_rows):
+        why = metrics.get("champion_note") or "it was not re-scored on this run's rows"
+        return verdict(False, f"{beats} {on}, but the champion {champ_id} could not be compared ({why}): it stays")
+    diff = chall - same_rows
+    if diff >= -tolerance:
+        return verdict(True, f"{beats}; vs the champion {champ_id} on the same {rows:,} rows after T: "
+                             f"{chall:.4f} vs {same_rows:.4f} ({diff:+.4f}{_ci(metrics, 'auc_diff_vs_champion_ci')}), "
+                             f"within the tolerance {tolerance}")
+    return verdict(False, f"{beats}, but on the same {rows:,} rows after T the champion {champ_id} scores "
+                          f"{same_rows:.4f} vs {chall:.4f} ({diff:+.4f}{_ci(metrics, 'auc_diff_vs_champion_ci')}), "
+                          f"below the tolerance {tolerance}: the champion stays")
 
 
 def _s3_filesystem(env: Mapping[str, str]) -> pafs.S3FileSystem:
@@ -150,6 +191,11 @@ class ModelRegistry:
     def champion(self) -> dict[str, Any] | None:
         return self._read_json(self._path(CHAMPION_FILE))
 
+    def model_bytes(self, run_id: str) -> bytes:
+        """The exported `model.pt` of a published package (to re-score a champion)."""
+        with self.fs.open_input_stream(self._path("models", run_id, "model.pt")) as f:
+            return bytes(f.read())
+
     def package(self, run_id: str) -> dict[str, Any] | None:
         return self._read_json(self._path("models", run_id, PACKAGE_FILE))
 
@@ -176,7 +222,7 @@ class ModelRegistry:
             self._write_bytes(self._path("models", run_id, name), data)
             files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         model_meta = read_json(run_path / "export/model.json", "exported model metadata")
-        decision = decide_promotion(run_id, _float_or_none(metrics.get("auc")), self.champion(), tolerance)
+        decision = decide_promotion(run_id, metrics, self.champion(), tolerance)
         package = {
             "run_id": run_id,
             "created_at": datetime.now(timezone.utc).isoformat(),

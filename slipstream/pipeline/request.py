@@ -70,7 +70,8 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("window_days", "integer", 7, "Days of Iceberg history (ending at the data interval's end) "
          "trained on before switching to the Kafka stream.", minimum=1, maximum=90),
-    Knob("epochs", "integer", 1, "Passes over the Iceberg window before the stream phase.", minimum=1, maximum=50),
+    Knob("epochs", "integer", 10, "At most this many passes over the Iceberg window; the validation day "
+         "before T stops it earlier (the epoch with the lowest validation loss is kept).", minimum=1, maximum=50),
     Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
          "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
          "N stops after N seconds of stream training; 0 skips the stream phase.",
@@ -97,7 +98,7 @@ KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 @dataclass(frozen=True, kw_only=True)
 class TrainRequest:
     window_days: int = 7
-    epochs: int = 1
+    epochs: int = 10
     stream_stop: str = "caught_up"
     gpus: int = 0
     nnodes: int = 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -26,7 +26,6 @@ from slipstream.errors import ConfigError, PlanError
 from slipstream.lake.planning import WindowFile, WindowPlan, pin_snapshot, plan_window_files, window_bounds
 from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runlayout import RUN_ID_PATTERN, run_dir, write_json_atomic
-from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.samples.spec import Spec, load_spec, spec_from_dict
 from slipstream.settings import Settings
 
@@ -82,7 +81,7 @@ class RunPlan:
     """The window's data files at the snapshot, sorted by path: what the gate, warmup and trainer read."""
     request: TrainRequest | None = None
     """The knobs a person asked for; None when the trainer planned the run from its own config."""
-    spec: Spec = DEFAULT_SPEC
+    spec: Spec = field(default_factory=load_spec)
     """The data set's feature spec the samples were made with: the trainer's inputs and tables,
     the gate's suite and the report's features all follow it (plan.json carries it whole, so a
     pod needs no spec file)."""
@@ -286,7 +285,7 @@ def read_plan(path: Path) -> RunPlan:
 def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
                    snapshot_id: int | None, topic: str, bootstrap: str, cache_dir: str,
                    max_lateness_s: float = DEFAULT_MAX_LATENESS_S, request: TrainRequest | None = None,
-                   spec: Spec = DEFAULT_SPEC) -> RunPlan:
+                   spec: Spec | None = None) -> RunPlan:
     """Pin the snapshot (None: the current one, now), compute the window and plan its files: the
     one place a run's window and files are worked out."""
     if request is not None and request.window_days != window_days:
@@ -296,7 +295,8 @@ def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handof
     files = plan_window_files(table, snapshot, start, end).files
     return RunPlan(run_id=run_id, table=".".join(table.name()), snapshot_id=snapshot, window_start=start,
                    t_handoff=end, topic=topic, bootstrap=bootstrap, max_lateness_s=max_lateness_s,
-                   cache_dir=cache_dir, run_dir=str(run_dir), files=files, request=request, spec=spec)
+                   cache_dir=cache_dir, run_dir=str(run_dir), files=files, request=request,
+                   spec=spec if spec is not None else load_spec())
 
 
 def plan_request(settings: Settings, table: "Table", *, run_id: str, request: TrainRequest, t_handoff: datetime,

@@ -1,7 +1,8 @@
 """The exactly-once audit of a training run: did the trainer train every sample of its window
 and of its Kafka range exactly once (per epoch), and how well was the batch phase shuffled?
 
-Expected ids: the Iceberg window [window_start, t_handoff) at the run's pinned snapshot, and the
+Expected ids: the Iceberg window's training days [window_start, train_end) at the run's pinned
+snapshot (the validation days [train_end, t_handoff) are never trained in the batch phase), and the
 Kafka records in [handoff_offsets, final_offsets) with event_time >= t_handoff, both minus the
 evaluation holdout (`slipstream.samples.schema.is_holdout`), which is never trained on. Trained ids: the
 trainer's `audit/rank-*.parquet` (rows only for checkpointed progress).
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
+    from slipstream.samples.spec import Spec
     from slipstream.stream.kafka import Broker
 
 from slipstream.samples.schema import is_holdout
@@ -119,9 +121,10 @@ def shuffle_score(audit: pa.Table, ids: pa.Array, event_time: pa.Array) -> float
 
 
 def read_kafka_range(
-    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0
+    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0,
+    spec: "Spec | None" = None,
 ) -> pa.Table:
-    """Decode the records of [start, end) per partition (sample columns + partition/offset)."""
+    """Decode the records of [start, end) per partition (`spec`'s sample columns + partition/offset)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from slipstream.samples.codec import decode_samples
@@ -152,7 +155,7 @@ def read_kafka_range(
                     remaining.pop(tp.partition)
                     c.pause([TopicPartition(topic, tp.partition)])
             if values:
-                dec = decode_samples(values)
+                dec = decode_samples(values, spec)
                 m_arr = np.asarray(meta, dtype=np.int64)[dec.good_index]
                 t = dec.table.append_column("partition", pa.array(m_arr[:, 0], pa.int32()))
                 parts.append(t.append_column("offset", pa.array(m_arr[:, 1], pa.int64())))
@@ -177,6 +180,14 @@ def audit_run(
 ) -> AuditResult:
     """Compare the trained ids with the expected ones, per source and epoch."""
     notes: list[str] = []
+    if metrics.get("train_end") and metrics["train_end"] != metrics.get("t_handoff"):
+        # the validation days before T are scored, never trained, in the batch phase
+        end = datetime.fromisoformat(metrics["train_end"])
+        before = pc.less(window_times, pa.scalar(end, window_times.type))
+        held = pc.sum(pc.invert(before)).as_py() or 0
+        window_ids, window_times = pc.filter(window_ids, before), pc.filter(window_times, before)
+        notes.append(f"{held:,} rows of the validation days from {metrics['train_end']} to T are scored, not trained, "
+                     "in the batch phase: not expected")
     expected_batch = _trainable(window_ids)
     sources: list[SourceAudit] = []
     src = audit.column("source")

@@ -138,3 +138,22 @@ def training_curve(points: list[dict[str, Any]]) -> bytes | None:
     ax.set_title("Training curve (metrics.jsonl)")
     ax.legend(fontsize=7)
     return _png(fig)
+
+
+def validation_curve(curve: list[dict[str, Any]], chosen: int | None) -> bytes | None:
+    """Validation loss and AUC per epoch, model and logistic baseline, the kept epoch marked."""
+    if not curve:
+        return None
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+    epochs = [c["epoch"] for c in curve]
+    for ax, key, title in ((left, "loss", "validation logloss"), (right, "auc", "validation AUC")):
+        ax.plot(epochs, [c[key] for c in curve], marker="o", ms=4, label="model")
+        ax.plot(epochs, [c[f"baseline_{key}"] for c in curve], marker="s", ms=4, ls="--", label="logistic baseline")
+        if chosen is not None:
+            ax.axvline(chosen, color="#2f855a", lw=1, ls=":", label=f"kept epoch {chosen}")
+        ax.set_xlabel("epoch")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)

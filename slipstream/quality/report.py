@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import time
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -137,6 +138,54 @@ class _Window:
         return out
 
 
+def _fmt(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) and math.isfinite(x) else "–"
+
+
+def _diff(metrics: dict[str, Any], key: str) -> str:
+    d = metrics.get(key)
+    lo, hi = (metrics.get(f"{key}_ci") or [None, None])[:2]
+    if not isinstance(d, (int, float)) or not math.isfinite(d):
+        return "–"
+    ci = f" [{lo:+.4f}, {hi:+.4f}]" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) else ""
+    return f"{d:+.4f}{ci}"
+
+
+def _model_section(doc: _Doc, run_dir: Path, metrics: dict[str, Any]) -> None:
+    """The model against its baselines and the champion, the validation curve, the promotion."""
+    if not metrics or "auc_after_t" not in metrics:
+        return
+    doc.h2("Model, baselines and promotion", "model")
+    m = metrics
+    doc.table([
+        (f"after T ({m.get('eval_rows_after_t', 0):,} held-out rows: the future)", _fmt(m.get("auc_after_t")),
+         _fmt(m.get("baseline_auc_after_t")), _fmt(m.get("popularity_auc_after_t")), _fmt(m.get("champion_auc_after_t")),
+         _fmt(m.get("auc_after_t_batch_only")), _fmt(m.get("best_auc_after_t"))),
+        (f"validation days ({m.get('val_rows', 0):,} rows before T)", _fmt(m.get("val_auc")),
+         _fmt(m.get("baseline_val_auc")), "–", "–", "–", "–"),
+        (f"held out before T ({m.get('eval_rows_before_t', 0):,} rows, interpolation)", _fmt(m.get("auc_before_t")),
+         _fmt(m.get("baseline_auc_before_t")), "–", "–", _fmt(m.get("auc_before_t_batch_only")),
+         _fmt(m.get("best_auc_before_t"))),
+    ], ("AUC on", "model", "logistic baseline", "item popularity", f"champion {m.get('champion_run_id') or ''}",
+        "batch-only", "best achievable"))
+    doc.p(f"Model − baseline after T: {_diff(m, 'auc_diff_vs_baseline')}; model − champion on the same rows: "
+          f"{_diff(m, 'auc_diff_vs_champion')} (95% intervals from a bootstrap over users)."
+          + (f" The champion was not re-scored: {m['champion_note']}." if m.get("champion_note") else ""))
+    curve = m.get("validation_curve") or []
+    if curve:
+        doc.p(f"Early stopping on the validation days: {m.get('epochs_run')} of at most {m.get('epochs')} epochs run, "
+              f"epoch {m.get('chosen_epoch')} kept (lowest validation loss)"
+              + (", stopped early." if m.get("stopped_early") else "."))
+        img = plots.validation_curve(curve, m.get("chosen_epoch"))
+        if img:
+            doc.img(img, "validation curve")
+    decision = (_load_json(run_dir / "summary.json") or {}).get("publish")
+    if decision:
+        doc.p(f"Promotion: {'PROMOTED' if decision.get('promoted') else 'not promoted'} — {decision.get('reason', '')}",
+              "ok" if decision.get("promoted") else "bad")
+    doc.end()
+
+
 def run_settings(settings: Settings, metrics: dict[str, Any]) -> Settings:
     """The settings the run itself used, as far as metrics.json records them (a run may set its own
     catalog, namespace, topic or broker: the report must audit those, not the deployment's defaults)."""
@@ -156,8 +205,8 @@ def render_report(settings: Settings, run_id: str) -> Path:
 
     doc.h2("Summary", "summary")
     if metrics:
-        keys = ("snapshot_id", "window_start", "t_handoff", "auc", "best_auc", "auc_after_t", "auc_after_t_batch_only",
-                "logloss", "samples_per_s", "data_wait_share", "checkpoint")
+        keys = ("snapshot_id", "window_start", "t_handoff", "auc", "auc_on", "baseline_auc", "best_auc", "auc_after_t",
+                "auc_after_t_batch_only", "logloss", "chosen_epoch", "samples_per_s", "data_wait_share", "checkpoint")
         doc.table([(k, metrics[k]) for k in keys if k in metrics], ("metric", "value"))
     else:
         doc.p("No metrics.json in the run folder: the run did not finish (or wrote elsewhere).", "bad")
@@ -183,9 +232,10 @@ def render_report(settings: Settings, run_id: str) -> Path:
             log.warning("could not read the Iceberg window of run %s: %s", run_id, e)
             doc.p(f"Could not read the Iceberg window: {e}", "bad")
 
+    _model_section(doc, run_dir, metrics)
     _quality_section(doc, settings, run_id)
     stream = FeatureProfile.read(run_dir / "stream_profile.json") if (run_dir / "stream_profile.json").exists() else None
-    _audit_section(doc, settings, run_dir, metrics, window)
+    _audit_section(doc, settings, run_dir, metrics, window, plan.spec if plan is not None else None)
     _data_sections(doc, window, stream, metrics)
 
     curve = plots.training_curve(_load_jsonl(run_dir / "metrics.jsonl"))
@@ -221,7 +271,8 @@ def _quality_section(doc: _Doc, settings: Settings, run_id: str) -> None:
     doc.end()
 
 
-def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[str, Any], window: _Window | None) -> None:
+def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[str, Any], window: _Window | None,
+                   spec: Any = None) -> None:
     doc.h2("Exactly-once audit", "audit")
     audit = read_audit(run_dir)
     if audit is None:
@@ -242,7 +293,7 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")
         try:
-            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, end)
+            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, end, spec=spec)
         except Exception as e:  # also a bad security setting: the rest of the report still renders
             notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
     else:

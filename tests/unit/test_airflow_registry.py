@@ -12,25 +12,33 @@ from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, updat
 from tests.airflow_fixtures import T_HANDOFF, write_run
 
 
-def test_first_model_is_champion_then_tolerance_decides(tmp_path: Path) -> None:
+def test_first_model_is_champion_then_the_same_rows_decide(tmp_path: Path) -> None:
     reg = ModelRegistry(str(tmp_path / "registry"))
     runs = tmp_path / "runs"
     first = reg.publish(write_run(runs, "daily-1", 0.750), tolerance=0.002)
     assert first["decision"]["promoted"] and first["decision"]["champion_run_id"] is None
+    assert "beats its baseline 0.5000" in first["decision"]["reason"]
     assert reg.champion()["run_id"] == "daily-1"
 
-    within = reg.publish(write_run(runs, "daily-2", 0.7485), tolerance=0.002)  # 0.7485 >= 0.750 - 0.002
+    # the champion re-scored on the challenger's rows: 0.7485 >= 0.750 - 0.002
+    within = reg.publish(write_run(runs, "daily-2", 0.7485, champion=("daily-1", 0.750)), tolerance=0.002)
     assert within["decision"]["promoted"] and within["decision"]["champion_auc"] == 0.750
+    assert within["decision"]["evaluated_on"] == "after_t"
     assert reg.champion()["run_id"] == "daily-2"
 
-    worse = reg.publish(write_run(runs, "daily-3", 0.740), tolerance=0.002)
+    worse = reg.publish(write_run(runs, "daily-3", 0.740, champion=("daily-2", 0.7485)), tolerance=0.002)
     d = worse["decision"]
     assert not d["promoted"] and d["challenger_auc"] == 0.740 and d["champion_auc"] == 0.7485
-    assert "0.7400 < champion 0.7485" in d["reason"]
+    assert "the champion daily-2 scores 0.7485 vs 0.7400 (-0.0085" in d["reason"]
+    assert reg.champion()["run_id"] == "daily-2"
+
+    # a champion that could not be re-scored on the same rows is not replaced on other numbers
+    unjudged = reg.publish(write_run(runs, "daily-4", 0.9), tolerance=0.002)
+    assert not unjudged["decision"]["promoted"] and "could not be compared" in unjudged["decision"]["reason"]
     assert reg.champion()["run_id"] == "daily-2"
 
     pkgs = reg.list_packages()
-    assert [p["run_id"] for p in pkgs] == ["daily-1", "daily-2", "daily-3"]
+    assert [p["run_id"] for p in pkgs] == ["daily-1", "daily-2", "daily-3", "daily-4"]
     pkg = reg.package("daily-3")
     assert pkg["lineage"]["snapshot_id"] == 42 and pkg["lineage"]["final_offsets"] == {"0": 9}
     assert pkg["schema_version"] == 1
@@ -39,9 +47,27 @@ def test_first_model_is_champion_then_tolerance_decides(tmp_path: Path) -> None:
 
 
 def test_no_auc_is_never_promoted() -> None:
-    d = decide_promotion("r", None, {"run_id": "c", "auc": 0.7}, 0.01)
-    assert not d.promoted and "no finite held-out AUC" in d.reason
-    assert not decide_promotion("r", float("nan"), None, 0.01).promoted
+    d = decide_promotion("r", {"eval_rows_after_t": 10}, {"run_id": "c", "auc": 0.7}, 0.01)
+    assert not d.promoted and "no finite AUC on 10 rows after T" in d.reason
+    assert not decide_promotion("r", {"eval_rows_after_t": 10, "auc_after_t": float("nan")}, None, 0.01).promoted
+
+
+def test_a_model_that_does_not_beat_its_baseline_is_never_promoted() -> None:
+    metrics = {"eval_rows_after_t": 500, "auc_after_t": 0.61, "baseline_auc_after_t": 0.64,
+               "auc_diff_vs_baseline_ci": [-0.05, -0.01]}
+    for champion in (None, {"run_id": "old", "auc": 0.5}):  # not even as the first model
+        d = decide_promotion("r", metrics, champion, 0.01)
+        assert not d.promoted and d.baseline_auc == 0.64
+        assert "AUC 0.6100 does not beat its logistic-regression baseline 0.6400 on 500 rows after T" in d.reason
+        assert "95% CI [-0.0500, -0.0100]" in d.reason
+
+
+def test_without_rows_after_t_the_validation_days_decide_but_never_replace_a_champion() -> None:
+    metrics = {"eval_rows_after_t": 0, "val_auc": 0.7, "baseline_val_auc": 0.65, "val_rows": 300}
+    first = decide_promotion("r", metrics, None, 0.01)
+    assert first.promoted and first.evaluated_on == "validation" and "300 validation rows" in first.reason
+    kept = decide_promotion("r", metrics, {"run_id": "old", "auc": 0.5}, 0.01)
+    assert not kept.promoted and "without rows after T" in kept.reason
 
 
 def test_missing_export_names_the_file(tmp_path: Path) -> None:
