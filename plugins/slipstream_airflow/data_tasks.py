@@ -59,7 +59,7 @@ def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None 
     detail = result.to_dict()
     log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
              len(detail["warnings"]), detail["html"])
-    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs")}
+    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")}
 
 
 def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None) -> dict[str, Any]:

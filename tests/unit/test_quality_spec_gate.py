@@ -164,3 +164,21 @@ def test_empty_day_in_the_window_is_a_warning_the_report_shows(
     assert f"days without data: {empty}" in html
     for feature in ("gender", "genres", "hist_items", "year"):  # drift over the spec's own features
         assert feature in html, feature
+
+
+def test_day_gate_takes_its_dag_params_and_skips_a_day_without_data(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, generated: dict[str, dict[str, pa.Table]]
+) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from slipstream_airflow import data_tasks
+
+    settings = _spec_settings(settings, "criteo", monkeypatch)
+    snap = _fill(settings, load_spec("criteo"), generated["criteo"])
+    pre = {"day": str(LAST), "snapshot_id": snap, "rows": 2000, "rejects": 0, "empty": False}
+    out = data_tasks.gate_day(LAST, pre, {"attribution_s": 3600, "gate_ctr_max": None})
+    assert out["passed"] and out["bounds"]["ctr"]["max_from"] == "learned from 9 days"
+    with pytest.raises(QualityGateFailed, match=r"ctr \[critical\]: .*\(min: learned from 9 days, max: param gate_ctr_max\)"):
+        data_tasks.gate_day(LAST, pre, {"gate_ctr_max": 0.2})
+    with pytest.raises(AirflowSkipException, match="2026-11-11 had no raw events"):
+        data_tasks.gate_day(LAST + timedelta(days=1), {"day": "2026-11-11", "snapshot_id": None, "rows": 0, "empty": True})

@@ -179,3 +179,17 @@ def test_overrides_from_params_or_a_request() -> None:
     assert GateOverrides.from_params({"gate_ctr_max": 0.2, "epochs": 3}) == GateOverrides(ctr_max=0.2)
     assert GateOverrides.from_params(TrainRequest(gate_rows_ratio_min=0.1)) == GateOverrides(rows_ratio_min=0.1)
     assert GateOverrides.from_params(None) == GateOverrides()
+
+
+def test_the_data_set_sets_severities_and_code_can_still_override() -> None:
+    from slipstream.samples.spec import spec_from_dict
+
+    doc = load_spec("criteo").to_dict()
+    doc["quality"]["severity"] = {"ctr": "warning", "drift.": "critical"}
+    spec = spec_from_dict(doc)
+    bounds = resolve_bounds(spec.quality, Learned(), GateOverrides())
+    checks = {c.name: c for c in build_checks(GateConfig(), {"row_count": 1.0, "drift.i1": 0.0}, spec, bounds)}
+    assert checks["ctr"].severity == "warning" and checks["drift.i1"].severity == "critical"
+    assert checks["distinct.c1"].severity == "warning"  # the default
+    mine = {c.name: c for c in build_checks(GateConfig(severity={"ctr": "critical"}), {"row_count": 1.0}, spec, bounds)}
+    assert mine["ctr"].severity == "critical"
