@@ -182,3 +182,32 @@ def test_day_gate_takes_its_dag_params_and_skips_a_day_without_data(
         data_tasks.gate_day(LAST, pre, {"gate_ctr_max": 0.2})
     with pytest.raises(AirflowSkipException, match="2026-11-11 had no raw events"):
         data_tasks.gate_day(LAST + timedelta(days=1), {"day": "2026-11-11", "snapshot_id": None, "rows": 0, "empty": True})
+
+
+def test_a_feature_added_to_the_spec_does_not_fail_the_older_days(settings: Settings) -> None:
+    # days written before the spec had `price_raw` read it as nulls: they take its default in
+    # training, so the window gate across the schema change does not count them as missing
+    from slipstream.samples.spec import spec_from_dict
+    from tests.quality_fixtures import day_of, reference_days
+
+    old_spec = load_spec("synthetic")
+    doc = old_spec.to_dict()
+    doc["features"]["price_raw"] = {"kind": "dense", "field": "price", "clip": [0, 100], "scale": 100}
+    new_spec = spec_from_dict(doc)
+    days = reference_days()
+    catalog = get_catalog(settings)
+    old_table = samples_table(catalog, settings.namespace, old_spec)
+    for i in range(3):
+        old_table.append(days[str(day_of(i))])
+    table = samples_table(catalog, settings.namespace, new_spec)  # evolves: one column more
+    last = days[str(day_of(3))]
+    price = pa.array(np.random.default_rng(2).random(last.num_rows).astype(np.float32))
+    table.append(last.add_column(last.schema.get_field_index("label"), "price_raw", price))
+    snap = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    start = datetime(day_of(0).year, day_of(0).month, day_of(0).day, tzinfo=timezone.utc)
+    res = run_gate(settings, spec=new_spec, day=None, window=(start, start + timedelta(days=4)), snapshot_id=snap,
+                   run_id="evolved", config=FAST)
+    assert res.passed and res.warnings == []
+    nulls = next(r for r in res.results if r.name == "not_null.price_raw")
+    assert nulls.success and nulls.observed == "0 (besides 12,000 rows written before the spec had price_raw (they take its default))"
+    assert next(r for r in res.results if r.name == "range.max.price_raw").success
