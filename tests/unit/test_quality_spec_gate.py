@@ -6,7 +6,6 @@ shows."""
 from __future__ import annotations
 
 from datetime import date, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
