@@ -81,7 +81,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     from slipstream.quality.config import GateConfig
     from slipstream.quality.profiles import profile_table
     from slipstream.quality.store import write_profile
-    from slipstream.samples.schema import ARROW_SCHEMA, SAMPLE_COLUMNS
+    from slipstream.samples.schema import ARROW_SCHEMA, DEFAULT_SPEC, SAMPLE_COLUMNS
     from slipstream.settings import Settings
 
     home = Path(tempfile.mkdtemp(prefix="slipstream-bench-quality-"))
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         table.append(today)
         snap = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
         write_profile(catalog, settings.namespace, day=day - timedelta(days=1), snapshot_id=snap, run_id="bench",
-                      profile=profile_table(before))
+                      profile=profile_table(before, DEFAULT_SPEC))
         del before
         setup_s = time.monotonic() - t0
         import great_expectations  # noqa: F401  (a one-off per process; reported, not counted)
@@ -125,10 +125,11 @@ def main(argv: list[str]) -> dict[str, Any]:
         for i in range(args.repeat):
             read_s.append(read_baseline())
             s = time.monotonic()
-            res = run_gate(settings, day=day, window=None, snapshot_id=snap, run_id=f"bench-{i}")
+            res = run_gate(settings, spec=DEFAULT_SPEC, day=day, window=None, snapshot_id=snap, run_id=f"bench-{i}")
             gate_s.append(time.monotonic() - s)
             s = time.monotonic()
-            fast = run_gate(settings, day=day, window=None, snapshot_id=snap, run_id=f"bench-nodocs-{i}", config=no_docs)
+            fast = run_gate(settings, spec=DEFAULT_SPEC, day=day, window=None, snapshot_id=snap, run_id=f"bench-nodocs-{i}",
+                            config=no_docs)
             gate_nodocs_s.append(time.monotonic() - s)
             timings.append(fast.timings)
         med_read, med_gate, med_nodocs = median(read_s), median(gate_s), median(gate_nodocs_s)

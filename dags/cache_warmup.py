@@ -10,6 +10,7 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param,
 
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
+from slipstream_airflow.params import train_params
 
 SAMPLES = Asset("slipstream://samples")
 
@@ -21,8 +22,8 @@ SAMPLES = Asset("slipstream://samples")
     catchup=False,
     max_active_runs=1,
     params={
-        "window_days": Param(7, type="integer", minimum=1, maximum=90, title="Window days",
-                             description="Days before today whose files are warmed (the next training's window)."),
+        **train_params(only=("window_days",), descriptions={
+            "window_days": "Days before today whose files are warmed (the next training's window)."}),
         "budget_bytes": Param(None, type=["null", "integer"], minimum=0, title="Budget (bytes)",
                               description="Most bytes the cache may hold; empty for the cache's own default."),
     },

@@ -17,6 +17,7 @@ from airflow.sdk import Asset, CronDataIntervalTimetable, Param, PokeReturnValue
 
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
+from slipstream_airflow.params import GATE_KNOBS, train_params
 
 SAMPLES = Asset("slipstream://samples")
 
@@ -31,6 +32,7 @@ SAMPLES = Asset("slipstream://samples")
         "attribution_s": Param(3600, type="integer", minimum=0, maximum=7 * 86_400, title="Attribution window (s)",
                                description="Clicks may arrive this long after their impression; the day is "
                                "processed once its raw files reach this far past midnight."),
+        **train_params(only=GATE_KNOBS),
     },
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "on_failure_callback": log_failure},
     tags=["slipstream", "data"],
@@ -46,8 +48,8 @@ def preprocess_samples() -> None:
         return data_tasks.preprocess_day(data_interval_start.date(), run_id)
 
     @task(outlets=[SAMPLES], retries=0)  # a failed expectation fails again on retry: stop at once
-    def quality_gate(pre, data_interval_start=None):  # type: ignore[no-untyped-def]
-        return data_tasks.gate_day(data_interval_start.date(), pre)
+    def quality_gate(pre, params=None, data_interval_start=None):  # type: ignore[no-untyped-def]
+        return data_tasks.gate_day(data_interval_start.date(), pre, params)
 
     pre = preprocess()
     raw_day_ready() >> pre

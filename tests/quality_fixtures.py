@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.lake.iceberg import samples_table
 from slipstream.samples.schema import ARROW_SCHEMA, is_holdout
+from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 
 START = date(2026, 11, 1)
 DAYS = 8
@@ -94,7 +95,7 @@ def write_fake_run(
             "offset": pa.array(stream_offsets[mask] if stream_offsets is not None else np.arange(k), pa.int64()),
             "step": pa.array(n // 64 + np.arange(k) // 64, pa.int64()),
         }))
-        profile_table(stream.filter(keep)).write(run / "stream_profile.json")
+        profile_table(stream.filter(keep), SPEC).write(run / "stream_profile.json")
     audit = pa.concat_tables(frames)
     for r in range(world_size):
         pq.write_table(audit.slice(r * (audit.num_rows // world_size) if r else 0,

@@ -213,7 +213,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         return {}
     dc, plan = run.cfg.data, run.plan
     merge_parts(run.run_dir / "audit")
-    stream_profile.merge(profiles).write(run.run_dir / "stream_profile.json")
+    stream_profile.merge(profiles, run.plan.spec).write(run.run_dir / "stream_profile.json")
     lat = np.concatenate(tp.latencies_ms).tolist() if tp.latencies_ms else []
     summary: dict[str, Any] = {
         "run_id": plan.run_id, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),

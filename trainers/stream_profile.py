@@ -12,13 +12,14 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from slipstream.quality.profiles import FeatureProfile, merge_profiles
-from slipstream.samples.spec import SAMPLE_ID
+from slipstream.quality.profiles import FeatureProfile, column_kinds, merge_profiles
+from slipstream.samples.spec import SAMPLE_ID, Spec
 from trainers.rows import DEFAULT_LAYOUT, RowLayout, Rows
 
 
-def new_profile() -> FeatureProfile:
-    return FeatureProfile()
+def new_profile(spec: Spec) -> FeatureProfile:
+    """An empty profile whose columns take their kinds from the run's spec, as the gate's do."""
+    return FeatureProfile.for_spec(spec)
 
 
 def rows_table(rows: Rows, layout: RowLayout = DEFAULT_LAYOUT) -> pa.Table:
@@ -31,11 +32,14 @@ def add_rows(profile: FeatureProfile, rows: Rows, layout: RowLayout = DEFAULT_LA
         profile.update(rows_table(rows, layout))
 
 
-def as_profile(p: FeatureProfile | dict[str, Any] | None) -> FeatureProfile:
+def as_profile(p: FeatureProfile | dict[str, Any] | None, spec: Spec) -> FeatureProfile:
+    """A profile gathered from a rank or restored from checkpoint metadata, ready for more rows."""
     if p is None:
-        return FeatureProfile()
-    return p if isinstance(p, FeatureProfile) else FeatureProfile.from_dict(p)
+        return new_profile(spec)
+    prof = p if isinstance(p, FeatureProfile) else FeatureProfile.from_dict(p)
+    prof.kinds = column_kinds(spec)
+    return prof
 
 
-def merge(profiles: Iterable[FeatureProfile | dict[str, Any] | None]) -> FeatureProfile:
-    return merge_profiles(as_profile(p) for p in profiles)
+def merge(profiles: Iterable[FeatureProfile | dict[str, Any] | None], spec: Spec) -> FeatureProfile:
+    return merge_profiles(as_profile(p, spec) for p in profiles)

@@ -68,7 +68,7 @@ class Trainer:
         self.audit = AuditWriter(self.run_dir / "audit", d.rank)
         self.state = TrainState()
         self.tp = Throughput()
-        self.profile = stream_profile.new_profile()
+        self.profile = stream_profile.new_profile(spec)
         self.plan: RunPlan | None = None
         self._open_file = open_file
         self.open_file: Opener = open_file  # type: ignore[assignment]  # set by setup()
@@ -133,7 +133,7 @@ class Trainer:
         self.early.load_state_dict(meta.get("early_stopping"))
         self.stepper.set_lr(self.state.phase)
         if rp.profile:
-            self.profile = stream_profile.as_profile(rp.profile)
+            self.profile = stream_profile.as_profile(rp.profile, self.spec)
         if rp.replay is not None:
             self.replay.load_state_dict(rp.replay)
         if rp.shuffle is not None:
@@ -426,7 +426,7 @@ class Trainer:
             **st.state_dict(counters=dict(zip(COUNTERS, totals))),
             "world": self.d.world, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
             "window_days": plan.window_days, "topic": plan.topic, "positions": positions or st.handoff_offsets or {},
-            "profile": stream_profile.merge(profiles).to_dict(), "drift": self.stepper.drift.state_dict(),
+            "profile": stream_profile.merge(profiles, self.spec).to_dict(), "drift": self.stepper.drift.state_dict(),
             "early_stopping": self.early.state_dict(), "time": time.time(),
         }
         self.audit.write_part(st.step)

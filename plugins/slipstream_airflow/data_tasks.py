@@ -33,22 +33,33 @@ def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
     settings = Settings.from_env()
     result = run_preprocess(settings, day, preprocess_run_id(day))
     log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id, dag_run_id)
-    return {"day": str(result.day), "snapshot_id": int(result.snapshot_id), "rows": int(result.rows), "rejects": int(result.rejects)}
+    snapshot = None if result.snapshot_id is None else int(result.snapshot_id)
+    return {"day": str(result.day), "snapshot_id": snapshot, "rows": int(result.rows), "rejects": int(result.rejects),
+            "empty": bool(result.empty)}
 
 
-def gate_day(day: Any, pre: Mapping[str, Any]) -> dict[str, Any]:
+def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The quality gate over the day just written, at the snapshot that wrote it: a critical
     failure fails the task (QualityGateFailed lists each failed expectation with its value), so
     the `samples` Asset is not emitted and nothing downstream reads the day. Results go to
-    `quality_results` under the preprocess run id, the day's profile to `sample_profiles`."""
-    from slipstream.quality.gate import run_gate
+    `quality_results` under the preprocess run id, the day's profile to `sample_profiles`. The
+    bounds are the spec's (or learned), unless this DAG run's params set them (`gate_*`). A day
+    without raw events committed nothing: there is nothing to gate, the task is skipped."""
+    from airflow.sdk.exceptions import AirflowSkipException
 
+    from slipstream.quality.bounds import GateOverrides
+    from slipstream.quality.gate import run_gate
+    from slipstream.samples.spec import load_spec
+
+    if pre.get("empty") or pre.get("snapshot_id") is None:
+        raise AirflowSkipException(f"day {day} had no raw events: nothing committed, nothing to gate")
     settings = Settings.from_env()
-    result = run_gate(settings, day=day, window=None, snapshot_id=int(pre["snapshot_id"]), run_id=preprocess_run_id(day))
+    result = run_gate(settings, spec=load_spec(settings.spec), day=day, window=None, snapshot_id=int(pre["snapshot_id"]),
+                      run_id=preprocess_run_id(day), overrides=GateOverrides.from_params(params))
     detail = result.to_dict()
     log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
              len(detail["warnings"]), detail["html"])
-    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs")}
+    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")}
 
 
 def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None) -> dict[str, Any]:

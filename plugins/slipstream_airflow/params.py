@@ -11,7 +11,9 @@ from typing import Any, Mapping
 
 from airflow.sdk import Param
 
-from slipstream.pipeline.request import KNOBS
+from slipstream.pipeline.request import GATE_KNOBS, KNOBS
+
+__all__ = ["GATE_KNOBS", "train_params"]
 
 
 def train_params(
@@ -19,11 +21,14 @@ def train_params(
     *,
     only: tuple[str, ...] | None = None,
     enums: Mapping[str, tuple[str, ...]] | None = None,
+    descriptions: Mapping[str, str] | None = None,
 ) -> dict[str, Param]:
     """One Param per knob; `defaults` overrides a knob's default (e.g. the deployment's backend),
-    `enums` narrows a knob's choices (e.g. the backends this deployment has)."""
+    `enums` narrows a knob's choices (e.g. the backends this deployment has), `descriptions` a
+    knob's text where a DAG uses it its own way."""
     defaults = dict(defaults or {})
     enums = dict(enums or {})
+    descriptions = dict(descriptions or {})
     out: dict[str, Param] = {}
     for knob in KNOBS:
         if only is not None and knob.name not in only:
@@ -32,5 +37,6 @@ def train_params(
         if knob.name in enums:
             schema["enum"] = list(enums[knob.name])
         title = knob.name.replace("_", " ").capitalize()
-        out[knob.name] = Param(defaults.get(knob.name, knob.default), title=title, description=knob.description, **schema)
+        description = descriptions.get(knob.name, knob.description)
+        out[knob.name] = Param(defaults.get(knob.name, knob.default), title=title, description=description, **schema)
     return out

@@ -102,14 +102,16 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
 
 def quality_gate(pre: Mapping[str, Any]) -> dict[str, Any]:
     """Stops the run (QualityGateFailed) when a critical expectation fails on the plan's window and
-    files (the new day was also gated on its own by preprocess_samples). Hands the plan on."""
+    files (the new day was also gated on its own by preprocess_samples), with the plan's spec and
+    the bounds its request (the DAG params `gate_*`) sets. Hands the plan on."""
+    from slipstream.quality.bounds import GateOverrides
     from slipstream.quality.gate import run_gate
 
     settings = Settings.from_env()
     ref = PlanRef.from_xcom(pre, task_id="preprocess")
     plan = ref.load()
-    result = run_gate(settings, day=None, window=plan.window, snapshot_id=plan.snapshot_id, run_id=plan.run_id,
-                      files=plan.files)
+    result = run_gate(settings, spec=plan.spec, day=None, window=plan.window, snapshot_id=plan.snapshot_id,
+                      run_id=plan.run_id, overrides=GateOverrides.from_params(plan.request), files=plan.files)
     detail = small(result)
     update_summary(run_dir(settings, plan.run_id), "quality", detail)
     return {**scalars(detail), **ref.to_xcom()}

@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--end", type=datetime.fromisoformat, help="window end (ISO, UTC); with --window-days")
     c.add_argument("--snapshot-id", type=int, help="pinned snapshot (default: the current one, pinned now)")
     c.add_argument("--run-id", default=None, help="results are recorded under this id (default manual-<utc time>)")
+    c.add_argument("--spec", default=None, help="the data set's feature spec (default SLIPSTREAM_SPEC)")
+    for name in ("ctr-min", "ctr-max", "rows-ratio-min", "rows-ratio-max"):
+        c.add_argument(f"--{name}", type=float, default=None,
+                       help=f"this check's own bound (the DAG param gate_{name.replace('-', '_')}), over the learned and the spec's")
     c.set_defaults(func=run_check)
 
 
@@ -37,8 +41,10 @@ def run_check(args: argparse.Namespace) -> int:
     from slipstream.errors import ConfigError
     from slipstream.lake.iceberg import get_catalog
     from slipstream.lake.planning import pin_snapshot, window_bounds
+    from slipstream.quality.bounds import GateOverrides
     from slipstream.quality.gate import run_gate
     from slipstream.quality.reading import load_samples
+    from slipstream.samples.spec import load_spec
 
     settings = Settings.from_env()
     if (args.day is None) == (args.window_days is None):
@@ -50,6 +56,10 @@ def run_check(args: argparse.Namespace) -> int:
         window = window_bounds(args.end if args.end.tzinfo else args.end.replace(tzinfo=timezone.utc), args.window_days)
     snapshot = pin_snapshot(load_samples(get_catalog(settings), settings.namespace), args.snapshot_id)
     run_id = args.run_id or "manual-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    result = run_gate(settings, day=args.day, window=window, snapshot_id=snapshot, run_id=run_id)
+    overrides = GateOverrides(ctr_min=args.ctr_min, ctr_max=args.ctr_max,
+                              rows_ratio_min=args.rows_ratio_min, rows_ratio_max=args.rows_ratio_max)
+    spec = load_spec(args.spec or settings.spec)
+    result = run_gate(settings, spec=spec, day=args.day, window=window, snapshot_id=snapshot, run_id=run_id,
+                      overrides=overrides)
     print(json.dumps(result.to_dict(), indent=2))
     return 0

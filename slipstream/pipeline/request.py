@@ -16,6 +16,9 @@ from typing import Any, Collection, Mapping
 from slipstream.errors import ConfigError
 from slipstream.settings import BACKENDS
 
+MAX_WINDOW_DAYS = 3650
+"""A sanity bound (ten years of days), not a tuning: the window is the data set's choice."""
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -31,9 +34,11 @@ class Knob:
     enum: tuple[str, ...] | None = None
     pattern: str | None = None
     """A regular expression a string value must match (JSON-schema `pattern`)."""
+    nullable: bool = False
+    """None (null, an empty form field) is a value: "not set"."""
 
     def json_schema(self) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": self.type}
+        schema: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
         for key, value in (
             ("minimum", self.minimum),
             ("maximum", self.maximum),
@@ -49,6 +54,8 @@ class Knob:
 
     def check(self, value: Any) -> Any:
         """The value converted to the knob's type, or a ConfigError naming the knob and its bounds."""
+        if value is None and self.nullable:
+            return None
         if self.type == "integer" and isinstance(value, float) and value.is_integer():
             value = int(value)  # JSON-schema counts 5.0 as an integer; forms may send it so
         expect = {"integer": int, "number": (int, float), "boolean": bool, "string": str}[self.type]
@@ -69,7 +76,8 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("window_days", "integer", 7, "Days of Iceberg history (ending at the data interval's end) "
-         "trained on before switching to the Kafka stream.", minimum=1, maximum=90),
+         "trained on before switching to the Kafka stream. Days without data in it are skipped.",
+         minimum=1, maximum=MAX_WINDOW_DAYS),
     Knob("epochs", "integer", 10, "At most this many passes over the Iceberg window; the validation day "
          "before T stops it earlier (the epoch with the lowest validation loss is kept).", minimum=1, maximum=50),
     Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
@@ -91,8 +99,20 @@ KNOBS: tuple[Knob, ...] = (
          "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
     Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, the "
          "training command is rendered into the run summary and the XCom, nothing is trained."),
+    Knob("gate_ctr_min", "number", None, "Quality gate: this run's lowest allowed label rate (CTR) "
+         "of a day or window; empty for the data set's (learned from its history, else its spec's).",
+         minimum=0.0, maximum=1.0, nullable=True),
+    Knob("gate_ctr_max", "number", None, "Quality gate: this run's highest allowed label rate (CTR); "
+         "empty for the data set's.", minimum=0.0, maximum=1.0, nullable=True),
+    Knob("gate_rows_ratio_min", "number", None, "Quality gate: this run's lowest allowed ratio of a "
+         "day's rows to the trailing days' mean; empty for the data set's.", minimum=0.0, maximum=1000.0, nullable=True),
+    Knob("gate_rows_ratio_max", "number", None, "Quality gate: this run's highest allowed ratio of a "
+         "day's rows to the trailing days' mean; empty for the data set's.", exclusive_minimum=0.0, maximum=1000.0,
+         nullable=True),
 )
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
+GATE_KNOBS = ("gate_ctr_min", "gate_ctr_max", "gate_rows_ratio_min", "gate_rows_ratio_max")
+"""The quality gate's per-run bounds (`slipstream.quality.bounds.GateOverrides`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,12 +129,20 @@ class TrainRequest:
     exchange: bool = False
     backend: str = "local"
     dry_run: bool = False
+    gate_ctr_min: float | None = None
+    gate_ctr_max: float | None = None
+    gate_rows_ratio_min: float | None = None
+    gate_rows_ratio_max: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, KNOBS_BY_NAME[f.name].check(getattr(self, f.name)))
         if self.backend == "local" and self.nnodes > 1:
             raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node")
+        for lo, hi in (("gate_ctr_min", "gate_ctr_max"), ("gate_rows_ratio_min", "gate_rows_ratio_max")):
+            a, b = getattr(self, lo), getattr(self, hi)
+            if a is not None and b is not None and not a < b:
+                raise ConfigError(f"{lo} must be < {hi}, got {a} and {b}")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> "TrainRequest":

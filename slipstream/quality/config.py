@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from slipstream.errors import ConfigError
 
@@ -11,17 +12,10 @@ SEVERITIES = ("critical", "warning")
 
 @dataclass(frozen=True, kw_only=True)
 class GateConfig:
-    row_count_tolerance: float = 0.3
-    """A day's rows must be within ±this fraction of the trailing mean daily rows."""
-    history_days: int = 7
-    """Days before the checked one that make the trailing mean (row count, drift reference)."""
-    ctr_min: float = 0.005
-    ctr_max: float = 0.6
-    """Click-through rate bounds: outside them the click join or the logging is broken."""
-    max_distinct: dict[str, int] = field(
-        default_factory=lambda: {"device_hash": 64, "country_hash": 300, "category_hash": 10_000}
-    )
-    """Upper bound on distinct values per categorical column (a hashing or parsing bug explodes it)."""
+    """How the gate checks, whatever the data set. The data set's own thresholds (CTR and row-count
+    bounds, history, distinct counts, severities) are in its spec's `quality:` section
+    (`slipstream.quality.bounds` resolves them against learned bounds and a run's params)."""
+
     min_distinct: int = 2
     """Fewer distinct values than this in a categorical column means a constant feature."""
     max_empty_history_fraction: float = 0.95
@@ -30,6 +24,12 @@ class GateConfig:
     """Population stability index above which a numeric feature has drifted (0.1 slight, 0.25 major)."""
     js_threshold: float = 0.1
     """Jensen–Shannon divergence (base 2) above which a categorical feature has drifted."""
+    learn_min_days: int = 7
+    """Days of history a bound is learned from at least (fewer: the spec's bound holds)."""
+    learn_quantiles: tuple[float, float] = (0.05, 0.95)
+    """The quantiles of the history's daily values that make a learned bound's ends."""
+    learn_margin: float = 0.25
+    """A learned bound is widened by this fraction on each side (lo * (1 - m), hi * (1 + m))."""
     data_docs: bool = True
     """Also render Great Expectations Data Docs of the validation (GX's site builder) under
     `<runs_dir>/<run_id>/quality/gx_data_docs/<scope>/`; they are rendered while the results are
@@ -37,28 +37,37 @@ class GateConfig:
     process)."""
     severity: dict[str, str] = field(default_factory=dict)
     """Override the severity of a check by its name or name prefix, e.g. {"ctr": "warning",
-    "drift.": "critical"}. The longest matching key wins."""
+    "drift.": "critical"}. The longest matching key wins; these win over the spec's `severity`."""
     defaults: dict[str, str] = field(
         default_factory=lambda: {
             "": "critical",
             "distinct.": "warning",
             "sequence.empty_fraction": "warning",
             "drift.": "warning",
+            "days.nonempty": "warning",
         }
     )
 
     def __post_init__(self) -> None:
-        if not 0 < self.row_count_tolerance < 1:
-            raise ConfigError(f"row_count_tolerance must be in (0, 1), got {self.row_count_tolerance}")
-        if not 0 <= self.ctr_min < self.ctr_max <= 1:
-            raise ConfigError(f"need 0 <= ctr_min < ctr_max <= 1, got {self.ctr_min}, {self.ctr_max}")
-        if self.history_days < 1:
-            raise ConfigError(f"history_days must be >= 1, got {self.history_days}")
+        if self.min_distinct < 1:
+            raise ConfigError(f"min_distinct must be >= 1, got {self.min_distinct}")
+        if self.learn_min_days < 2:
+            raise ConfigError(f"learn_min_days must be >= 2, got {self.learn_min_days}")
+        lo, hi = self.learn_quantiles
+        if not 0 <= lo < hi <= 1:
+            raise ConfigError(f"learn_quantiles must be (lo, hi) with 0 <= lo < hi <= 1, got {self.learn_quantiles}")
+        if not 0 <= self.learn_margin < 1:
+            raise ConfigError(f"learn_margin must be in [0, 1), got {self.learn_margin}")
         for key, sev in {**self.defaults, **self.severity}.items():
             if sev not in SEVERITIES:
                 raise ConfigError(f"severity of {key!r} must be one of {SEVERITIES}, got {sev!r}")
 
-    def severity_of(self, check: str) -> str:
-        table = {**self.defaults, **self.severity}
-        best = max((k for k in table if check.startswith(k)), key=len)
-        return table[best]
+    def severity_of(self, check: str, data_set: Mapping[str, str] | None = None) -> str:
+        """The severity of a check: this config's `severity`, else the data set's (the spec's
+        `quality.severity`), else the defaults; the longest matching name prefix wins in each."""
+        for table in (self.severity, data_set or {}):
+            keys = [k for k in table if check.startswith(k)]
+            if keys:
+                return table[max(keys, key=len)]
+        best = max((k for k in self.defaults if check.startswith(k)), key=len)
+        return self.defaults[best]

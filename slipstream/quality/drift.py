@@ -12,9 +12,8 @@ import numpy as np
 
 from slipstream.quality.profiles import ColumnProfile, FeatureProfile
 from slipstream.quality.sketches import LogHistogram
-from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.spec import LABEL, Spec
 
-DRIFT_FEATURES = (*DENSE_COLUMNS, *CATEGORICAL_COLUMNS, SEQUENCE_COLUMN, LABEL_COLUMN)
 PSI_BINS = 10
 _EPS = 1e-4
 
@@ -103,12 +102,19 @@ def feature_shift(
     return FeatureShift(name, method, score, limit, mean(ref), mean(cur), ref.null_fraction, cur.null_fraction)
 
 
+def drift_features(spec: Spec) -> tuple[str, ...]:
+    """The columns whose distribution is compared, in spec order: dense numbers (PSI),
+    categoricals, lists and sequences (Jensen–Shannon of values / lengths), then the label. Ids
+    are left out: a sketch of distinct ids says nothing about their mix."""
+    return (*(f.name for f in spec.features if f.kind != "id"), LABEL)
+
+
 def compare_profiles(
-    ref: FeatureProfile, cur: FeatureProfile, *, psi_threshold: float = 0.2, js_threshold: float = 0.1
+    ref: FeatureProfile, cur: FeatureProfile, spec: Spec, *, psi_threshold: float = 0.2, js_threshold: float = 0.1
 ) -> list[FeatureShift]:
-    """Shift of every feature present in both profiles (reference first)."""
+    """Shift of every feature of `spec` present in both profiles (reference first)."""
     out = []
-    for name in DRIFT_FEATURES:
+    for name in drift_features(spec):
         if name in ref.columns and name in cur.columns and ref.columns[name].kind == cur.columns[name].kind:
             out.append(feature_shift(name, ref.columns[name], cur.columns[name], psi_threshold, js_threshold))
     return out

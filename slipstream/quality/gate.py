@@ -15,6 +15,7 @@ import logging
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
@@ -25,15 +26,17 @@ from slipstream.errors import ConfigError, QualityGateFailed
 from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.planning import WindowFile, pin_snapshot
 from slipstream.pipeline.runlayout import run_dir
+from slipstream.quality.bounds import GateOverrides, learn_bounds, resolve_bounds
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.gate_result import GateResult
 from slipstream.quality.drift import FeatureShift, compare_profiles
-from slipstream.quality.metrics import compute_aggregates, duplicate_ids
+from slipstream.quality.metrics import Aggregates, compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, merge_profiles, profile_table, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
-from slipstream.quality.store import read_profiles, write_profile, write_results
+from slipstream.quality.store import label_rate, read_profile_docs, read_profiles, write_profile, write_results
 from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
+from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,29 +72,67 @@ def row_count_ratio(counts_before: dict[date, int], rows: int, window_counts: di
     return rows / (sum(counts_before.values()) / len(counts_before))
 
 
-def _split_days(data: pa.Table, start: datetime, end: datetime) -> dict[date, pa.Table]:
-    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32())
-    out = {}
-    d = start.date()
+def days_of(start: datetime, end: datetime) -> list[date]:
+    """The UTC days [start, end) touches."""
+    out, d = [], start.date()
     while datetime(d.year, d.month, d.day, tzinfo=timezone.utc) < end:
-        n = (d - date(1970, 1, 1)).days
-        out[d] = data.filter(pc.equal(days, n))
+        out.append(d)
         d += timedelta(days=1)
     return out
+
+
+@dataclass
+class _History:
+    """What the gate compares the interval with, from metadata and stored profiles only."""
+
+    before: dict[date, int]
+    """Rows per day of the trailing `history_days` (days with data)."""
+    window_counts: dict[date, int] | None
+    """Window mode: rows per day of the window (days with data)."""
+    profiles: dict[date, FeatureProfile]
+    """Stored profiles of the trailing days (the drift reference)."""
+    counts: dict[date, int]
+    """Rows per day of everything the bounds learn from."""
+    ctrs: dict[date, float]
+    """Label rate per day of the stored profiles the bounds learn from."""
+
+
+def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, spec: Spec,
+                  start: datetime, end: datetime, window: bool) -> _History:
+    q = spec.quality
+    history_start = start - timedelta(days=q.history_days)
+    # the learned ratios' first days need their own trailing days: one manifest scan for all
+    counts = day_row_counts(table, snapshot_id, start - timedelta(days=q.learn_from_days + q.history_days), start)
+    counts.pop(start.date(), None)
+    before = {d: n for d, n in counts.items() if d >= history_start.date()}
+    window_counts = day_row_counts(table, snapshot_id, start, end) if window else None
+    docs = read_profile_docs(catalog, namespace, (start - timedelta(days=max(q.learn_from_days, q.history_days))).date(), start.date())
+    profiles = {d: FeatureProfile.from_dict(doc) for d, doc in docs.items() if d >= history_start.date()}
+    ctrs = {d: label_rate(doc) for d, doc in docs.items()} if q.learn_from_days else {}
+    return _History(before, window_counts, profiles, counts, ctrs)
+
+
+def _split_days(data: pa.Table, start: datetime, end: datetime) -> dict[date, pa.Table]:
+    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32())
+    return {d: data.filter(pc.equal(days, (d - date(1970, 1, 1)).days)) for d in days_of(start, end)}
 
 
 def run_gate(
     settings: Settings,
     *,
+    spec: Spec,
     day: date | None,
     window: tuple[datetime, datetime] | None,
     snapshot_id: int,
     run_id: str,
     config: GateConfig | None = None,
+    overrides: GateOverrides | None = None,
     files: Sequence[WindowFile] | None = None,
 ) -> GateResult:
-    """Validate `samples` for one day or one window at `snapshot_id`. `files`: the window's data
-    files as the run's plan lists them (`RunPlan.files`), read instead of planning them again.
+    """Validate `samples` of the data set `spec` for one day or one window at `snapshot_id`.
+    `overrides`: this run's bounds (the DAG's params), over the learned and the spec's ones
+    (`bounds`). `files`: the window's data files as the run's plan lists them (`RunPlan.files`),
+    read instead of planning them again.
 
     Returns the result when every critical expectation passes (warnings are in `.warnings`);
     raises `QualityGateFailed` otherwise, after persisting the results and the HTML page.
@@ -107,72 +148,52 @@ def run_gate(
     catalog = get_catalog(settings)
     table = load_samples(catalog, settings.namespace)
     pin_snapshot(table, snapshot_id)
-    history_start = start - timedelta(days=config.history_days)
-
-    def history() -> tuple[dict[date, int], dict[date, int] | None, dict[date, FeatureProfile]]:
-        before = day_row_counts(table, snapshot_id, history_start, start)
-        before.pop(start.date(), None)
-        window_counts = None if the_day else day_row_counts(table, snapshot_id, start, end)
-        return before, window_counts, read_profiles(catalog, settings.namespace, history_start.date(), start.date())
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate") as pool:
         # Metadata (manifests, stored profiles) is read while the data is.
-        hist = pool.submit(history)
-        data = read_interval(table, snapshot_id, start, end, files=files)
+        hist = pool.submit(_read_history, catalog, settings.namespace, table, snapshot_id, spec, start, end, the_day is None)
+        absent: dict[str, int] = {}
+        data = read_interval(table, snapshot_id, start, end, spec.sample_columns, files=files, absent=absent)
         timings["read"] = time.monotonic() - t0
         # The duplicate-id check (hash + sort, the longest job) goes first, then the profile's
         # column jobs, on GATE_THREADS threads.
-        profile = FeatureProfile()
+        profile = FeatureProfile.for_spec(spec)
         jobs: list[Callable[[], Any]] = profile.update_jobs(data)
         has_ids = "sample_id" in data.schema.names
         if has_ids:
             jobs.insert(0, functools.partial(duplicate_ids, data.column("sample_id")))
         done = run_parallel(jobs, parallel=data.num_rows >= PARALLEL_MIN_ROWS, threads=GATE_THREADS)
-        agg = compute_aggregates(data, profile, start, end, done[0] if has_ids else None)
+        agg = compute_aggregates(data, profile, start, end, spec, done[0] if has_ids else None, absent)
         timings["profile"] = time.monotonic() - t0 - timings["read"]
-        before, window_counts, stored = hist.result()
+        history = hist.result()
 
-    ratio = row_count_ratio(before, data.num_rows, window_counts)
-    if ratio is not None:
-        agg.values["row_count_ratio"] = ratio
-        if the_day:
-            mean = sum(before.values()) / len(before)
-            agg.details["row_count_ratio"] = f"{data.num_rows:,} rows vs trailing mean {mean:,.0f} over {len(before)} days"
-
+    _history_metrics(agg, history, data.num_rows, start, end, the_day is not None)
     drift: list[FeatureShift] = []
-    if the_day is not None and stored and data.num_rows:
-        drift = compare_profiles(
-            merge_profiles(stored.values()), profile,
-            psi_threshold=config.psi_threshold, js_threshold=config.js_threshold,
-        )
+    if the_day is not None and history.profiles and data.num_rows:
+        drift = compare_profiles(merge_profiles(history.profiles.values()), profile, spec,
+                                 psi_threshold=config.psi_threshold, js_threshold=config.js_threshold)
         for s in drift:
             if s.score == s.score:  # NaN when a side is empty: nothing to compare
                 agg.values[f"drift.{s.feature}"] = s.score
+    learned = learn_bounds(spec.quality, config, history.counts, history.ctrs, start.date())
+    bounds = resolve_bounds(spec.quality, learned, overrides or GateOverrides())
 
     out_dir = run_dir(settings, run_id) / "quality"
     slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
     docs_dir = out_dir / "gx_data_docs" / slug if config.data_docs else None
     if docs_dir is not None and docs_dir.exists():
         shutil.rmtree(docs_dir)  # a re-run replaces its docs, like its rows in quality_results
-    def store_profiles() -> None:
-        if the_day is not None:
-            write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
-            return
-        have = read_profiles(catalog, settings.namespace, start.date(), end.date() + timedelta(days=1))
-        for d, part in _split_days(data, start, end).items():
-            if d not in have and part.num_rows:
-                write_profile(catalog, settings.namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part))
 
     # Validation, the two Iceberg commits and GX's Data Docs are all Python bound by the GIL: one
     # after the other is faster than side by side on threads (measured: the gate's median 1.60 s
     # against 1.75 s, 12 alternating gates on the bench's 5M-row day).
     mark = time.monotonic()
     warm.result()
-    validation = validate(build_checks(config, agg.values), agg)
+    validation = validate(build_checks(config, agg.values, spec, bounds), agg)
     results = validation.results
     timings["validate"] = time.monotonic() - mark
     mark = time.monotonic()
-    store_profiles()
+    _store_profiles(catalog, settings.namespace, spec, data, profile, the_day, start, end, snapshot_id, run_id)
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
     timings["persist"] = time.monotonic() - mark
     data_docs = None
@@ -184,26 +205,70 @@ def run_gate(
     result = GateResult(run_id, scope, snapshot_id, start, end, data.num_rows, results, drift, profile=profile)
     result.timings = timings
     result.data_docs = data_docs
+    result.bounds = bounds
+    result.empty_days = _empty_days(history, start, end)
     result.seconds = time.monotonic() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
     result.html_path = out_dir / f"{slug}.html"
     result.html_path.write_text(render_gate_html(result))
+    _report(result, snapshot_id)
+    return result
 
+
+def _history_metrics(agg: Aggregates, history: _History, rows: int, start: datetime, end: datetime, day_mode: bool) -> None:
+    """The row-count ratio against the trailing days (or across the window's days), and the
+    window's days without rows."""
+    ratio = row_count_ratio(history.before, rows, history.window_counts)
+    if ratio is not None:
+        agg.values["row_count_ratio"] = ratio
+        if day_mode:
+            mean = sum(history.before.values()) / len(history.before)
+            agg.details["row_count_ratio"] = f"{rows:,} rows vs trailing mean {mean:,.0f} over {len(history.before)} days"
+    if not day_mode:
+        empty = _empty_days(history, start, end)
+        agg.values["empty_days"] = float(len(empty))
+        if empty:
+            agg.details["empty_days"] = "days without data: " + ", ".join(map(str, empty))
+
+
+def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]:
+    """Window mode: the window's days that hold no rows at the snapshot."""
+    if history.window_counts is None:
+        return []
+    return [d for d in days_of(start, end) if not history.window_counts.get(d)]
+
+
+def _store_profiles(catalog: Any, namespace: str, spec: Spec, data: pa.Table, profile: FeatureProfile,
+                    the_day: date | None, start: datetime, end: datetime, snapshot_id: int, run_id: str) -> None:
+    """Day mode: the day's profile. Window mode: a profile of each day of the window that has rows
+    and no stored profile yet."""
+    if the_day is not None:
+        write_profile(catalog, namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
+        return
+    have = read_profiles(catalog, namespace, start.date(), end.date() + timedelta(days=1))
+    for d, part in _split_days(data, start, end).items():
+        if d not in have and part.num_rows:
+            write_profile(catalog, namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part, spec))
+
+
+def _report(result: GateResult, snapshot_id: int) -> None:
+    """Log the outcome; raise `QualityGateFailed` naming each failed critical expectation."""
+    scope = result.scope
     for w in result.warnings:
         log.warning("quality warning %s: %s", scope, w.line())
     log.info(
         "quality gate %s at snapshot %s: %d rows, %d critical failures, %d warnings, %.2fs (%s; %s)",
-        scope, snapshot_id, data.num_rows, len(result.critical_failures), len(result.warnings),
-        result.seconds, ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()), result.html_path,
+        scope, snapshot_id, result.rows, len(result.critical_failures), len(result.warnings),
+        result.seconds, ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()), result.html_path,
     )
     if result.critical_failures:
         lines = "\n  ".join(r.line() for r in result.critical_failures)
         err = QualityGateFailed(
-            f"quality gate failed for {scope} (snapshot {snapshot_id}, run {run_id}): "
+            f"quality gate failed for {scope} (snapshot {snapshot_id}, run {result.run_id}): "
             f"{len(result.critical_failures)} critical expectation(s) failed:\n  {lines}\n"
-            f"Fix the data (re-run preprocessing for the day) or relax the check in GateConfig; "
-            f"details: {result.html_path}"
+            f"Fix the data (re-run preprocessing for the day), or relax the bound: the spec's `quality:` "
+            f"section for the data set, the DAG params gate_ctr_min/max and gate_rows_ratio_min/max for "
+            f"this run (docs/quality.md); details: {result.html_path}"
         )
         err.result = result  # type: ignore[attr-defined]
         raise err
-    return result

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from slipstream.quality.bounds import GateBounds
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.profiles import FeatureProfile
 from slipstream.quality.suites import CheckResult
@@ -31,6 +32,11 @@ class GateResult:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per stage: read, profile (with aggregates), validate (GX), persist (Iceberg), and
     data_docs (rendering GX Data Docs after the Iceberg writes, when enabled)."""
+    bounds: GateBounds | None = None
+    """The CTR and row-count bounds the gate used, with where each end came from (param, learned
+    from N days, spec)."""
+    empty_days: list[date] = field(default_factory=list)
+    """Window mode: the days of the window without rows (a warning, `days.nonempty`)."""
 
     @property
     def critical_failures(self) -> list[CheckResult]:
@@ -54,4 +60,6 @@ class GateResult:
             "warnings": [r.line() for r in self.warnings],
             "html": str(self.html_path) if self.html_path else None,
             "data_docs": str(self.data_docs) if self.data_docs else None,
+            "bounds": self.bounds.to_dict() if self.bounds else None,
+            "empty_days": [d.isoformat() for d in self.empty_days],
         }

@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 
 from slipstream.quality.hashing import hash_strings
 from slipstream.quality.profiles import FeatureProfile
-from slipstream.samples.schema import ARROW_SCHEMA, CATEGORICAL_COLUMNS, DENSE_FEATURES, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.schema import sample_arrow_schema
+from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, Spec
 
 
 @dataclass
@@ -29,10 +30,10 @@ class Aggregates:
     details: dict[str, str] = field(default_factory=dict)
 
 
-def schema_problems(schema: pa.Schema) -> list[str]:
-    """Each way `schema` differs from the sample schema: missing columns and wrong types."""
+def schema_problems(schema: pa.Schema, spec: Spec) -> list[str]:
+    """Each way `schema` differs from the spec's sample schema: missing columns and wrong types."""
     problems = []
-    for f in ARROW_SCHEMA:
+    for f in sample_arrow_schema(spec):
         if f.name not in schema.names:
             problems.append(f"{f.name}: missing")
             continue
@@ -88,78 +89,89 @@ def repeated_hashes(h: np.ndarray, overwrite: bool = False) -> np.ndarray:
 
 
 def compute_aggregates(
-    table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime,
-    duplicates: tuple[int, list[str]] | None = None,
+    table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime, spec: Spec,
+    duplicates: tuple[int, list[str]] | None = None, absent: dict[str, int] | None = None,
 ) -> Aggregates:
-    """Every metric the suite checks, for rows that should all lie in [start, end).
-    `duplicates` is `duplicate_ids(sample_id)` when the caller already computed it."""
+    """Every metric the suite of `spec` checks, for rows that should all lie in [start, end).
+    `duplicates` is `duplicate_ids(sample_id)` when the caller already computed it; `absent` the
+    rows per column of data files written before the spec had it (`read_interval`): their nulls
+    are the feature's default to be, not missing values."""
     agg = Aggregates()
     v = agg.values
     v["row_count"] = float(table.num_rows)
-    problems = schema_problems(table.schema)
+    problems = schema_problems(table.schema, spec)
     v["schema_mismatches"] = float(len(problems))
     if problems:
         agg.details["schema_mismatches"] = "; ".join(problems)
     names = set(table.schema.names)
-    for name in ARROW_SCHEMA.names:
+    for name in spec.sample_columns:
         if name in names:
-            col = profile.columns[name]
-            v[f"nulls.{name}"] = float(col.nulls)
-    for f in DENSE_FEATURES:
-        if f.name not in names:
-            continue
-        col = profile.columns[f.name]
-        v[f"nonfinite.{f.name}"] = float(col.nonfinite)
-        v[f"min.{f.name}"] = col.min if col.min is not None else math.nan
-        v[f"max.{f.name}"] = col.max if col.max is not None else math.nan
-    for name in ("user_id", "item_id"):
-        if name in names and table.num_rows:
-            v[f"min.{name}"] = float(pc.min(table.column(name)).as_py() or 0)
-    if LABEL_COLUMN in names:
-        lab = table.column(LABEL_COLUMN)
-        prof = profile.columns.get(LABEL_COLUMN)
-        if (
-            pa.types.is_integer(lab.type) and prof is not None and prof.rows == table.num_rows
-            and (prof.count == 0 or (prof.min is not None and prof.min >= 0 and prof.max is not None and prof.max <= 1))
-        ):
-            bad = 0  # the profile's exact min/max of an integer label already bound it to {0, 1}
-        else:
-            bad = pc.sum(pc.invert(pc.is_in(pc.drop_null(lab), pa.array([0, 1], lab.type)))).as_py() or 0
-        v["label_not_binary"] = float(bad)
+            older = (absent or {}).get(name, 0)
+            v[f"nulls.{name}"] = float(profile.columns[name].nulls - older)
+            if older:
+                agg.details[f"nulls.{name}"] = f"besides {older:,} rows written before the spec had {name} (they take its default)"
+    for f in spec.features:
+        if f.name in names:
+            _feature_metrics(v, table, profile, f.name, f.kind)
+    if LABEL in names:
+        v["label_not_binary"] = float(_not_binary(table, profile))
         v["ctr"] = profile.ctr if table.num_rows else math.nan
-    if "sample_id" in names:
-        surplus, examples = duplicates if duplicates is not None else duplicate_ids(table.column("sample_id"))
+    if SAMPLE_ID in names:
+        surplus, examples = duplicates if duplicates is not None else duplicate_ids(table.column(SAMPLE_ID))
         v["duplicate_sample_ids"] = float(surplus)
         if examples:
             agg.details["duplicate_sample_ids"] = "e.g. " + ", ".join(examples)
-    if "event_time" in names:
-        ts = table.column("event_time")
-        t = profile.columns.get("event_time")
-        if (
-            t is not None and t.kind == "time" and t.rows == table.num_rows
-            and pa.types.is_timestamp(ts.type) and ts.type.unit == "us" and _inside(t, start, end)
-        ):
-            outside = 0  # the profile's exact min/max (non-null rows) both lie in [start, end)
-        else:
-            lo = pa.scalar(start, ts.type)
-            hi = pa.scalar(end, ts.type)
-            outside = pc.sum(pc.or_(pc.less(ts, lo), pc.greater_equal(ts, hi))).as_py() or 0
-        v["events_outside_interval"] = float(outside)
-        if outside:
-            t = profile.columns["event_time"]
-            agg.details["events_outside_interval"] = (
-                f"event_time spans [{_us_iso(t.min)}, {_us_iso(t.max)}], expected "
-                f"[{start.isoformat()}, {end.isoformat()})"
-            )
-    for name in CATEGORICAL_COLUMNS:
-        if name in names:
-            v[f"distinct.{name}"] = profile.columns[name].distinct()
-    if SEQUENCE_COLUMN in names:
-        seq = profile.columns[SEQUENCE_COLUMN]
-        v["max_history_length"] = float(seq.max) if seq.max is not None else 0.0
-        rows = max(seq.rows - seq.nulls, 1)
-        v["empty_history_fraction"] = seq.lengths.get(0, 0) / rows
+    if EVENT_TIME in names:
+        _interval_metrics(agg, table, profile, start, end)
     return agg
+
+
+def _feature_metrics(v: dict[str, float], table: pa.Table, profile: FeatureProfile, name: str, kind: str) -> None:
+    col = profile.columns[name]
+    if kind == "dense":
+        v[f"nonfinite.{name}"] = float(col.nonfinite)
+        v[f"min.{name}"] = col.min if col.min is not None else math.nan
+        v[f"max.{name}"] = col.max if col.max is not None else math.nan
+    elif kind == "id":
+        if table.num_rows and pa.types.is_integer(table.schema.field(name).type):
+            v[f"min.{name}"] = float(pc.min(table.column(name)).as_py() or 0)
+    elif kind == "categorical":
+        v[f"distinct.{name}"] = col.distinct()
+    elif kind == "sequence":
+        v[f"max_length.{name}"] = float(col.max) if col.max is not None else 0.0
+        v[f"empty_fraction.{name}"] = col.lengths.get(0, 0) / max(col.rows - col.nulls, 1)
+
+
+def _not_binary(table: pa.Table, profile: FeatureProfile) -> int:
+    lab = table.column(LABEL)
+    prof = profile.columns.get(LABEL)
+    if (
+        pa.types.is_integer(lab.type) and prof is not None and prof.rows == table.num_rows
+        and (prof.count == 0 or (prof.min is not None and prof.min >= 0 and prof.max is not None and prof.max <= 1))
+    ):
+        return 0  # the profile's exact min/max of an integer label already bound it to {0, 1}
+    return int(pc.sum(pc.invert(pc.is_in(pc.drop_null(lab), pa.array([0, 1], lab.type)))).as_py() or 0)
+
+
+def _interval_metrics(agg: Aggregates, table: pa.Table, profile: FeatureProfile, start: datetime, end: datetime) -> None:
+    ts = table.column(EVENT_TIME)
+    t = profile.columns.get(EVENT_TIME)
+    if (
+        t is not None and t.kind == "time" and t.rows == table.num_rows
+        and pa.types.is_timestamp(ts.type) and ts.type.unit == "us" and _inside(t, start, end)
+    ):
+        outside = 0  # the profile's exact min/max (non-null rows) both lie in [start, end)
+    else:
+        lo = pa.scalar(start, ts.type)
+        hi = pa.scalar(end, ts.type)
+        outside = pc.sum(pc.or_(pc.less(ts, lo), pc.greater_equal(ts, hi))).as_py() or 0
+    agg.values["events_outside_interval"] = float(outside)
+    if outside:
+        t = profile.columns[EVENT_TIME]
+        agg.details["events_outside_interval"] = (
+            f"event_time spans [{_us_iso(t.min)}, {_us_iso(t.max)}], expected "
+            f"[{start.isoformat()}, {end.isoformat()})"
+        )
 
 
 def _inside(t: Any, start: datetime, end: datetime) -> bool:

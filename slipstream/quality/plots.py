@@ -10,7 +10,7 @@ import numpy as np
 
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.profiles import ColumnProfile, FeatureProfile, US_PER_HOUR
-from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
+from slipstream.samples.spec import Spec
 
 
 def _plt() -> Any:
@@ -38,18 +38,20 @@ def _density(col: ColumnProfile, edges: np.ndarray) -> np.ndarray:
     return h / counts.sum()
 
 
-def distributions(window: FeatureProfile, stream: FeatureProfile | None) -> bytes:
-    """Dense features as histograms and categoricals as top-k shares, window vs stream."""
+def distributions(window: FeatureProfile, stream: FeatureProfile | None, spec: Spec) -> bytes:
+    """The spec's dense features as histograms and its categoricals as top-k shares, window vs stream."""
     plt = _plt()
-    names = [n for n in DENSE_COLUMNS if n in window.columns] + [n for n in CATEGORICAL_COLUMNS if n in window.columns]
+    names = [f.name for f in (*spec.dense, *(f for f in spec.features if f.kind == "categorical")) if f.name in window.columns]
     cols = 4
     rows = max(1, int(np.ceil(len(names) / cols)))
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-    edges = np.linspace(0.0, 1.0, 41)
     for ax, name in zip(axes.flat, names):
         w = window.columns[name]
         s = stream.columns.get(name) if stream else None
         if w.kind == "numeric":
+            # the feature's stored range (clip / scale), else what the window holds
+            lo, hi = spec.feature(name).dense_range() or (w.min or 0.0, w.max or 0.0)
+            edges = np.linspace(lo, hi if hi > lo else lo + 1.0, 41)
             centers = (edges[:-1] + edges[1:]) / 2
             ax.step(centers, _density(w, edges), where="mid", label="Iceberg window")
             if s is not None and s.kind == "numeric":

@@ -5,7 +5,9 @@ window, and the trainer's profile of what it read from Kafka (`profile_table`) c
 column by column. Counts, null counts, min/max, mean and variance (Chan's parallel update),
 sequence-length histograms and CTR per hour merge exactly; the quantile sketch (`LogHistogram`)
 and distinct-count sketch (`HyperLogLog`) merge to exactly the sketch of the union; top-k
-categories are exact while a column has at most `TopK.capacity` distinct values.
+categories are exact while a column has at most `TopK.capacity` distinct values. How a column
+is profiled follows its feature's kind in the spec (`column_kinds`: dense numbers, hashed
+categoricals, ids, list lengths).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pyarrow.compute as pc
 from slipstream.quality.column_kernels import distinct_values, float_min_max, list_length_counts, numpy_chunks, small_int_counts, value_counts
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
-from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, ID_COLUMNS, LABEL_COLUMN, SEQUENCE_COLUMN
+from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, Spec
 
 PROFILE_VERSION = 1
 US_PER_HOUR = 3_600_000_000
@@ -51,15 +53,23 @@ def run_parallel(jobs: list[Callable[[], Any]], parallel: bool = True, threads: 
         return [f.result() for f in [pool.submit(job) for job in jobs]]
 
 
+FEATURE_KINDS = {"dense": "numeric", "categorical": "categorical", "id": "id", "list": "sequence", "sequence": "sequence"}
+"""A spec feature's kind -> how its column is profiled (lists and sequences by their lengths)."""
+RESERVED_KINDS = {SAMPLE_ID: "key", EVENT_TIME: "time", LABEL: "numeric"}
+"""The columns every spec has; the label is numeric, so its mean is the CTR."""
+
+
+def column_kinds(spec: Spec) -> dict[str, str]:
+    """How each sample column of `spec` is profiled, from its feature's kind."""
+    return {**RESERVED_KINDS, **{f.name: FEATURE_KINDS[f.kind] for f in spec.features}}
+
+
 def column_kind(name: str, dtype: pa.DataType) -> str:
-    """How a column is profiled: by its role in the sample schema, else by its Arrow type."""
-    if name in DENSE_COLUMNS or name == LABEL_COLUMN:
-        return "numeric"
-    if name in CATEGORICAL_COLUMNS:
-        return "categorical"
-    if name in ID_COLUMNS:
-        return "id"
-    if name == SEQUENCE_COLUMN or pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+    """How a column outside the spec's kinds is profiled: the columns every spec has by name, any
+    other by its Arrow type."""
+    if name in RESERVED_KINDS:
+        return RESERVED_KINDS[name]
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
         return "sequence"
     if pa.types.is_timestamp(dtype):
         return "time"
@@ -292,6 +302,14 @@ class FeatureProfile:
     columns: dict[str, ColumnProfile] = field(default_factory=dict)
     ctr_by_hour: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Hour (µs since epoch // 3600e6) -> (rows, clicks), when event_time and label are present."""
+    kinds: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Column -> kind for columns not profiled yet (`column_kinds(spec)`); a column it does not
+    name is profiled by its Arrow type. Not stored: a stored column keeps the kind it was made with."""
+
+    @classmethod
+    def for_spec(cls, spec: Spec) -> "FeatureProfile":
+        """An empty profile whose columns take their kinds from the spec's features."""
+        return cls(kinds=column_kinds(spec))
 
     def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
         """Add a batch of rows (in place) and return self."""
@@ -308,10 +326,11 @@ class FeatureProfile:
             col = batch.column(name)
             prof = self.columns.get(name)
             if prof is None:
-                prof = self.columns[name] = ColumnProfile.empty(column_kind(name, col.type))
+                kind = self.kinds.get(name) or column_kind(name, col.type)
+                prof = self.columns[name] = ColumnProfile.empty(kind)
             jobs.append(functools.partial(prof.update, col))
-        if "event_time" in batch.schema.names and LABEL_COLUMN in batch.schema.names and batch.num_rows:
-            jobs.append(functools.partial(self._add_ctr, batch.column("event_time"), batch.column(LABEL_COLUMN)))
+        if EVENT_TIME in batch.schema.names and LABEL in batch.schema.names and batch.num_rows:
+            jobs.append(functools.partial(self._add_ctr, batch.column(EVENT_TIME), batch.column(LABEL)))
         return jobs
 
     def _add_ctr(self, ts: Any, label: Any) -> None:
@@ -357,11 +376,11 @@ class FeatureProfile:
         for h, (n, k) in other.ctr_by_hour.items():
             a, b = ctr.get(h, (0, 0))
             ctr[h] = (a + n, b + k)
-        return FeatureProfile(self.rows + other.rows, cols, ctr)
+        return FeatureProfile(self.rows + other.rows, cols, ctr, {**other.kinds, **self.kinds})
 
     @property
     def ctr(self) -> float:
-        lab = self.columns.get(LABEL_COLUMN)
+        lab = self.columns.get(LABEL)
         return lab.mean if lab is not None and lab.count else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
@@ -405,13 +424,13 @@ class FeatureProfile:
         return cls.from_json(Path(path).read_text())
 
 
-def profile_table(table: pa.Table | pa.RecordBatch) -> FeatureProfile:
-    """Profile a table of samples (any subset of the sample columns)."""
-    return FeatureProfile().update(table)
+def profile_table(table: pa.Table | pa.RecordBatch, spec: Spec) -> FeatureProfile:
+    """Profile a table of `spec`'s samples (any subset of its columns)."""
+    return FeatureProfile.for_spec(spec).update(table)
 
 
-def profile_batches(batches: Iterable[pa.RecordBatch | pa.Table]) -> FeatureProfile:
-    prof = FeatureProfile()
+def profile_batches(batches: Iterable[pa.RecordBatch | pa.Table], spec: Spec) -> FeatureProfile:
+    prof = FeatureProfile.for_spec(spec)
     for b in batches:
         prof.update(b)
     return prof

@@ -26,13 +26,14 @@ from slipstream.errors import ConfigError
 from slipstream.lake.iceberg import get_catalog
 from slipstream.quality import plots
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
-from slipstream.quality.drift import FeatureShift, compare_profiles
+from slipstream.quality.drift import FeatureShift, compare_profiles, drift_features
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
 from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.pipeline.runlayout import run_dir as run_folder_of
 from slipstream.pipeline.runplan import RunPlan, plan_path, read_plan
+from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 from slipstream.stream.kafka import KafkaAccess
 from slipstream.templating import render
@@ -105,7 +106,8 @@ class _Window:
 
     def __init__(self, settings: Settings, metrics: dict[str, Any], plan: RunPlan | None) -> None:
         settings = run_settings(settings, metrics)
-        # the run's plan.json when it has one (its window and files); else what metrics.json says
+        # the run's plan.json when it has one (its window, files and spec); else what metrics.json says
+        self.spec: Spec = plan.spec if plan else load_spec(settings.spec)
         self.snapshot_id = plan.snapshot_id if plan else int(metrics["snapshot_id"])
         self.start = plan.window_start if plan else datetime.fromisoformat(metrics["window_start"]).astimezone(timezone.utc)
         self.end = plan.t_handoff if plan else datetime.fromisoformat(metrics["t_handoff"]).astimezone(timezone.utc)
@@ -118,23 +120,31 @@ class _Window:
         keys = keys.filter(inside)
         self.ids, self.times = keys.column("sample_id").combine_chunks(), keys.column("event_time").combine_chunks()
         days = _days(self.start, self.end)
-        stored = read_profiles(catalog, settings.namespace, days[0] - timedelta(days=7), days[-1] + timedelta(days=1))
+        self.history_days = self.spec.quality.history_days
+        stored = read_profiles(catalog, settings.namespace, days[0] - timedelta(days=self.history_days), days[-1] + timedelta(days=1))
         self.profiled_here: list[date] = []
         for d in days:
             if d not in stored:
                 lo, hi = day_bounds(d)
-                stored[d] = profile_table(read_interval(table, self.snapshot_id, max(lo, self.start), min(hi, self.end)))
+                stored[d] = profile_table(read_interval(table, self.snapshot_id, max(lo, self.start), min(hi, self.end),
+                                                         self.spec.sample_columns), self.spec)
                 self.profiled_here.append(d)
         self.day_profiles = dict(sorted(stored.items()))
         self.days = days
+        # days without rows: preprocessing skips a day without raw events
+        self.empty_days = [d for d in days if not self.day_profiles[d].rows]
+        self.profiled_here = [d for d in self.profiled_here if d not in self.empty_days]
         self.profile = merge_profiles(self.day_profiles[d] for d in days)
 
     def drift_series(self) -> dict[date, list[FeatureShift]]:
+        """Each day with rows against the merged profiles of its trailing days with rows."""
         out = {}
         for d in self.days:
-            before = [p for k, p in self.day_profiles.items() if d - timedelta(days=7) <= k < d]
+            if not self.day_profiles[d].rows:
+                continue
+            before = [p for k, p in self.day_profiles.items() if d - timedelta(days=self.history_days) <= k < d and p.rows]
             if before:
-                out[d] = compare_profiles(merge_profiles(before), self.day_profiles[d])
+                out[d] = compare_profiles(merge_profiles(before), self.day_profiles[d], self.spec)
         return out
 
 
@@ -332,14 +342,21 @@ def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | N
     if window is None:
         doc.p("Iceberg window unknown: no distributions.", "muted")
     else:
-        doc.p(f"{window.profile.rows:,} window rows over {len(window.days)} days"
+        doc.p(f"{window.profile.rows:,} window rows over {len(window.days)} days of the {window.spec.name} "
+              f"spec's {len(window.spec.features)} features"
               + (f" (profiled now: {', '.join(map(str, window.profiled_here))})" if window.profiled_here else ""), "muted")
-        doc.img(plots.distributions(window.profile, stream), "feature distributions")
+        if window.empty_days:
+            doc.p("days without data: " + ", ".join(map(str, window.empty_days))
+                  + " (no raw events: skipped by preprocessing, the window trained without them)", "bad")
+        doc.img(plots.distributions(window.profile, stream, window.spec), "feature distributions")
     doc.end()
 
     doc.h2("Drift over days", "drift")
     series = window.drift_series() if window else {}
-    if series:
+    if series and window is not None:
+        features = sorted({s.feature for v in series.values() for s in v}, key=list(drift_features(window.spec)).index)
+        doc.p(f"Each day with data against its trailing {window.history_days} days, per feature of the "
+              f"{window.spec.name} spec: {', '.join(features)}.", "muted")
         doc.img(plots.drift_over_days(series), "drift over days")
         worst = [(str(d), s.feature, s.method, f"{s.score:.3f}") for d, v in series.items() for s in v if s.drifted]
         doc.table(worst or [("—", "no feature over its threshold", "", "")], ("day", "feature", "method", "score"))
@@ -361,7 +378,7 @@ def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | N
     elif window is None:
         doc.p("Iceberg window unknown: cannot compare with the stream.", "muted")
     else:
-        shifts = compare_profiles(window.profile, stream)
+        shifts = compare_profiles(window.profile, stream, window.spec)
         doc.img(plots.skew_bars(shifts), "batch-vs-stream skew")
         doc.table([(s.feature, s.method, f"{s.score:.4f}", s.threshold, _num(s.mean_a), _num(s.mean_b),
                     f"{s.null_rate_a:.3%}", f"{s.null_rate_b:.3%}", "SKEW" if s.drifted else "ok") for s in shifts],

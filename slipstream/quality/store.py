@@ -13,11 +13,12 @@ these tables at an old snapshot).
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from datetime import date, datetime, timedelta, timezone
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -30,6 +31,7 @@ from pyiceberg.types import BooleanType, DateType, LongType, NestedField, String
 from slipstream.lake.iceberg import ensure_table
 from slipstream.quality.profiles import FeatureProfile
 from slipstream.quality.suites import CheckResult
+from slipstream.samples.spec import LABEL
 
 log = logging.getLogger(__name__)
 
@@ -158,15 +160,25 @@ def _quiet_first_write() -> Iterator[None]:
 
 def read_profiles(catalog: Catalog, namespace: str, start: date, end: date) -> dict[date, FeatureProfile]:
     """Stored profiles of the days in [start, end), by day."""
+    return {d: FeatureProfile.from_dict(doc) for d, doc in read_profile_docs(catalog, namespace, start, end).items()}
+
+
+def read_profile_docs(catalog: Catalog, namespace: str, start: date, end: date) -> dict[date, dict[str, Any]]:
+    """Stored profiles of the days in [start, end) as their JSON documents, by day: what a caller
+    that needs a number or two of each day (`label_rate`) reads without building every sketch."""
     table = profiles_table(catalog, namespace)
     rows = table.scan(
         row_filter=And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat())),
         selected_fields=("day", "profile"),
     ).to_arrow()
-    out: dict[date, FeatureProfile] = {}
-    for d, text in zip(rows.column("day").to_pylist(), rows.column("profile").to_pylist()):
-        out[d] = FeatureProfile.from_json(text)
+    out = {d: json.loads(text) for d, text in zip(rows.column("day").to_pylist(), rows.column("profile").to_pylist())}
     return dict(sorted(out.items()))
+
+
+def label_rate(doc: dict[str, Any]) -> float:
+    """The label rate (CTR) of a stored profile document; NaN without labelled rows."""
+    lab = doc.get("columns", {}).get(LABEL)
+    return float(lab["mean"]) if lab and lab.get("count") else float("nan")
 
 
 def read_results(catalog: Catalog, namespace: str, run_id: str | None = None) -> pa.Table:

@@ -1,6 +1,10 @@
-"""The quality suite, defined in code, and its validation with Great Expectations 1.x.
+"""The quality suite, derived from the feature spec, and its validation with Great Expectations 1.x.
 
-Each `Check` bounds one aggregate from `metrics` (a null count, a range end, the CTR, a drift
+`build_checks` makes an expectation per feature by its kind (dense: finite and inside its
+clip / scale range; integer ids: non-negative; categoricals: a sane distinct count; sequences:
+at most `length` values and not mostly empty), plus the checks every data set has (schema, nulls,
+binary label, unique ids, event times inside the interval, CTR and rows within the data set's
+bounds, drift per feature). Each `Check` bounds one aggregate from `metrics` (a null count, a range end, the CTR, a drift
 score...). The suite holds one `ExpectColumnMinToBeBetween` per check over a one-row pandas frame
 of aggregates: GX validates in milliseconds however large the day is (GX evaluating row-level
 expectations itself is what makes it take minutes on tens of millions of rows), and its
@@ -17,11 +21,14 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
+
+from slipstream.quality.bounds import GateBounds
 from slipstream.quality.config import GateConfig
 from slipstream.quality.metrics import Aggregates
-from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_FEATURES, HIST_LEN, SAMPLE_COLUMNS
+from slipstream.samples.spec import FeatureSpec, Spec
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,9 @@ class Check:
     max_value: float | None
     severity: str
     description: str
+    bounds_from: str = ""
+    """Where the bounds come from when they are the data set's (`spec`, `learned from N days`,
+    `param gate_ctr_max`): shown with the expected value."""
 
 
 @dataclass(frozen=True)
@@ -53,56 +63,97 @@ class CheckResult:
         return f"{self.name} [{self.severity}]: observed {self.observed}, expected {self.expected}"
 
 
-def build_checks(config: GateConfig, metrics: dict[str, float]) -> list[Check]:
-    """The suite: every check whose metric could be computed (others are reported as missing)."""
-    sev = config.severity_of
+def build_checks(config: GateConfig, metrics: dict[str, float], spec: Spec, bounds: GateBounds) -> list[Check]:
+    """The suite of `spec`'s samples: an expectation per feature by its kind, plus the checks every
+    data set has; every check whose metric could be computed (others are reported as missing)."""
+    sev = functools.partial(config.severity_of, data_set=spec.quality.severity)
     checks: list[Check] = [
-        Check("schema", "schema_mismatches", 0, 0, sev("schema"), "columns and types match the sample schema"),
+        Check("schema", "schema_mismatches", 0, 0, sev("schema"), f"columns and types match the {spec.name} spec's samples"),
         Check("rows.nonempty", "row_count", 1, None, sev("rows.nonempty"),
               "the interval holds rows (none: was the day preprocessed and committed before this snapshot?)"),
     ]
+    if "empty_days" in metrics:
+        checks.append(Check("days.nonempty", "empty_days", 0, 0, sev("days.nonempty"),
+                            "every day of the window holds rows (a day without raw events is skipped by preprocessing)"))
     if metrics.get("row_count") == 0:
         return checks  # nothing else can be measured on no rows; one clear failure says so
-    for name in SAMPLE_COLUMNS:
+    for name in spec.sample_columns:
         checks.append(Check(f"not_null.{name}", f"nulls.{name}", 0, 0, sev(f"not_null.{name}"), f"{name} is never null"))
-    for f in DENSE_FEATURES:
-        lo = f.lo / f.hi
-        checks.append(Check(f"finite.{f.name}", f"nonfinite.{f.name}", 0, 0, sev(f"finite.{f.name}"), f"{f.name} has no NaN/inf"))
-        checks.append(Check(f"range.min.{f.name}", f"min.{f.name}", lo, None, sev(f"range.min.{f.name}"), f"{f.name} >= {lo:g}"))
-        checks.append(Check(f"range.max.{f.name}", f"max.{f.name}", None, 1.0, sev(f"range.max.{f.name}"), f"{f.name} <= 1"))
-    for name in ("user_id", "item_id"):
-        checks.append(Check(f"range.min.{name}", f"min.{name}", 0, None, sev(f"range.min.{name}"), f"{name} >= 0"))
+    for f in spec.features:
+        checks += _feature_checks(f, spec, config, sev)
     checks += [
         Check("label.binary", "label_not_binary", 0, 0, sev("label.binary"), "label is 0 or 1"),
         Check("unique.sample_id", "duplicate_sample_ids", 0, 0, sev("unique.sample_id"), "sample_id is unique"),
         Check("event_time.in_interval", "events_outside_interval", 0, 0, sev("event_time.in_interval"),
               "every event_time lies inside the checked day/window"),
-        Check("row_count.vs_trailing_mean", "row_count_ratio", 1 - config.row_count_tolerance,
-              1 + config.row_count_tolerance, sev("row_count.vs_trailing_mean"),
-              f"rows within ±{config.row_count_tolerance:.0%} of the trailing {config.history_days}-day mean"),
-        Check("ctr", "ctr", config.ctr_min, config.ctr_max, sev("ctr"), "click-through rate within bounds"),
-        Check("sequence.max_length", "max_history_length", 0, HIST_LEN, sev("sequence.max_length"),
-              f"hist_items holds at most {HIST_LEN} ids"),
-        Check("sequence.empty_fraction", "empty_history_fraction", 0, config.max_empty_history_fraction,
-              sev("sequence.empty_fraction"), "most rows have some history"),
     ]
-    for name in CATEGORICAL_COLUMNS:
-        checks.append(Check(f"distinct.{name}", f"distinct.{name}", config.min_distinct,
-                            config.max_distinct.get(name), sev(f"distinct.{name}"), f"{name} cardinality is sane"))
+    q = spec.quality
+    for name, metric, bound, what in (
+        ("row_count.vs_trailing_mean", "row_count_ratio", bounds.row_count_ratio,
+         f"rows over the trailing {q.history_days}-day mean within bounds"),
+        ("ctr", "ctr", bounds.ctr, f"label rate ({spec.label.describe()}) within bounds"),
+    ):
+        if bound.lo is not None or bound.hi is not None:
+            checks.append(Check(name, metric, bound.lo, bound.hi, sev(name), what, bound.sources))
+    # as `drift.feature_shift` scores them: Jensen–Shannon of categories and list lengths, PSI of numbers
+    js_features = {f.name for f in spec.features if f.kind in ("categorical", "list", "sequence")}
     for metric in sorted(m for m in metrics if m.startswith("drift.")):
         feature = metric.split(".", 1)[1]
-        limit = config.js_threshold if feature in CATEGORICAL_COLUMNS or feature == "hist_items" else config.psi_threshold
-        kind = "Jensen–Shannon" if limit == config.js_threshold else "PSI"
+        js = feature in js_features
+        limit = config.js_threshold if js else config.psi_threshold
+        kind = "Jensen–Shannon" if js else "PSI"
         checks.append(Check(metric, metric, None, limit, sev(metric), f"{kind} of {feature} vs the trailing window"))
     return checks
 
 
+def _feature_checks(f: FeatureSpec, spec: Spec, config: GateConfig, sev: Callable[[str], str]) -> list[Check]:
+    """The expectations of one feature, by its kind."""
+    out: list[Check] = []
+    if f.kind == "dense":
+        out.append(Check(f"finite.{f.name}", f"nonfinite.{f.name}", 0, 0, sev(f"finite.{f.name}"), f"{f.name} has no NaN/inf"))
+        rng = f.dense_range()
+        if rng is not None:
+            # stored as float32: rounding is monotonic, so the float32 of a bound bounds the stored values
+            lo, hi = (float(np.float32(x)) for x in rng)
+            out.append(Check(f"range.min.{f.name}", f"min.{f.name}", lo, None, sev(f"range.min.{f.name}"), f"{f.name} >= {lo:g} (clip / scale)"))
+            out.append(Check(f"range.max.{f.name}", f"max.{f.name}", None, hi, sev(f"range.max.{f.name}"), f"{f.name} <= {hi:g} (clip / scale)"))
+    elif f.kind == "id" and integer_ids(spec, f):
+        out.append(Check(f"range.min.{f.name}", f"min.{f.name}", 0, None, sev(f"range.min.{f.name}"), f"{f.name} >= 0"))
+    elif f.kind == "categorical":
+        most = max_distinct(spec, f)
+        why = "quality.max_distinct" if f.name in spec.quality.max_distinct else "its buckets"
+        out.append(Check(f"distinct.{f.name}", f"distinct.{f.name}", config.min_distinct, most, sev(f"distinct.{f.name}"),
+                         f"{f.name} cardinality is sane" + (f" (at most {most:,}: {why})" if most else "")))
+    elif f.kind == "sequence":
+        out.append(Check(f"sequence.max_length.{f.name}", f"max_length.{f.name}", 0, f.length, sev(f"sequence.max_length.{f.name}"),
+                         f"{f.name} holds at most {f.length} values"))
+        out.append(Check(f"sequence.empty_fraction.{f.name}", f"empty_fraction.{f.name}", 0, config.max_empty_history_fraction,
+                         sev(f"sequence.empty_fraction.{f.name}"), f"most rows have some {f.name}"))
+    return out
+
+
+def integer_ids(spec: Spec, f: FeatureSpec) -> bool:
+    """Whether an id feature keeps its raw integer ids (string ids are hashed)."""
+    src = spec.events if f.table is None else spec.source(f.table)
+    return src.field(f.column).type in ("long", "int")
+
+
+def max_distinct(spec: Spec, f: FeatureSpec) -> int | None:
+    """A categorical's most distinct values a day may have: `quality.max_distinct.<feature>`, else
+    its embedding table's rows (more values than rows: collisions)."""
+    if f.name in spec.quality.max_distinct:
+        return int(spec.quality.max_distinct[f.name])
+    return spec.feature(spec.table_of(f)).buckets
+
+
 def _expected(c: Check) -> str:
     if c.min_value is not None and c.max_value is not None:
-        return f"== {c.min_value:g}" if c.min_value == c.max_value else f"in [{c.min_value:g}, {c.max_value:g}]"
-    if c.min_value is not None:
-        return f">= {c.min_value:g}"
-    return f"<= {c.max_value:g}"
+        text = f"== {c.min_value:g}" if c.min_value == c.max_value else f"in [{c.min_value:g}, {c.max_value:g}]"
+    elif c.min_value is not None:
+        text = f">= {c.min_value:g}"
+    else:
+        text = f"<= {c.max_value:g}"
+    return f"{text} ({c.bounds_from})" if c.bounds_from else text
 
 
 def _fmt(value: Any) -> str:

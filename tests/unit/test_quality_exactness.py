@@ -16,6 +16,7 @@ from slipstream.quality.hashing import hash_column, hash_strings
 from slipstream.quality.metrics import duplicate_ids
 from slipstream.quality.profiles import US_PER_HOUR, profile_table
 from slipstream.quality.sketches import HyperLogLog, LogHistogram
+from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 
 
 def _boundary_values(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -87,7 +88,7 @@ def test_profiling_leaves_the_table_unchanged() -> None:
     for col in (pa.chunked_array(parts), pa.chunked_array(parts[:1]), parts[0]):
         table = pa.table({"price_log": col, "label": pa.array(rng.integers(0, 2, len(col)), pa.int32())})
         before = [c.to_pylist() for c in table.columns]
-        profile_table(table)
+        profile_table(table, SPEC)
         assert [c.to_pylist() for c in table.columns] == before
 
 
@@ -95,7 +96,7 @@ def test_numeric_profile_min_max_keep_arrows_answer() -> None:
     # min/max come from numpy; Arrow's order-dependent sign of a zero min or max stays
     for values in ([0.0, -0.0, 0.5], [-0.0, 0.0, 0.5], [-0.0, 0.25], [0.75, 0.25]):
         arr = pa.array(values, pa.float32())
-        col = profile_table(pa.table({"price_log": arr})).columns["price_log"]
+        col = profile_table(pa.table({"price_log": arr}), SPEC).columns["price_log"]
         mm = pc.min_max(arr).as_py()
         assert (str(col.min), str(col.max)) == (str(float(mm["min"])), str(float(mm["max"])))
 
@@ -136,7 +137,7 @@ def test_distinct_ids_and_category_counts_match_arrow() -> None:
         "device_hash": pa.array(rng.choice([7 << 56, 3, 2**59 + 5, 11], n), pa.int64()),
         "category_hash": pa.array(rng.integers(0, 2**60, 400)[rng.integers(0, 400, n)], pa.int64()),
     })
-    prof = profile_table(table)
+    prof = profile_table(table, SPEC)
     for name in table.column_names:
         col = table.column(name)
         expected = HyperLogLog()
@@ -162,14 +163,14 @@ def test_ctr_by_hour_counts_rows_and_clicks() -> None:
     for labels in (lab, np.where(np.arange(40_000) == 5, 2, lab).astype(np.int32)):  # 0/1, and a bad label
         hours = us // US_PER_HOUR
         want = {int(h): (int((hours == h).sum()), int(labels[hours == h].sum())) for h in np.unique(hours)}
-        prof = profile_table(pa.table({"event_time": ts, "label": pa.array(labels)}))
+        prof = profile_table(pa.table({"event_time": ts, "label": pa.array(labels)}), SPEC)
         assert prof.ctr_by_hour == want
         # columns chunked at different rows (as concatenated reads can be)
         chunked = pa.table({
             "event_time": pa.chunked_array([ts.slice(0, 1_000), ts.slice(1_000, 30_000), ts.slice(31_000)]),
             "label": pa.chunked_array([pa.array(labels[:25_000]), pa.array(labels[25_000:])]),
         })
-        assert profile_table(chunked).ctr_by_hour == want
+        assert profile_table(chunked, SPEC).ctr_by_hour == want
 
 
 @pytest.mark.parametrize("distinct", [1, 12, 3_000, 40_000])

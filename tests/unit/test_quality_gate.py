@@ -18,6 +18,7 @@ from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.profiles import profile_table
 from slipstream.quality.store import read_profiles, read_results, write_profile
+from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, replace_column
 
@@ -39,7 +40,7 @@ def _setup(settings: Settings, last: pa.Table | None = None, with_profiles: bool
         for k, t in days.items():
             if k != key:
                 d = datetime.fromisoformat(k).date()
-                write_profile(catalog, settings.namespace, day=d, snapshot_id=snap, run_id="seed", profile=profile_table(t))
+                write_profile(catalog, settings.namespace, day=d, snapshot_id=snap, run_id="seed", profile=profile_table(t, SPEC))
     return snap
 
 
@@ -83,7 +84,7 @@ FAULTS: list[tuple[str, Callable[[pa.Table], pa.Table], str, str]] = [
 
 def test_good_day_passes_and_persists(settings: Settings) -> None:
     snap = _setup(settings)
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good")  # default: with GX Data Docs
+    res = run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="run-good")  # default: with GX Data Docs
     assert res.passed and res.warnings == []
     assert res.rows == 4000
     names = {r.name for r in res.results}
@@ -103,7 +104,7 @@ def test_good_day_passes_and_persists(settings: Settings) -> None:
     prof = read_profiles(catalog, settings.namespace, LAST, LAST + timedelta(days=1))
     assert prof[LAST].rows == 4000
     # idempotent: re-running replaces rather than appends
-    run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-good", config=FAST)
+    run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="run-good", config=FAST)
     assert read_results(catalog, settings.namespace, "run-good").num_rows == len(res.results)
 
 
@@ -113,7 +114,7 @@ def test_planted_fault_fails_naming_expectation_and_value(
 ) -> None:
     snap = _setup(settings, plant(_last()))
     with pytest.raises(QualityGateFailed) as exc:
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id=f"run-{fault}", config=FAST)
+        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id=f"run-{fault}", config=FAST)
     msg = str(exc.value)
     line = next((ln for ln in msg.splitlines() if ln.strip().startswith(expectation + " ")), None)
     assert line is not None, msg
@@ -138,12 +139,12 @@ def test_event_time_outside_day_is_caught(settings: Settings) -> None:
     ts[0] += 86_400_000_000
     pq.write_table(replace_column(data, "event_time", pa.array(ts, pa.timestamp("us", tz="UTC"))), path)
     with pytest.raises(QualityGateFailed, match=r"event_time.in_interval \[critical\]: observed 1 "):
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="run-late", config=FAST)
+        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="run-late", config=FAST)
 
 
 def test_ctr_bound_as_warning_lets_training_go_on(settings: Settings) -> None:
     snap = _setup(settings, _ctr_collapse(_last()))
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"ctr": "warning"}, data_docs=False))
+    res = run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"ctr": "warning"}, data_docs=False))
     assert res.passed
     assert [w.name for w in res.warnings] == ["ctr"]
     assert res.warnings[0].observed == "0"
@@ -156,7 +157,7 @@ def _drifted(t: pa.Table) -> pa.Table:
 
 def test_drifted_feature_warns(settings: Settings) -> None:
     snap = _setup(settings, _drifted(_last()), with_profiles=True)
-    res = run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=FAST)
+    res = run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r", config=FAST)
     assert res.passed
     assert [w.name for w in res.warnings] == ["drift.price_log"]
     shift = next(s for s in res.drift if s.feature == "price_log")
@@ -167,36 +168,36 @@ def test_drifted_feature_warns(settings: Settings) -> None:
 def test_drift_configured_critical_fails(settings: Settings) -> None:
     snap = _setup(settings, _drifted(_last()), with_profiles=True)
     with pytest.raises(QualityGateFailed, match=r"drift.price_log \[critical\]: observed \d"):
-        run_gate(settings, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"drift.": "critical"}, data_docs=False))
+        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"drift.": "critical"}, data_docs=False))
 
 
 def test_window_mode_and_snapshot_pinning(settings: Settings) -> None:
     snap = _setup(settings)
     start = datetime(day_of(1).year, day_of(1).month, day_of(1).day, tzinfo=timezone.utc)
     window = (start, start + timedelta(days=DAYS - 1))
-    res = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
+    res = run_gate(settings, spec=SPEC, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
     assert res.passed and res.rows == 4000 * (DAYS - 1)
     assert res.scope.startswith("window:")
     # a bad commit after the pin does not change what the pinned gate sees
     from slipstream.lake.iceberg import samples_table
 
     samples_table(get_catalog(settings), settings.namespace).append(_duplicates(_last()).slice(4000))
-    again = run_gate(settings, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
+    again = run_gate(settings, spec=SPEC, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
     assert again.passed and again.rows == res.rows
 
 
 def test_bad_arguments_are_named(settings: Settings) -> None:
     snap = _setup(settings)
     with pytest.raises(ConfigError, match="exactly one of day"):
-        run_gate(settings, day=LAST, window=(datetime.now(timezone.utc),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
+        run_gate(settings, spec=SPEC, day=LAST, window=(datetime.now(timezone.utc),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="snapshot 123 does not exist"):
-        run_gate(settings, day=LAST, window=None, snapshot_id=123, run_id="x", config=FAST)
+        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=123, run_id="x", config=FAST)
 
 
 def test_empty_day_fails_with_one_clear_expectation(settings: Settings) -> None:
     snap = _setup(settings)
     with pytest.raises(QualityGateFailed) as exc:
-        run_gate(settings, day=day_of(DAYS + 3), window=None, snapshot_id=snap, run_id="empty", config=FAST)
+        run_gate(settings, spec=SPEC, day=day_of(DAYS + 3), window=None, snapshot_id=snap, run_id="empty", config=FAST)
     assert "1 critical expectation(s) failed" in str(exc.value)
     assert "rows.nonempty [critical]: observed 0" in str(exc.value)
 
@@ -205,10 +206,10 @@ def test_schema_problems_name_column_and_types() -> None:
     from slipstream.quality.metrics import schema_problems
     from slipstream.samples.schema import ARROW_SCHEMA
 
-    assert schema_problems(ARROW_SCHEMA) == []
+    assert schema_problems(ARROW_SCHEMA, SPEC) == []
     bad = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("label"))
     bad = bad.set(bad.get_field_index("price_log"), pa.field("price_log", pa.float64()))
-    assert schema_problems(bad) == ["price_log: double (expected float)", "label: missing"]
+    assert schema_problems(bad, SPEC) == ["price_log: double (expected float)", "label: missing"]
 
 
 def test_aggregates_from_profile_match_row_level_counts() -> None:
@@ -219,7 +220,7 @@ def test_aggregates_from_profile_match_row_level_counts() -> None:
     start = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc)
     end = start + timedelta(days=1)
     good = _last()
-    agg = compute_aggregates(good, profile_table(good), start, end)
+    agg = compute_aggregates(good, profile_table(good, SPEC), start, end, SPEC)
     assert agg.values["label_not_binary"] == 0 and agg.values["events_outside_interval"] == 0
 
     lab = good.column("label").to_numpy().copy()
@@ -229,6 +230,6 @@ def test_aggregates_from_profile_match_row_level_counts() -> None:
     ts[6] = int((end - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000  # end is exclusive
     bad = replace_column(replace_column(good, "label", pa.array(lab, pa.int32())), "event_time",
                          pa.array(ts, pa.timestamp("us", tz="UTC")))
-    agg = compute_aggregates(bad, profile_table(bad), start, end)
+    agg = compute_aggregates(bad, profile_table(bad, SPEC), start, end, SPEC)
     assert agg.values["label_not_binary"] == 3
     assert agg.values["events_outside_interval"] == 2

@@ -13,6 +13,7 @@ from slipstream.quality.drift import compare_profiles, js_divergence, psi
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.sketches import HyperLogLog, LogHistogram
 from slipstream.quality.hashing import hash_numbers
+from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from tests.quality_fixtures import reference_days, replace_column
 
 
@@ -29,8 +30,8 @@ def _days() -> list[pa.Table]:
 
 def test_merged_profiles_equal_profile_of_union() -> None:
     days = _days()
-    merged = merge_profiles(profile_table(t) for t in days)
-    union = profile_table(pa.concat_tables(days))
+    merged = merge_profiles(profile_table(t, SPEC) for t in days)
+    union = profile_table(pa.concat_tables(days), SPEC)
     assert merged.rows == union.rows == sum(t.num_rows for t in days)
     assert merged.ctr_by_hour == union.ctr_by_hour
     for name, u in union.columns.items():
@@ -52,7 +53,7 @@ def test_merged_profiles_equal_profile_of_union() -> None:
 def test_moments_quantiles_and_distinct_match_the_data() -> None:
     days = _days()
     union = pa.concat_tables(days)
-    prof = merge_profiles(profile_table(t) for t in days)
+    prof = merge_profiles(profile_table(t, SPEC) for t in days)
     x = union.column("item_age_log").to_numpy().astype(np.float64)
     col = prof.columns["item_age_log"]
     assert col.mean == pytest.approx(x.mean(), rel=1e-9)
@@ -75,7 +76,7 @@ def test_moments_quantiles_and_distinct_match_the_data() -> None:
 
 
 def test_profile_round_trips_through_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    prof = profile_table(_days()[1])
+    prof = profile_table(_days()[1], SPEC)
     path = prof.write(tmp_path / "p.json")
     back = FeatureProfile.read(path)
     assert back.to_dict() == json.loads(prof.to_json())
@@ -111,17 +112,17 @@ def test_psi_and_js_detect_shift_not_noise() -> None:
     assert js_divergence({"x": 50, "y": 50}, {"x": 51, "y": 49}) < 0.001
     assert js_divergence({"x": 100}, {"y": 100}) == pytest.approx(1.0)
     days = _days()
-    shifts = {s.feature: s for s in compare_profiles(profile_table(days[0]), profile_table(days[2]))}
+    shifts = {s.feature: s for s in compare_profiles(profile_table(days[0], SPEC), profile_table(days[2], SPEC), SPEC)}
     assert not any(s.drifted for s in shifts.values())
 
 
 def test_incremental_updates_equal_one_profile() -> None:
     """The trainer profiles Kafka batches as they arrive; the result must not depend on batching."""
     t = _days()[1]
-    inc = FeatureProfile()
+    inc = FeatureProfile.for_spec(SPEC)
     for b in t.to_batches(max_chunksize=700):
         inc.update(b)
-    whole = profile_table(t)
+    whole = profile_table(t, SPEC)
     for name, w in whole.columns.items():
         i = inc.columns[name]
         assert (i.rows, i.nulls, i.count, i.min, i.max, i.lengths) == (w.rows, w.nulls, w.count, w.min, w.max, w.lengths)
@@ -137,7 +138,7 @@ def test_threaded_profile_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None
     from slipstream.quality import profiles
 
     t = pa.concat_tables(_days())
-    serial = profile_table(t).to_dict()
+    serial = profile_table(t, SPEC).to_dict()
     monkeypatch.setattr(profiles, "PROFILE_THREADS", 2)
     monkeypatch.setattr(profiles, "PARALLEL_MIN_ROWS", 1)
-    assert profile_table(t).to_dict() == serial
+    assert profile_table(t, SPEC).to_dict() == serial

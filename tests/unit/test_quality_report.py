@@ -14,6 +14,7 @@ from slipstream.lake.iceberg import get_catalog
 from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.report import render_report
+from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, write_fake_run
 
@@ -41,7 +42,7 @@ def _sections(text: str) -> set[str]:
 def test_full_report_has_plots_and_clean_audit(settings: Settings) -> None:
     snap, window = _setup(settings)
     for i in range(DAYS - 1):  # the pipeline gates (and profiles) each day after preprocessing
-        run_gate(settings, day=day_of(i), window=None, snapshot_id=snap, run_id="run-1", config=FAST)
+        run_gate(settings, spec=SPEC, day=day_of(i), window=None, snapshot_id=snap, run_id="run-1", config=FAST)
     stream = reference_days()[str(day_of(DAYS - 1))]
     write_fake_run(Path(settings.runs_dir), "run-1", window, snapshot_id=snap, t_handoff=_t_handoff(), stream=stream)
     path = render_report(settings, "run-1")
