@@ -28,9 +28,9 @@ from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
 WHOLE_READ_MAX = 8 << 20
-RANGED_MIN = 16 << 20
-"""Objects this large are fetched as parallel ranges of RANGE bytes."""
-RANGE = 4 << 20
+RANGE = 8 << 20
+"""Default range size: larger objects are fetched as parallel ranged GETs of this many bytes
+(`SLIPSTREAM_CACHE_RANGE_BYTES`)."""
 Write = Callable[[memoryview], object]
 """Takes one chunk of a file's bytes (valid only during the call)."""
 
@@ -49,17 +49,18 @@ class Placed:
 
 
 def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str, str],
-                expected_size: int | None = None, *, tmp_prefix: str = "w-") -> Placed:
+                expected_size: int | None = None, *, tmp_prefix: str = "w-", range_bytes: int = RANGE) -> Placed:
     """Copy `remote` to `local` through a temporary file; raises CacheError on a mismatch.
-    `tmp_prefix` tells warmup copies (`w-`, cleared by the next warmup) from reader copies (`r-`)."""
+    `tmp_prefix` tells warmup copies (`w-`, cleared by the next warmup) from reader copies (`r-`).
+    An S3 object over `range_bytes` is fetched as parallel ranged GETs."""
     fs, inner = filesystem_for(remote, io_properties)
     tmp = tmp_dir / f"{tmp_prefix}{uuid.uuid4().hex}.part"
     try:
-        if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
+        if expected_size is not None and expected_size > range_bytes and isinstance(fs, pafs.S3FileSystem):
             if (getter := getter_for(io_properties)) is not None:
-                size, etag, checked = _copy_ranged_get(getter, inner, tmp, expected_size)
+                size, etag, checked = _copy_ranged_get(getter, inner, tmp, expected_size, range_bytes)
             else:
-                size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
+                size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size, range_bytes)
         else:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -119,10 +120,15 @@ def verify_copy(remote: str, size: int, expected_size: int | None, etag: str | N
         raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
 
 
+def md5_for(etag: str | None) -> Any:
+    """A hasher for a body whose ETag is checkable (an MD5), else None: no hashing."""
+    return hashlib.md5() if etag and etag_checkable(etag) else None
+
+
 def _copy_get(getter: Any, inner: str, write: Write) -> tuple[int, str | None, bool | None]:
     """One plain GET (no HEAD: its response carries the ETag) streamed into `write`; the MD5 is
     computed when the ETag can be checked, which the response says before the body."""
-    size, etag, md5 = getter.get(inner, write, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
+    size, etag, md5 = getter.get(inner, write, md5_for)
     checked = etag_matches(etag, md5) if etag and md5 is not None else None
     return size, etag, checked
 
@@ -151,7 +157,7 @@ def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: i
     return size, etag, (etag_matches(etag, md5) if etag and md5 is not None else None)
 
 
-def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
+def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int, range_bytes: int
                  ) -> tuple[int, str | None, bool | None]:
     """A large object as parallel ranged GETs written in place (one slow stream per file would cap
     a warmup of a few large files at single-connection speed). Such objects are multipart uploads
@@ -162,18 +168,19 @@ def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             def fetch(offset: int) -> int:
-                data = src.read_at(min(RANGE, size - offset), offset)
+                data = src.read_at(min(range_bytes, size - offset), offset)
                 return os.pwrite(fd, data, offset)
 
-            written = sum(_range_pool().map(fetch, range(0, size, RANGE)))
+            written = sum(_range_pool().map(fetch, range(0, size, range_bytes)))
         finally:
             os.close(fd)
     if written != size:
         raise CacheError(f"ranged copy of {inner} wrote {written} of {size} bytes; re-run the warmup")
-    return size, etag, _check_file(tmp, etag)
+    return size, etag, check_file(tmp, etag)
 
 
-def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int) -> tuple[int, str | None, bool | None]:
+def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int, range_bytes: int
+                     ) -> tuple[int, str | None, bool | None]:
     """`_copy_ranged` with the one-GET client: no HEAD first (the size is the table metadata's;
     each range's Content-Range confirms the object's), each range written from the receive buffer
     straight to its place in the file. Ranges from different versions of the object (their ETags
@@ -190,24 +197,32 @@ def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int) -> 
                     pos += n
                     chunk = chunk[n:]
 
-            return getter.get_range(inner, offset, min(RANGE, expected_size - offset), write)
+            return getter.get_range(inner, offset, min(range_bytes, expected_size - offset), write)
 
-        parts = list(_range_pool().map(fetch, range(0, expected_size, RANGE)))
+        parts = list(_range_pool().map(fetch, range(0, expected_size, range_bytes)))
     finally:
         os.close(fd)
+    size, etag = check_ranges(f"s3://{inner}", parts, expected_size)
+    return size, etag, check_file(tmp, etag)
+
+
+def check_ranges(remote: str, parts: list[tuple[int, int | None, str | None]], expected_size: int
+                 ) -> tuple[int, str | None]:
+    """The object's (size, ETag) from its ranges' (bytes, Content-Range total, ETag). Ranges of
+    different versions of the object (their ETags differ) or fewer bytes than the ranges
+    announced are refused; a size the store contradicts is returned for `verify_copy` to name."""
     etags = {etag for _, _, etag in parts}
     if len(etags) > 1:
-        raise CacheError(f"s3://{inner} changed during its copy (ETags {sorted(map(str, etags))}); re-run the warmup")
+        raise CacheError(f"{remote} changed during its copy (ETags {sorted(map(str, etags))}); re-run the warmup")
     totals = {total for _, total, _ in parts if total is not None}
     written = sum(n for n, _, _ in parts)
     size = max(totals) if totals else written  # a longer or shorter object fails the size check
     if totals == {expected_size} and written != expected_size:
-        raise CacheError(f"ranged copy of s3://{inner} wrote {written} of {expected_size} bytes; re-run the warmup")
-    etag = etags.pop()
-    return size, etag, _check_file(tmp, etag)
+        raise CacheError(f"ranged copy of {remote} wrote {written} of {expected_size} bytes; re-run the warmup")
+    return size, (etags.pop() if etags else None)
 
 
-def _check_file(path: Path, etag: str | None) -> bool | None:
+def check_file(path: Path, etag: str | None) -> bool | None:
     """Large objects are multipart uploads whose ETag cannot be checked without the part sizes;
     a single-part ETag is checked by reading the file back."""
     if not (etag and etag_checkable(etag)):

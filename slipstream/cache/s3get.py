@@ -23,7 +23,8 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-BUFFER = 1 << 20
+BUFFER = 256 << 10
+"""Receive buffer per thread (an auto-sized warmup may run a few hundred threads)."""
 
 _LOCK = threading.Lock()
 _GETTERS: dict[tuple[tuple[str, str], ...], "S3Getter | None"] = {}
@@ -132,6 +133,37 @@ class S3Getter:
         md5 = hasher_for(etag)
         size = self._stream(inner, resp, host, write, md5)
         return size, etag, md5
+
+    def get_into(self, inner: str, dest: memoryview, hasher_for: Callable[[str | None], Any]
+                 ) -> tuple[int, str | None, Any]:
+        """GET `bucket/key` straight into `dest` (no intermediate buffer: the packing path reads
+        each small file into its place in the block's buffer). Returns (the object's size, ETag,
+        hasher over the bytes read); a size over `len(dest)` is returned without reading the body
+        (the caller's size check then fails) and the connection is dropped."""
+        resp, host = self._request(inner, None)
+        etag = resp.getheader("ETag")
+        length = resp.length
+        if length is None or length > len(dest):
+            self._drop(host)
+            return (length if length is not None else len(dest) + 1), etag, None
+        try:
+            got = 0
+            if not length:
+                resp.read()  # completes the response, so the connection takes the next request
+            while got < length:
+                n = resp.readinto(dest[got:length])
+                if not n:
+                    raise OSError(f"GET s3://{inner}: the body ended after {got} of {length} bytes")
+                got += n
+            if resp.will_close:
+                self._drop(host)
+        except (OSError, http.client.HTTPException) as e:
+            self._drop(host)
+            raise e if isinstance(e, OSError) else OSError(f"GET s3://{inner}: {type(e).__name__}: {e}") from e
+        md5 = hasher_for(etag)
+        if md5 is not None:
+            md5.update(dest[:got])
+        return got, etag, md5
 
     def get_range(self, inner: str, start: int, length: int, write: Callable[[memoryview], object]
                   ) -> tuple[int, int | None, str | None]:

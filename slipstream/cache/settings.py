@@ -7,8 +7,12 @@ cache through this one object:
 |---|---|---|
 | `SLIPSTREAM_CACHE_DIR` | `dir` | cache root on this node (default `<SLIPSTREAM_HOME>/cache`) |
 | `SLIPSTREAM_CACHE_BUDGET_BYTES` | `budget_bytes` | size cap, e.g. `50GiB`, `200000000`; empty/0 = no cap |
-| `SLIPSTREAM_CACHE_CONCURRENCY` | `concurrency` | parallel copies during a warmup (default 16) |
-| `SLIPSTREAM_CACHE_PACK_BELOW` | `pack_below_bytes` | files smaller than this are packed into cache blocks (default `128KiB`; `0` = never) |
+| `SLIPSTREAM_CACHE_CONCURRENCY` | `warm.concurrency` | requests in flight during a warmup: `auto` (default: sized from the store's latency and the rate it serves) or a fixed number |
+| `SLIPSTREAM_CACHE_MAX_CONCURRENCY` | `warm.max_concurrency` | the most requests `auto` puts in flight (default 256) |
+| `SLIPSTREAM_CACHE_PACK_BELOW` | `warm.pack_below_bytes` | files smaller than this are packed into cache blocks (default `128KiB`; `0` = never) |
+| `SLIPSTREAM_CACHE_BLOCK_BYTES` | `warm.block_bytes` | size at which a block of packed files is sealed (default `16MiB`) |
+| `SLIPSTREAM_CACHE_RANGE_BYTES` | `warm.range_bytes` | files larger than this are fetched as parallel ranged GETs of this size (default `8MiB`) |
+| `SLIPSTREAM_CACHE_RETRY_S` | `warm.retry_s` | how long a file's transfer is retried through store errors (a restart) before it fails (default 120) |
 | `SLIPSTREAM_CACHE_LOCK_TIMEOUT_S` | `lock_timeout_s` | how long a warmup waits for another one on the same cache |
 | `SLIPSTREAM_CACHE_NODE_SELECTOR` | `node_selector` | `key=value[,key=value]` labels of the cache nodes (default `slipstream.io/cache=true`) |
 | `SLIPSTREAM_CACHE_VOLUME` | `volume` | `hostPath:/mnt/slipstream-cache` (default) or `pvc:CLAIM_NAME` |
@@ -83,15 +87,81 @@ class CacheVolume:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WarmKnobs:
+    """How a warmup moves bytes (see docs/cache.md, "Knobs", for the measured effect of each)."""
+
+    concurrency: int | None = None
+    """Requests in flight; None (`auto`) sizes it from the store's latency and the rate it serves
+    (Little's law: the rate times the round trip, plus AUTO_BASE), growing while that pays."""
+    max_concurrency: int = 256
+    """The most requests `auto` puts in flight (one thread and one connection each)."""
+    pack_below_bytes: int = 128 << 10
+    """Files smaller than this are packed into cache blocks (when a warmup has many); 0 = never."""
+    block_bytes: int = 16 << 20
+    """A block of packed files is sealed (renamed into place and committed) at this size."""
+    range_bytes: int = 8 << 20
+    """Files larger than this are fetched as parallel ranged GETs of this many bytes."""
+    retry_s: float = 120.0
+    """A file whose transfer fails with a store error (connection refused, reset, 5xx) is retried,
+    with backoff, for this long after its first failure: longer than a store's restart."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY must be auto or >= 1, got {self.concurrency}")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"SLIPSTREAM_CACHE_MAX_CONCURRENCY must be >= 1, got {self.max_concurrency}")
+        if self.block_bytes < 1:
+            raise ConfigError(f"SLIPSTREAM_CACHE_BLOCK_BYTES must be positive, got {self.block_bytes}")
+        if self.range_bytes < 1 << 16:
+            raise ConfigError(f"SLIPSTREAM_CACHE_RANGE_BYTES must be at least 64KiB, got {self.range_bytes}")
+        if self.retry_s < 0:
+            raise ConfigError(f"SLIPSTREAM_CACHE_RETRY_S must be >= 0 seconds, got {self.retry_s}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "WarmKnobs":
+        def get(name: str, default: str) -> str:
+            return env.get(f"SLIPSTREAM_CACHE_{name}") or default
+
+        def number(name: str, default: str, kind: type[int] | type[float] = int) -> float:
+            raw = get(name, default)
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ConfigError(f"SLIPSTREAM_CACHE_{name} must be a number, got {raw!r}") from None
+
+        concurrency = get("CONCURRENCY", "auto").strip().lower()
+
+        def size(name: str, default: str) -> int:
+            return parse_bytes(get(name, default), f"SLIPSTREAM_CACHE_{name}") or 0
+
+        return cls(
+            concurrency=None if concurrency == "auto" else int(number("CONCURRENCY", concurrency)),
+            max_concurrency=int(number("MAX_CONCURRENCY", "256")),
+            pack_below_bytes=size("PACK_BELOW", "128KiB"),
+            block_bytes=size("BLOCK_BYTES", "16MiB"),
+            range_bytes=size("RANGE_BYTES", "8MiB"),
+            retry_s=number("RETRY_S", "120", float),
+        )
+
+    def as_env(self) -> dict[str, str]:
+        return {
+            "SLIPSTREAM_CACHE_CONCURRENCY": "auto" if self.concurrency is None else str(self.concurrency),
+            "SLIPSTREAM_CACHE_MAX_CONCURRENCY": str(self.max_concurrency),
+            "SLIPSTREAM_CACHE_PACK_BELOW": str(self.pack_below_bytes),
+            "SLIPSTREAM_CACHE_BLOCK_BYTES": str(self.block_bytes),
+            "SLIPSTREAM_CACHE_RANGE_BYTES": str(self.range_bytes),
+            "SLIPSTREAM_CACHE_RETRY_S": str(self.retry_s),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class CacheSettings:
     dir: str
     """Cache root on this node: `files/` (copies), `tmp/` (in-flight copies), `index.sqlite`."""
     budget_bytes: int | None = None
     """Upper bound of the cache's size; None = no cap (evicts only files that left the window)."""
-    concurrency: int = 16
-    """Parallel copies during a warmup (bounded: the store and the node's NIC set the best value)."""
-    pack_below_bytes: int = 128 << 10
-    """Files smaller than this are packed into cache blocks (when a warmup has many); 0 = never."""
+    warm: WarmKnobs = field(default_factory=WarmKnobs)
+    """How a warmup copies: concurrency, packing, block and range sizes, retries."""
     lock_timeout_s: float = 600.0
     """A warmup waits this long for another warmup of the same cache before failing."""
     node_selector: dict[str, str] = field(default_factory=lambda: parse_node_selector(DEFAULT_NODE_SELECTOR))
@@ -102,12 +172,8 @@ class CacheSettings:
     """Mount point of `volume` in pods; pods run with SLIPSTREAM_CACHE_DIR set to it."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY must be >= 1, got {self.concurrency}")
         if self.budget_bytes is not None and self.budget_bytes < 1:
             raise ConfigError(f"SLIPSTREAM_CACHE_BUDGET_BYTES must be positive, got {self.budget_bytes}")
-        if self.pack_below_bytes < 0:
-            raise ConfigError(f"SLIPSTREAM_CACHE_PACK_BELOW must be >= 0, got {self.pack_below_bytes}")
         if self.lock_timeout_s < 0:
             raise ConfigError(f"SLIPSTREAM_CACHE_LOCK_TIMEOUT_S must be >= 0, got {self.lock_timeout_s}")
         if not self.mount_path.startswith("/"):
@@ -121,15 +187,13 @@ class CacheSettings:
             return env.get(f"SLIPSTREAM_CACHE_{name}") or default
 
         try:
-            concurrency = int(get("CONCURRENCY", "16"))
             lock_timeout = float(get("LOCK_TIMEOUT_S", "600"))
-        except ValueError as e:
-            raise ConfigError(f"SLIPSTREAM_CACHE_CONCURRENCY / _LOCK_TIMEOUT_S must be numbers: {e}") from None
+        except ValueError:
+            raise ConfigError(f"SLIPSTREAM_CACHE_LOCK_TIMEOUT_S must be a number, got {get('LOCK_TIMEOUT_S', '')!r}") from None
         return cls(
             dir=settings.cache_dir,
             budget_bytes=parse_bytes(get("BUDGET_BYTES", "")),
-            concurrency=concurrency,
-            pack_below_bytes=parse_bytes(get("PACK_BELOW", "128KiB"), "SLIPSTREAM_CACHE_PACK_BELOW") or 0,
+            warm=WarmKnobs.from_env(env),
             lock_timeout_s=lock_timeout,
             node_selector=parse_node_selector(get("NODE_SELECTOR", DEFAULT_NODE_SELECTOR)),
             volume=CacheVolume.parse(get("VOLUME", DEFAULT_VOLUME)),
@@ -140,8 +204,7 @@ class CacheSettings:
         """The settings as variables for a pod or subprocess (the dir becomes the mount path there)."""
         return {
             "SLIPSTREAM_CACHE_BUDGET_BYTES": str(self.budget_bytes or ""),
-            "SLIPSTREAM_CACHE_CONCURRENCY": str(self.concurrency),
-            "SLIPSTREAM_CACHE_PACK_BELOW": str(self.pack_below_bytes),
+            **self.warm.as_env(),
             "SLIPSTREAM_CACHE_LOCK_TIMEOUT_S": str(self.lock_timeout_s),
             "SLIPSTREAM_CACHE_NODE_SELECTOR": ",".join(f"{k}={v}" for k, v in self.node_selector.items()),
             "SLIPSTREAM_CACHE_VOLUME": str(self.volume),

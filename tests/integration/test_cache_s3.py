@@ -17,6 +17,7 @@ import pytest
 from slipstream.cache.index import CacheIndex, CacheLayout
 from slipstream.cache.reader import CacheReader
 from slipstream.cache.remote import filesystem_for
+from slipstream.cache.settings import WarmKnobs
 from slipstream.cache.warm import CacheItem, warm_files, warm_window
 from slipstream.errors import CacheWarmError
 from slipstream.dev.s3server import S3Endpoint, S3Server
@@ -83,7 +84,8 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
 
     def warm() -> None:
         try:
-            outcome["report"] = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=4)
+            outcome["report"] = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t",
+                                           knobs=WarmKnobs(concurrency=4))
         except CacheWarmError as e:
             outcome["error"] = e
         finally:
@@ -115,7 +117,7 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
     _assert_consistent(layout, expected)
     # the re-run copies exactly what is missing and leaves no temporary file
     before = len(list(layout.files.rglob("*.bin")))
-    r = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=8)
+    r = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", knobs=WarmKnobs(concurrency=8))
     assert r.copied == len(uris) - before and r.already_cached == before
     _assert_consistent(layout, expected)
     assert len(list(layout.files.rglob("*.bin"))) == len(uris)
@@ -123,9 +125,7 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
 
 
 def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
-    from slipstream.cache.copy import RANGED_MIN
-
-    size = RANGED_MIN + 12345  # fetched as parallel ranges, the last one short
+    size = WarmKnobs().range_bytes * 2 + 12345  # fetched as parallel ranges, the last one short
     [uri] = upload_files(s3_endpoint, "ranged", 1, size)
     r = warm_files(tmp_path / "cache", [CacheItem(uri, size)], s3_endpoint.io_properties(), table_name="t")
     assert r.copied == 1 and r.bytes == size
@@ -145,10 +145,11 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     listing.write_text("\n".join(uris))
     code = (
         "import json,sys\n"
+        "from slipstream.cache.settings import WarmKnobs\n"
         "from slipstream.cache.warm import CacheItem, warm_files\n"
         f"uris = open({str(listing)!r}).read().split()\n"
         f"warm_files({str(layout.root)!r}, [CacheItem(u, {512 * 1024}) for u in uris], json.loads(sys.argv[1]),"
-        " table_name='t', concurrency=2)\n"
+        " table_name='t', knobs=WarmKnobs(concurrency=2))\n"
     )
     import json
 
@@ -166,7 +167,7 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
     assert all(on_disk[k] == expected[k] for k in on_disk), "a killed copy left a partial file visible"
     r = warm_files(layout.root, [CacheItem(u, 512 * 1024) for u in uris], s3_endpoint.io_properties(),
-                   table_name="t", concurrency=8)
+                   table_name="t", knobs=WarmKnobs(concurrency=8))
     assert r.copied + r.already_cached == len(uris) and r.already_cached == placed
     _assert_consistent(layout, expected)
     assert not list(layout.tmp.iterdir())
@@ -214,7 +215,8 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
     assert getter is not None and getter_for({k: v for k, v in props.items() if k != "s3.endpoint"}) is None
     fs, _ = filesystem_for(uris[0], props)
     before = getter.connects
-    r = warm_files(tmp_path / "cache", [CacheItem(u, 20 * 1024) for u in uris], props, table_name="t", concurrency=1)
+    r = warm_files(tmp_path / "cache", [CacheItem(u, 20 * 1024) for u in uris], props, table_name="t",
+                   knobs=WarmKnobs(concurrency=1))
     assert r.copied == len(uris)
     layout = CacheLayout(tmp_path / "cache")
     with CacheIndex(layout) as index:
@@ -235,9 +237,8 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
             os.close(fd)
         assert size == 20 * 1024 and etag_matches(etag, md5) is True
         getter._local.conns[getter.netloc].sock.shutdown(2)
-    # a missing object is a FileNotFoundError (retried, then reported); a wrong body is refused
+    # a missing object is a FileNotFoundError (reported at once, not retried); a wrong body is refused
     with pytest.raises(CacheWarmError, match="HTTP 404"):
-        monkeypatch.setattr("slipstream.cache.warm.RETRIES", 1)
         warm_files(tmp_path / "cache_c", [CacheItem(uris[0] + ".missing", 10)], props, table_name="t")
     monkeypatch.setattr(copy_mod, "etag_matches", lambda etag, md5: False)
     with pytest.raises(CacheWarmError, match="does not match its ETag"):
@@ -259,12 +260,11 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
     listing.write_text("\n".join(uris))
     code = (
         "import json,sys\n"
-        "import slipstream.cache.pack as pack\n"
+        "from slipstream.cache.settings import WarmKnobs\n"
         "from slipstream.cache.warm import CacheItem, warm_files\n"
-        "pack.BLOCK_BYTES = 64 * 1024  # many small blocks, so some land before the kill\n"
         f"uris = open({str(listing)!r}).read().split()\n"
         f"warm_files({str(layout.root)!r}, [CacheItem(u, {size}) for u in uris], json.loads(sys.argv[1]),"
-        " table_name='t', concurrency=2)\n"
+        " table_name='t', knobs=WarmKnobs(concurrency=2, block_bytes=64 * 1024))\n"  # many small blocks
     )
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(props)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -291,7 +291,8 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
                 assert f.read() == remote[u]
         assert (reader.stats()["hits"], reader.stats()["misses"]) == (len(committed), 0)
 
-    r = warm_files(layout.root, [CacheItem(u, size) for u in uris], props, table_name="t", concurrency=4)
+    r = warm_files(layout.root, [CacheItem(u, size) for u in uris], props, table_name="t",
+                   knobs=WarmKnobs(concurrency=4))
     assert r.already_cached == len(committed) and r.copied == r.packed == len(uris) - len(committed)
     assert not list(layout.tmp.iterdir())
     with CacheIndex(layout) as index:
