@@ -164,6 +164,17 @@ class CacheIndex:
     def entries(self) -> list[Entry]:
         return [Entry(*r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM entries")]
 
+    def entries_for(self, table_name: str, keys: Iterable[str]) -> list[Entry]:
+        """The rows a warmup of `table_name` needs: that table's (what may leave its window) and
+        those of the planned `keys`, without reading the whole index."""
+        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS planned (key TEXT PRIMARY KEY)")
+        with self.transaction(bump=False):
+            self.db.execute("DELETE FROM planned")
+            self.db.executemany("INSERT OR IGNORE INTO planned VALUES (?)", ((k,) for k in keys))
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE table_name = ? "
+                               "OR key IN (SELECT key FROM planned)", (table_name,))
+        return [Entry(*r) for r in rows]
+
     def get(self, key: str) -> Entry | None:
         row = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE key=?", (key,)).fetchone()
         return Entry(*row) if row else None
@@ -226,7 +237,9 @@ class CacheIndex:
         return int(loose) + int(packed)
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, bump: bool = True) -> Iterator[None]:
+        """A write transaction; readers are told by the generation counter (`bump`: False for a
+        change only this connection sees, a temporary table)."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -234,7 +247,8 @@ class CacheIndex:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
-        self.generation.bump()
+        if bump:
+            self.generation.bump()
 
 
 @contextmanager

@@ -5,8 +5,9 @@ pyarrow's `open_input_stream` sends a HEAD before every GET (for the size and th
 window of thousands of small files that doubles the requests and the store's work. A plain GET
 already answers both (`Content-Length`, `ETag`), so this client needs one request per file. It is
 used when the store is named by an endpoint (SeaweedFS, MinIO, ... as `s3.endpoint`); otherwise
-`copy.py` keeps using pyarrow. Errors are `OSError`s, so the warmup's retries treat them as
-transient like pyarrow's.
+`copy.py` keeps using pyarrow. Errors are `OSError`s: a missing object is a `FileNotFoundError` and
+a refused request (403, 400, ...) a `RequestRefused`, which the warmup does not retry; the others
+(connection refused or reset, 5xx, 429) it retries as transient, like pyarrow's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ BUFFER = 256 << 10
 
 _LOCK = threading.Lock()
 _GETTERS: dict[tuple[tuple[str, str], ...], "S3Getter | None"] = {}
+
+
+class RequestRefused(OSError):
+    """The store refused the request for good (HTTP 4xx other than 404, 408 and 429)."""
 
 
 class S3Getter:
@@ -202,7 +207,11 @@ class S3Getter:
             body = resp.read(4096)
             self._drop(host)
             msg = f"GET s3://{inner}: HTTP {resp.status} {resp.reason}: {body[:300]!r}"
-            raise FileNotFoundError(msg) if resp.status == 404 else OSError(msg)
+            if resp.status == 404:
+                raise FileNotFoundError(msg)
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                raise RequestRefused(msg)  # credentials, a bad request: trying again will not help
+            raise OSError(msg)
         return resp, host
 
     def _stream(self, inner: str, resp: http.client.HTTPResponse, host: str, write: Callable[[memoryview], object],

@@ -9,9 +9,9 @@ takes the next request when its last one is done.
 How many threads (requests in flight) is `inflight.InFlight`'s business: a fixed number, or `auto`
 (Little's law on the measured round trip and rate, then climbing while it pays).
 
-Store errors (connection refused or reset, 5xx) are retried with backoff for `retry_s` after a
-file's first failure, long enough to outlast a store's restart; a missing object (404) or a copy
-that does not match its size or ETag fails at once. A warmup being torn down (an exception or a
+Store errors (connection refused or reset, 5xx, 429) are retried with backoff for `retry_s` after
+a file's first failure, long enough to outlast a store's restart; a missing object (404), a refused
+request (403, 400, ...) or a copy that does not match its size or ETag fails at once. A warmup being torn down (an exception or a
 signal in the calling thread) stops its retries and its threads at their next request.
 """
 
@@ -30,7 +30,7 @@ from slipstream.cache.copy import Placed, check_file, check_ranges, copy_atomic,
 from slipstream.cache.index import CacheLayout
 from slipstream.cache.inflight import InFlight, remember, remembered
 from slipstream.cache.pack import BlockWriter, SealedBlock, Sized, plan_packing
-from slipstream.cache.s3get import getter_for
+from slipstream.cache.s3get import RequestRefused, getter_for
 from slipstream.cache.settings import WarmKnobs
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,11 @@ class Stopped(Exception):
     """The warmup is being torn down: a retry was abandoned."""
 
 
-def with_retries(remote: str, fn: Callable[[], T], *, budget_s: float, stop: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> T:
+def with_retries(remote: str, fn: Callable[[], T], *, budget_s: float,
+                 wait: Callable[[float], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> T:
     """Run `fn`, retrying store errors (`OSError`, not a missing object) with exponential backoff
-    for `budget_s` after the first failure."""
+    for `budget_s` after the first failure. `wait(seconds)` sleeps between tries and returns True
+    when the warmup is being torn down (`threading.Event.wait`), which abandons the retries."""
     deadline: float | None = None
     delay = BACKOFF_FIRST_S
     attempt = 0
@@ -55,7 +56,7 @@ def with_retries(remote: str, fn: Callable[[], T], *, budget_s: float, stop: thr
         attempt += 1
         try:
             return fn()
-        except FileNotFoundError:
+        except (FileNotFoundError, RequestRefused):
             raise
         except OSError as e:
             now = clock()
@@ -64,10 +65,10 @@ def with_retries(remote: str, fn: Callable[[], T], *, budget_s: float, stop: thr
                 raise
             log.debug("copy of %s failed (attempt %d, %.0fs of %.0fs left): %s; retrying in %.2fs",
                       remote, attempt, deadline - now, budget_s, e, delay)
-            if stop is not None and stop.wait(delay):
-                raise Stopped(f"warmup stopped while retrying {remote}") from e
-            if stop is None:
+            if wait is None:
                 time.sleep(delay)
+            elif wait(delay):
+                raise Stopped(f"warmup stopped while retrying {remote}") from e
             delay = min(delay * 2, BACKOFF_MAX_S)
 
 
@@ -204,7 +205,7 @@ class Transfer:
         return self.inflight.target
 
     def attempt(self, remote: str, fn: Callable[[], T]) -> T:
-        return with_retries(remote, fn, budget_s=self.knobs.retry_s, stop=self.stop)
+        return with_retries(remote, fn, budget_s=self.knobs.retry_s, wait=self.stop.wait)
 
     def start(self) -> None:
         self._grow()
@@ -232,7 +233,7 @@ class Transfer:
         for copy in self.large:
             copy.abandon()
         if self.knobs.concurrency is None and self.clock.done:
-            remember(self.layout.root, self.store, self.target)
+            remember(self.layout.root, self.store, self.inflight.knee)
 
     def _next(self) -> Request | None:
         with self._queue_lock:

@@ -156,7 +156,7 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
     with cache_lock(layout, lock_timeout_s), CacheIndex(layout) as index:
         report.stale_tmp_removed = clear_tmp(layout.tmp)
         reconcile_blocks(layout, index)
-        entries = {e.key: e for e in index.entries()}
+        entries = {e.key: e for e in index.entries_for(table_name, by_key)}
         leaving = out_of_window(entries.values(), table_name, by_key.keys())
         gone = remove_entries(layout, index, leaving)
         for e in leaving:

@@ -124,7 +124,7 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
     assert not list(layout.tmp.iterdir())
 
 
-def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
     size = WarmKnobs().range_bytes * 2 + 12345  # fetched as parallel ranges, the last one short
     [uri] = upload_files(s3_endpoint, "ranged", 1, size)
     r = warm_files(tmp_path / "cache", [CacheItem(uri, size)], s3_endpoint.io_properties(), table_name="t")
@@ -137,7 +137,7 @@ def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint:
     assert not list((tmp_path / "cache2" / "files").rglob("*.bin"))
 
 
-def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
     uris = upload_files(s3_endpoint, "killed", 120, 512 * 1024)
     layout = CacheLayout(tmp_path / "cache")
     expected = {layout.local_path(u).relative_to(layout.files).as_posix(): 512 * 1024 for u in uris}
@@ -199,7 +199,7 @@ def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.Mo
     assert not S3Server(settings.home).running()
 
 
-def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_endpoint: S3Endpoint,
+def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_endpoint: S3Endpoint,  # noqa: F811
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Small files take one signed GET each (no HEAD) over a kept-alive connection per thread; the
     ETag from the GET is checked and recorded, and a body that does not match it is refused."""
@@ -247,7 +247,8 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
     assert not list((tmp_path / "cache_d" / "tmp").iterdir())
 
 
-def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(
+        tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
     """Small files are packed into blocks; a warmup killed mid-block leaves nothing a reader can
     see but whole, verified files, and the re-run packs exactly the rest."""
     import json
@@ -301,3 +302,36 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
     with CacheReader(str(layout.root), props) as reader:
         assert all(reader.read_file(u) == remote[u] for u in uris)
         assert reader.stats()["hits"] == len(uris)
+
+
+def test_warmup_waits_out_a_store_restart_longer_than_a_few_seconds(
+    tmp_path: Path, s3_server: S3Server, s3_endpoint: S3Endpoint,  # noqa: F811
+) -> None:
+    """The store is down for 6 s mid-warmup (the old retry budget was 4 tries in 3.5 s): the
+    warmup waits (SLIPSTREAM_CACHE_RETRY_S) and places every file, nothing failed."""
+    size = 256 * 1024
+    uris = upload_files(s3_endpoint, "long-restart", 120, size)
+    layout = CacheLayout(tmp_path / "cache")
+    outcome: dict[str, object] = {}
+
+    def warm() -> None:
+        try:
+            outcome["report"] = warm_files(layout.root, [CacheItem(u, size) for u in uris], s3_endpoint.io_properties(),
+                                           table_name="t", knobs=WarmKnobs(concurrency=2, retry_s=60))
+        except Exception as e:  # noqa: BLE001 - asserted below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(list(layout.files.rglob("*.bin"))) < 5 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread.is_alive(), "the warmup finished before the restart: make the window larger"
+    s3_server.stop()
+    time.sleep(6.0)
+    s3_server.start()
+    thread.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    report = outcome["report"]
+    assert report.copied == len(uris) and report.expected_hit_ratio == 1.0  # type: ignore[attr-defined]
+    _assert_consistent(layout, {layout.local_path(u).relative_to(layout.files).as_posix(): size for u in uris})
