@@ -17,6 +17,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
+import psutil
+
 from bench.relay import LatencyRelay
 from slipstream.dev.s3server import S3Endpoint, S3Server
 
@@ -80,6 +82,14 @@ class RemoteStore:
             self.relays[rtt_ms] = relay
         return S3Endpoint(f"http://127.0.0.1:{relay.port}", self.direct.access_key, self.direct.secret_key,
                           self.direct.bucket, self.direct.region)
+
+    def relay_cpu_s(self, rtt_ms: float) -> float:
+        """CPU seconds the relay of `rtt_ms` has used so far (0 when there is none)."""
+        relay = self.relays.get(rtt_ms)
+        if relay is None or relay.pid is None:
+            return 0.0
+        times = psutil.Process(relay.pid).cpu_times()
+        return float(times.user + times.system)
 
     def pids(self) -> list[int]:
         """Processes this store started (for the test that they all end)."""

@@ -6,7 +6,9 @@ A SeaweedFS S3 server runs on 127.0.0.1 for the run; the "remote" is that server
 relay (`bench/relay.py`) that delays each direction by half of `--rtt-ms` (5 ms: in-region; 50 ms:
 cross-region). The same measurements are repeated against the server directly (`no_delay`,
 unless `--no-baseline`), and the relay's own cost at no delay is measured against a direct
-connection (`relay`). Every ratio compares two timings taken in the same run:
+connection (`relay.no_delay_vs_direct_*`; `relay.cores_at_rtt`: the relay's CPU during the
+measurements, 1.0 would mean its one thread is the bottleneck). Every ratio compares two timings
+taken in the same run:
 
 - small window, `--files` x `--file-kb` KB (default 10,000 x 20 KB, the Weibo case), and large
   window, `--large-files` x `--large-mb` MB (default 8 x 32 MB);
@@ -199,7 +201,10 @@ def main(argv: list[str]) -> dict[str, Any]:
                 ep = store.endpoint(args.rtt_ms)
                 out["rtt_measured_ms"] = round(_ping_ms(ep.io_properties(), small.uris[0]) - direct_ms, 2)
             log.info("bench warmup: measuring at %g ms", args.rtt_ms)
+            relay_cpu, t_phase = store.relay_cpu_s(args.rtt_ms), time.monotonic()
             phase = _phase(store, args.rtt_ms, small, large, workdir, args, knobs)
+            if args.rtt_ms > 0:  # a single-threaded relay would be the bottleneck at 1.0
+                relay["cores_at_rtt"] = round((store.relay_cpu_s(args.rtt_ms) - relay_cpu) / (time.monotonic() - t_phase), 3)
             out.update({k: v for k, v in phase.items() if k not in ("small", "large")})
             out["goals"] = GOALS
             out["goals_met"] = {k: bool(out[k] >= v) for k, v in GOALS.items()}

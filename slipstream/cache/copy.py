@@ -35,7 +35,7 @@ Write = Callable[[memoryview], object]
 """Takes one chunk of a file's bytes (valid only during the call)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Placed:
     remote: str
     local: Path

@@ -3,13 +3,14 @@
 Little's law: to serve X requests/s when each one waits L seconds for the store, X * L requests
 must be in flight. L is measured (the shortest request seen: the round trip plus the store's own
 time, without queueing) and so is X; AUTO_BASE more keep the node busy while the store answers.
-That is the floor. Above it the target doubles while each doubling still raises the rate by GAIN
-(what a full link, a busy store or a busy CPU stops): what the shortest request does not show (a
-CPU shared with other work, a store that queues, the fewer wake-ups per request a busier server
-needs) is found by trying. On this 2-core machine at 5 ms the raw rate went up 42 % from 32 to 64
-in flight, though Little's law with the shortest request asks for about 45. The target never
-shrinks during a warmup (a waiting thread costs little). The last target whose step paid (the
-knee) is remembered per store in the cache: the next warmup starts there and tries one step up.
+That is the floor. Above it the target doubles while each doubling still raises the rate by GAIN;
+the first doubling that does not is undone and the climb ends: what the shortest request does
+not show (a CPU shared with other work, a store that queues, the fewer wake-ups per request a
+busier server needs) is found by trying, and a step too far (more threads than pay: they cost the
+client CPU) is taken back. On this 2-core machine at 5 ms the raw rate went up 23 % from 32 to 64
+in flight and 6 % more at 128, though Little's law with the shortest request asks for about 45.
+The knee (the last target whose step paid) is remembered per store in the cache: the next warmup
+starts there and tries one step up.
 """
 
 from __future__ import annotations
@@ -29,46 +30,86 @@ AUTO_BASE = 32
 """Requests in flight that keep a node busy when the store answers at once (auto's floor)."""
 CONTROL_S = 0.25
 """Shortest interval over which a rate is measured."""
-GAIN = 0.05
-"""A step up must raise the rate by this much for the climb to go on."""
+GAIN = 0.10
+"""A step up must raise the rate by this much to be kept."""
 STEP = 2.0
 """Each step multiplies the requests in flight by this."""
+
+
+@dataclass(slots=True)
+class Tally:
+    """One worker thread's counts (only that thread writes them: no lock on the hot path)."""
+
+    done: int = 0
+    files: int = 0
+    bytes: int = 0
+    shortest_s: float = math.inf
+    kind: str = ""
+    at: float = 0.0
+    """When the latest request ended (the newest `kind` across threads is the current one)."""
+
+    def record(self, kind: str, seconds: float, nbytes: int, files: int, now: float) -> None:
+        self.done += 1
+        self.files += files
+        self.bytes += nbytes
+        self.kind, self.at = kind, now
+        if seconds < self.shortest_s:
+            self.shortest_s = seconds
 
 
 @dataclass
 class RequestClock:
     """What the workers report: requests and files done, bytes fetched, the shortest request, and
     the kind of the latest (a change of kind starts a new measurement: ranges and small files
-    have different rates)."""
+    have different rates). Each thread counts in a `Tally` of its own; readers sum them."""
 
+    tallies: list[Tally] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    done: int = 0
-    files: int = 0
-    bytes: int = 0
-    shortest_s: float = math.inf
-    kind: str = ""
 
-    def record(self, kind: str, seconds: float, nbytes: int, files: int) -> None:
+    def tally(self) -> Tally:
         with self.lock:
-            self.done += 1
-            self.files += files
-            self.bytes += nbytes
-            self.kind = kind
-            if seconds < self.shortest_s:
-                self.shortest_s = seconds
+            t = Tally()
+            self.tallies.append(t)
+            return t
+
+    def totals(self) -> Tally:
+        with self.lock:
+            tallies = list(self.tallies)
+        out = Tally()
+        for t in tallies:
+            out.done += t.done
+            out.files += t.files
+            out.bytes += t.bytes
+            out.shortest_s = min(out.shortest_s, t.shortest_s)
+            if t.at > out.at:
+                out.kind, out.at = t.kind, t.at
+        return out
 
 
-def next_target(target: int, rate: float, best: float | None, shortest_s: float, cap: int
-                ) -> tuple[int, float | None]:
-    """(new target, best rate so far) after a measurement of `rate` requests/s at `target`; the
-    best rate changes only when `target` paid (its rate beat the best by GAIN)."""
+@dataclass(frozen=True)
+class Climb:
+    """Where `auto` stands: the target, the last target whose step paid (the knee) and its rate,
+    and whether it is still climbing."""
+
+    target: int
+    knee: int
+    best: float | None = None
+    climbing: bool = True
+
+
+def next_climb(c: Climb, rate: float, shortest_s: float, cap: int) -> Climb:
+    """The next state after measuring `rate` requests/s at `c.target`: while climbing, a step that
+    raised the rate by GAIN is taken again (doubling); one that did not is undone (back to the
+    knee) and the climb ends. Little's law (AUTO_BASE + rate x shortest request) is the floor
+    throughout; `cap` the ceiling."""
     if rate <= 0 or not math.isfinite(shortest_s):
-        return target, best
-    want = AUTO_BASE + math.ceil(rate * shortest_s)  # Little's law
-    if best is None or rate >= best * (1 + GAIN):  # the last step paid: take the next
-        want = max(want, math.ceil(target * STEP))
-        best = rate
-    return max(target, min(cap, want)), best
+        return c
+    little = AUTO_BASE + math.ceil(rate * shortest_s)
+    if not c.climbing:
+        return Climb(min(cap, max(c.target, little)), c.knee, c.best, False)
+    if c.best is None or rate >= c.best * (1 + GAIN):  # this step paid: take the next
+        return Climb(min(cap, max(little, math.ceil(c.target * STEP))), c.target, rate, True)
+    return Climb(min(cap, max(c.knee, little)), c.knee, c.best, False)
 
 
 class InFlight:
@@ -78,33 +119,38 @@ class InFlight:
         self.fixed = fixed
         self.cap = cap
         self.clock = RequestClock()
-        self.target = fixed if fixed is not None else min(cap, max(AUTO_BASE, start or 0))
-        self.knee = self.target
-        """The last target whose rate beat the best before it (what the next warmup starts at)."""
-        self.best: float | None = None
+        first = fixed if fixed is not None else min(cap, max(AUTO_BASE, start or 0))
+        self.climb = Climb(first, first)
         self._since = (time.monotonic(), 0, "")
+
+    @property
+    def target(self) -> int:
+        return self.climb.target
+
+    @property
+    def knee(self) -> int:
+        """The last target whose step paid: what the next warmup of this store starts at."""
+        return self.climb.knee
 
     def update(self) -> int:
         if self.fixed is not None:
             return self.target
         now = time.monotonic()
         t0, done0, kind0 = self._since
-        with self.clock.lock:
-            done, shortest, kind = self.clock.done, self.clock.shortest_s, self.clock.kind
-        if kind != kind0:  # a new kind of request: measure it from here
-            self._since, self.best = (now, done, kind), None
+        totals = self.clock.totals()
+        done, shortest, kind = totals.done, totals.shortest_s, totals.kind
+        if kind != kind0:  # a new kind of request (ranges, then small files): climb anew from here
+            self._since, self.climb = (now, done, kind), Climb(self.target, self.target)
             return self.target
         if now - t0 < CONTROL_S or done - done0 < min(self.target, 64):
             return self.target
         rate = (done - done0) / (now - t0)
         self._since = (now, done, kind)
-        target, best = next_target(self.target, rate, self.best, shortest, self.cap)
-        if best != self.best:
-            self.knee, self.best = self.target, best
-        if target != self.target:
-            log.debug("warm: %d -> %d requests in flight (%.0f %s requests/s, shortest %.1f ms)",
-                      self.target, target, rate, kind, shortest * 1000)
-            self.target = target
+        climb = next_climb(self.climb, rate, shortest, self.cap)
+        if climb.target != self.target:
+            log.debug("warm: %d -> %d requests in flight (%.0f %s requests/s, shortest %.1f ms%s)", self.target,
+                      climb.target, rate, kind, shortest * 1000, "" if climb.climbing else ", settled")
+        self.climb = climb
         return self.target
 
 

@@ -176,8 +176,10 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
             report.skipped_over_budget = len(by_key) - len(cached) - len(missing)
         report.evicted, report.evicted_bytes = evicted.files, evicted.bytes
 
+        t_copy = time.monotonic()
         placed, failed, report.concurrency = _copy_all(layout, index, {k: by_key[k] for k in missing}, io_properties,
                                                        table_name, snapshot_id, knobs)
+        t_done = time.monotonic()
         report.copied = len(placed)
         report.packed = sum(1 for p in placed if p.block is not None)
         report.blocks = len({p.block for p in placed if p.block is not None})
@@ -187,6 +189,8 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
         key_of = {i.remote: k for k, i in by_key.items()}
         present = {*cached, *(key_of[p.remote] for p in placed)}
     report.seconds = round(time.monotonic() - t0, 3)
+    log.debug("warm %s: planned in %.3fs, copied in %.3fs, finished in %.3fs", table_name, t_copy - t0,
+              t_done - t_copy, time.monotonic() - t_done)
     report.throughput_bytes_per_s = round(report.bytes / report.seconds, 1) if report.seconds else 0.0
     report.files_per_s = round(report.copied / report.seconds, 1) if report.seconds else 0.0
     data = [(k, i) for k, i in by_key.items() if i.kind in DATA_KINDS]
@@ -286,7 +290,7 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheIt
     requests, large = plan_requests(todo, layout, io_properties, knobs)
     transfer = Transfer(layout, io_properties, knobs, requests, large)
     progress = _Progress(table_name, len(todo), sum(i.size or 0 for i in todo))
-    pending_rows: list[Entry] = []
+    pending_rows: list[tuple[object, ...]] = []
     pending_blocks: list[Block] = []
     transfer.start()
     try:
@@ -309,18 +313,18 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheIt
                     pending_blocks.append(sealed.block)
                 for p in sealed.placed:
                     placed.append(p)
-                    pending_rows.append(Entry(key_of[p.remote], p.remote, p.size, p.etag, table_name,
-                                              snapshot_id, now, now, p.block, p.offset))
+                    pending_rows.append((key_of[p.remote], p.remote, p.size, p.etag, table_name,
+                                         snapshot_id, now, now, p.block, p.offset))  # Entry.row() order
             # a sealed block is committed at once: until then it is an orphan that a crash loses
             if len(pending_rows) >= INDEX_BATCH or pending_blocks or (pending_rows and got == len(todo)):
-                index.put_many(pending_rows, blocks=pending_blocks)
+                index.put_rows(pending_rows, blocks=pending_blocks)
                 pending_rows, pending_blocks = [], []
             transfer.control()
             progress.log(transfer, len(failed), done=got == len(todo))
     finally:
         transfer.close()
         if pending_rows:  # an interrupted run still records what landed
-            index.put_many(pending_rows, blocks=pending_blocks)
+            index.put_rows(pending_rows, blocks=pending_blocks)
     return placed, failed, transfer.target
 
 
@@ -337,8 +341,8 @@ class _Progress:
         if now - self.last < PROGRESS_EVERY_S and not done:
             return
         self.last = now
-        with transfer.clock.lock:
-            files, nbytes = transfer.clock.files, transfer.clock.bytes
+        totals = transfer.clock.totals()
+        files, nbytes = totals.files, totals.bytes
         elapsed = max(now - self.t0, 1e-6)
         rate, file_rate = nbytes / elapsed, files / elapsed
         left = ((self.total_bytes - nbytes) / rate if rate and self.total_bytes

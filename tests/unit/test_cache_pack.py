@@ -131,14 +131,14 @@ def test_crash_between_block_rename_and_index_commit_leaves_nothing_visible(
     files = _small_files(tmp_path / "wh", days=1, per_day=2 * PACK_MIN_FILES)
     layout = CacheLayout(tmp_path / "cache")
 
-    put_many = CacheIndex.put_many
+    put_rows = CacheIndex.put_rows
 
     def crash(self: CacheIndex, *args: object, **kwargs: object) -> None:
         if kwargs.get("blocks"):  # the commit of blocks that were renamed into place
             raise KeyboardInterrupt("killed before the index commit")
-        put_many(self, *args, **kwargs)  # type: ignore[arg-type]
+        put_rows(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(CacheIndex, "put_many", crash)
+    monkeypatch.setattr(CacheIndex, "put_rows", crash)
     with pytest.raises(KeyboardInterrupt):
         warm_files(layout.root, _items(files), {}, table_name="t", knobs=WarmKnobs(concurrency=2))
     monkeypatch.undo()

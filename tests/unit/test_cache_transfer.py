@@ -8,40 +8,41 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cache.inflight import AUTO_BASE, InFlight, next_target, remember, remembered
+from slipstream.cache.inflight import AUTO_BASE, Climb, InFlight, next_climb, remember, remembered
 from slipstream.cache.s3get import RequestRefused
 from slipstream.cache.transfer import Stopped, with_retries
 
 
-def test_latency_bound_rates_climb_until_the_rate_stops_rising() -> None:
-    """A store 50 ms away serving requests one at a time per thread: the rate grows with the
-    requests in flight until the node saturates at 2,000/s; the target follows and then holds."""
-    def rate_at(n: int) -> float:
-        return min(n / 0.051, 2000.0)
-
-    target, best, seen = AUTO_BASE, None, []
-    for _ in range(12):
-        target, best = next_target(target, rate_at(target), best, 0.051, cap=1024)
-        seen.append(target)
-    assert seen == sorted(seen), "the target never shrinks"
-    knee = 2000 * 0.051
-    assert knee <= seen[-1] <= 4 * knee, seen  # enough to fill the link, at most a step or two past it
-    assert seen[-1] == seen[-2] == seen[-3], "it settles"
+def _settle(rate_at: "callable", start: int = AUTO_BASE, shortest_s: float = 0.051, cap: int = 1024,
+            steps: int = 12) -> list[int]:
+    climb, seen = Climb(start, start), []
+    for _ in range(steps):
+        climb = next_climb(climb, rate_at(climb.target), shortest_s, cap)
+        seen.append(climb.target)
+    return seen
 
 
-def test_little_floor_cap_and_a_flat_rate() -> None:
-    # a flat rate (CPU-bound) does not climb, but Little's law still asks for rate x round trip
-    target, best = next_target(64, 1000.0, 1000.0, 0.004, cap=256)
-    assert (target, best) == (64, 1000.0)
-    target, _ = next_target(32, 1000.0, 1000.0, 0.1, cap=256)
-    assert target == AUTO_BASE + 100
-    assert next_target(200, 5000.0, None, 0.1, cap=256)[0] == 256  # never past the cap
-    assert next_target(40, 0.0, None, math.inf, cap=256)[0] == 40  # nothing measured yet: no change
+def test_latency_bound_rates_climb_to_the_knee_and_a_step_too_far_is_undone() -> None:
+    """A store 50 ms away, requests one at a time per thread: the rate grows with the requests in
+    flight until the node saturates at 2,000/s (about 102 in flight)."""
+    seen = _settle(lambda n: min(n / 0.051, 2000.0))
+    assert seen[:3] == [64, 128, 256], "doubling while each step pays"
+    little = AUTO_BASE + math.ceil(2000 * 0.051)  # 134: above the knee (128)
+    assert seen[-1] == little and seen[-1] == seen[-2] == seen[-5], "the step to 256 did not pay: back, settled"
+
+
+def test_cpu_bound_rates_stop_after_one_step_and_little_is_the_floor() -> None:
+    flat = _settle(lambda n: 1000.0, start=64, shortest_s=0.004)
+    assert flat[0] == 128 and flat[1:] == [64] * 11, "the first step did not pay: back to the start"
+    long_rtt = _settle(lambda n: 1000.0, start=32, shortest_s=0.1)
+    assert min(long_rtt[1:]) >= AUTO_BASE + 100, "Little's law: 1,000/s x 100 ms in flight, at least"
+    assert _settle(lambda n: 1e6, start=200, shortest_s=0.1, cap=256)[-1] == 256, "never past the cap"
+    assert next_climb(Climb(40, 40), 0.0, math.inf, 256) == Climb(40, 40), "nothing measured yet: no change"
 
 
 def test_fixed_concurrency_is_not_adjusted_and_auto_starts_at_the_remembered_knee(tmp_path: Path) -> None:
     fixed = InFlight(8, 256)
-    fixed.clock.record("pack", 0.001, 100, 1)
+    fixed.clock.tally().record("pack", 0.001, 100, 1, 1.0)
     assert fixed.update() == 8 and fixed.target == 8
     assert remembered(tmp_path, "http://s3") is None
     remember(tmp_path, "http://s3", 256)
