@@ -22,9 +22,9 @@ taken in the same run:
   `copy_vs_raw_copy`: the same against a plain GET-and-write-a-file script;
 - `small_speedup` / `large_speedup`: the window read remote (the faster of a cold `CacheReader`,
   every read a miss through pyarrow, and the raw GETs of the rounds) vs read through the warm cache
-  with `CacheReader.open_input_file`, the call the trainer's loader makes (best of 3, one thread);
+  with `CacheReader.open_input_file`, the call the trainer's loader makes (best of 5, one thread);
 - `vs_local`: reading the window from local files directly (pyarrow's local filesystem, the same
-  call) vs through the warm cache, best of 3 each, alternately; the smaller of small and large
+  call) vs through the warm cache, best of 5 each, alternately; the smaller of small and large
   (`vs_local_small`, `vs_local_large`: 1 = the cache costs what local files cost);
 - `costs`: per small file and per MB, remote, raw, warmup, cached and local;
 - `incremental_only_new_files`: an Iceberg table warmed, one day appended, the re-run copies only

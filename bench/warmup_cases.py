@@ -193,7 +193,7 @@ def warm_rounds(window: Window, io: dict[str, str], cache_dir: Path, raw: Callab
     }
 
 
-def reads(window: Window, io: dict[str, str], cache_dir: Path, cold_dir: Path, threads: int, reps: int = 3
+def reads(window: Window, io: dict[str, str], cache_dir: Path, cold_dir: Path, threads: int, reps: int = 5
           ) -> dict[str, Any]:
     """The window read remote (a reader on an empty cache: every read a miss), then through the
     warm cache and from the local disk, alternately, `reps` times each on one thread (reads are

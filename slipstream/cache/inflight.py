@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 AUTO_BASE = 32
 """Requests in flight that keep a node busy when the store answers at once (auto's floor)."""
-CONTROL_S = 0.25
-"""Shortest interval over which a rate is measured."""
+CONTROL_S = 0.5
+"""Shortest interval over which a rate is measured (shorter ones were too noisy on a shared machine)."""
 GAIN = 0.10
 """A step up must raise the rate by this much to be kept."""
 STEP = 2.0

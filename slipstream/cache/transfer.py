@@ -10,9 +10,10 @@ How many threads (requests in flight) is `inflight.InFlight`'s business: a fixed
 (Little's law on the measured round trip and rate, then climbing while it pays).
 
 Store errors (connection refused or reset, 5xx, 429) are retried with backoff for `retry_s` after
-a file's first failure, long enough to outlast a store's restart; a missing object (404), a refused
-request (403, 400, ...) or a copy that does not match its size or ETag fails at once. A warmup being torn down (an exception or a
-signal in the calling thread) stops its retries and its threads at their next request.
+a file's first failure, long enough to outlast a store's restart; a missing object (404), a
+refused request (403, 400, ...) or a copy that does not match its size or ETag fails at once. A
+warmup being torn down (an exception or a signal in the calling thread) stops its retries and its
+threads at their next request.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from slipstream.cache.copy import Placed, check_file, check_ranges, copy_atomic,
 from slipstream.cache.index import CacheLayout
 from slipstream.cache.inflight import InFlight, remember, remembered
 from slipstream.cache.pack import BlockWriter, SealedBlock, Sized, plan_packing
-from slipstream.cache.s3get import RequestRefused, getter_for
+from slipstream.cache.s3get import RequestRefused, S3Getter, getter_for
 from slipstream.cache.settings import WarmKnobs
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class LargeCopy:
         self.parts: list[tuple[int, int | None, str | None]] = []
         self.error: BaseException | None = None
 
-    def fetch(self, offset: int, getter: object, attempt: Callable[[str, Callable[[], T]], T]) -> SealedBlock | None:
+    def fetch(self, offset: int, getter: S3Getter, attempt: Callable[[str, Callable[[], T]], T]) -> SealedBlock | None:
         """Fetch one range; returns the outcome when this was the file's last range."""
         part = None
         with self.lock:
@@ -114,7 +115,7 @@ class LargeCopy:
                 return None
         return self._finish()
 
-    def _get(self, offset: int, getter: object) -> tuple[int, int | None, str | None]:
+    def _get(self, offset: int, getter: S3Getter) -> tuple[int, int | None, str | None]:
         pos = offset
         fd = self.fd
 
@@ -126,7 +127,7 @@ class LargeCopy:
                 chunk = chunk[n:]
 
         length = max(1, min(self.range_bytes, self.size - offset))
-        return getter.get_range(self.item.remote[5:], offset, length, write)  # type: ignore[attr-defined]
+        return getter.get_range(self.item.remote[5:], offset, length, write)
 
     def abandon(self) -> None:
         """The warmup stopped before the file's last range: drop what was fetched."""
