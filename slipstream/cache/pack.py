@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from slipstream.cache.copy import Placed, fetcher, md5_for, verify_copy, write_all
+from slipstream.cache.copy import Placed, fetcher, md5_for, no_hash, verify_copy, write_all
 from slipstream.cache.remote import etag_matches
 from slipstream.cache.s3get import getter_for
 from slipstream.cache.index import Block, CacheIndex, CacheLayout
@@ -86,9 +86,11 @@ class BlockWriter:
     profile), always between members, so a failed member is simply dropped from the buffer."""
 
     def __init__(self, layout: CacheLayout, io_properties: dict[str, str], attempt: Attempt, *,
-                 block_bytes: int = BLOCK_BYTES, max_member: int = PACK_BELOW, buffer: memoryview | None = None) -> None:
+                 block_bytes: int = BLOCK_BYTES, max_member: int = PACK_BELOW, buffer: memoryview | None = None,
+                 verify_etag: bool = True) -> None:
         self.getter = getter_for(io_properties)
-        self.fetch = fetcher(io_properties)
+        self.fetch = fetcher(io_properties, verify_etag)
+        self.hasher_for = md5_for if verify_etag else no_hash
         self.attempt = attempt
         self.block_bytes = block_bytes
         self.name = f"{uuid.uuid4().hex}{BLOCK_SUFFIX}"
@@ -126,7 +128,7 @@ class BlockWriter:
 
         def fetch() -> tuple[int, str | None]:
             if self.getter is not None and remote.startswith("s3://"):
-                size, etag, md5 = self.getter.get_into(remote[5:], room, md5_for)
+                size, etag, md5 = self.getter.get_into(remote[5:], room, self.hasher_for)
                 checked = etag_matches(etag, md5) if etag and md5 is not None else None
             else:
                 got = bytearray()

@@ -81,8 +81,9 @@ class LargeCopy:
     (from the table metadata, confirmed by each range's Content-Range) is the check; ranges from
     different versions of the object (their ETags differ) are refused."""
 
-    def __init__(self, item: Sized, layout: CacheLayout, range_bytes: int) -> None:
+    def __init__(self, item: Sized, layout: CacheLayout, range_bytes: int, verify_etag: bool = True) -> None:
         assert item.size is not None
+        self.verify_etag = verify_etag
         self.item = item
         self.size = item.size
         self.local = layout.local_path(item.remote)
@@ -145,7 +146,7 @@ class LargeCopy:
             if self.error is not None:
                 raise self.error
             size, etag = check_ranges(self.item.remote, self.parts, self.size)
-            verify_copy(self.item.remote, size, self.size, etag, check_file(self.tmp, etag))
+            verify_copy(self.item.remote, size, self.size, etag, check_file(self.tmp, etag) if self.verify_etag else None)
             try:
                 os.replace(self.tmp, self.local)
             except FileNotFoundError:
@@ -172,7 +173,7 @@ def plan_requests(items: list[Sized], layout: CacheLayout, io_properties: dict[s
     rest: list[Request] = []
     for item in singles:
         if ranged and item.remote.startswith("s3://") and item.size is not None and item.size > knobs.range_bytes:
-            copy = LargeCopy(item, layout, knobs.range_bytes)
+            copy = LargeCopy(item, layout, knobs.range_bytes, knobs.verify == "etag")
             large.append(copy)
             requests += [("range", copy, off) for off in copy.offsets]
         else:
@@ -293,7 +294,8 @@ class Transfer:
             writer, buffer = None, writer.buffer
         if writer is None:
             writer = BlockWriter(self.layout, self.io_properties, self.attempt, block_bytes=self.knobs.block_bytes,
-                                 max_member=self.knobs.pack_below_bytes, buffer=buffer)
+                                 max_member=self.knobs.pack_below_bytes, buffer=buffer,
+                                 verify_etag=self.knobs.verify == "etag")
         assert item.size is not None, "plan_packing packs only files of known size"
         writer.append(item.remote, item.size)
         return writer
@@ -302,7 +304,7 @@ class Transfer:
         try:
             placed = self.attempt(item.remote, lambda: copy_atomic(
                 item.remote, self.layout.local_path(item.remote), self.layout.tmp, self.io_properties, item.size,
-                range_bytes=self.knobs.range_bytes))
+                range_bytes=self.knobs.range_bytes, verify_etag=self.knobs.verify == "etag"))
         except Exception as e:  # noqa: BLE001 - reported with the file's name
             return SealedBlock(None, [], [(item.remote, e)])
         return SealedBlock(None, [placed], [])

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 from slipstream.cache.copy import Placed, clear_tmp
 from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
 from slipstream.cache.index import Block, CacheIndex, CacheLayout, Entry, cache_lock
+from slipstream.cache.inflight import CONTROL_S
 from slipstream.cache.pack import reconcile_blocks
 from slipstream.cache.remote import cache_key, filesystem_for
 from slipstream.cache.settings import CacheSettings, WarmKnobs
-from slipstream.cache.inflight import CONTROL_S
 from slipstream.cache.transfer import Transfer, drain, plan_requests
 from slipstream.errors import CacheWarmError
 from slipstream.settings import Settings

@@ -245,6 +245,16 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
         warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t")
     assert not list((tmp_path / "cache_d" / "files").rglob("*.bin"))
     assert not list((tmp_path / "cache_d" / "tmp").iterdir())
+    # packed files are checked the same way; SLIPSTREAM_CACHE_VERIFY=size computes no MD5, so the
+    # (patched) ETag check is not consulted, for a file of its own and for packed ones alike
+    monkeypatch.setattr("slipstream.cache.pack.etag_matches", lambda etag, md5: False)
+    many = [CacheItem(u, 4096) for u in upload_files(s3_endpoint, "get-size-only", 40, 4096)]
+    with pytest.raises(CacheWarmError, match="does not match its ETag"):
+        warm_files(tmp_path / "cache_e", many, props, table_name="t")
+    size_only = WarmKnobs(verify="size")
+    assert warm_files(tmp_path / "cache_f", many, props, table_name="t", knobs=size_only).packed == 40
+    assert warm_files(tmp_path / "cache_g", [CacheItem(uris[1], 20 * 1024)], props, table_name="t",
+                      knobs=size_only).copied == 1
 
 
 def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(
