@@ -1,215 +1,156 @@
-"""`slipstream bench warmup --json`: does warming the cache pay off, and how close does the warmup
-come to the store's best raw transfer rate? Everything runs against a real SeaweedFS S3 server on
-127.0.0.1 started for the run, and every ratio compares two measurements taken in this same run.
+"""`slipstream bench warmup --json --rtt-ms 5`: does warming the cache pay off against a remote
+store with real latency, how close does the warmup come to the store's best raw transfer rate,
+and how close do reads through the cache come to reading local files?
 
-- small window: `--files` files of `--file-kb` KB (default 10,000 x 20 KB, the Weibo case): time to
-  read all of them through `CacheReader` remote (cold cache) vs from the warm cache (small files
-  are packed into blocks) -> `small_speedup`
-- large window: `--large-files` files of `--large-mb` MB -> `large_speedup`
-- raw parallel GET (bytes into memory, nothing written, no checksum) with two clients: pyarrow
-  (HEAD + GET) and the one-GET client the warmup uses, at each `--threads` count after one untimed
-  pass; the fastest (client, threads) is the raw side. The warmup picks its concurrency from the
-  same candidates (on a tenth of the window, into a scratch cache). Then `--rounds` rounds over
-  1/rounds of the window each: raw GET, warmup, raw GET of the same files (the raw time is the
-  mean of the two, which cancels a load change during the round on this shared machine);
-  `copy_vs_raw` = the median over rounds of raw time / warmup time on the small window
-  (`copy_vs_raw_total`: of the sums; `copy_vs_raw_large` on the large one, whose rounds each copy
-  the whole window). `copy_vs_raw_copy` compares with a plain parallel copy (GET + write a local
-  file, no temp name, verification or index) timed in the same rounds.
-- reads go through `CacheReader.open_input_file`, the call the trainer's loader makes; the remote
-  baseline of a speedup is the faster of the cold reader and the best raw GET; the cached read is
-  the best of 3 runs at 1 thread and at the remote's best thread count (each side at its best
-  configuration)
-- incremental: an Iceberg `samples` table on the S3 warehouse, a 2-day window warmed, one new day
-  appended, the re-run's copied bytes vs the new day's data bytes -> `incremental_only_new_files`
+A SeaweedFS S3 server runs on 127.0.0.1 for the run; the "remote" is that server behind a TCP
+relay (`bench/relay.py`) that delays each direction by half of `--rtt-ms` (5 ms: in-region; 50 ms:
+cross-region). The same measurements are repeated against the server directly (`no_delay`,
+unless `--no-baseline`), and the relay's own cost at no delay is measured against a direct
+connection (`relay.no_delay_vs_direct_*`; `relay.cores_at_rtt`: the relay's CPU during the
+measurements, 1.0 would mean its one thread is the bottleneck). Every ratio compares two timings
+taken in the same run:
+
+- small window, `--files` x `--file-kb` KB (default 10,000 x 20 KB, the Weibo case), and large
+  window, `--large-files` x `--large-mb` MB (default 8 x 32 MB);
+- raw side: the best raw parallel GETs at hand, the one-GET client the warmup uses (bytes
+  dropped, no checksum) at each `--threads` count, and for the large window also ranged GETs at
+  8/16/32 in flight: the fastest is the raw side;
+- `copy_vs_raw` (small) / `large_copy_vs_raw`: `--rounds` rounds of raw GET, warmup (default
+  knobs: concurrency `auto`), raw GET of the same files (raw time = the mean of the two, so a load
+  change during a round hits both sides); the median over rounds of raw time / warmup time. Small
+  rounds take 1/rounds of the window each, large rounds the whole window (evicted in between).
+  `copy_vs_raw_copy`: the same against a plain GET-and-write-a-file script;
+- `small_speedup` / `large_speedup`: the window read remote (the faster of a cold `CacheReader`,
+  every read a miss through pyarrow, and the raw GETs of the rounds) vs read through the warm cache
+  with `CacheReader.open_input_file`, the call the trainer's loader makes (best of 5, one thread);
+- `vs_local`: reading the window from local files directly (pyarrow's local filesystem, the same
+  call) vs through the warm cache, best of 5 each, alternately; the smaller of small and large
+  (`vs_local_small`, `vs_local_large`: 1 = the cache costs what local files cost);
+- `costs`: per small file and per MB, remote, raw, warmup, cached and local;
+- `incremental_only_new_files`: an Iceberg table warmed, one day appended, the re-run copies only
+  that day's data file (against the server directly).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.remote_store import RemoteStore, stop_on_signals
+from bench.warmup_cases import Window, measure_window, raw_get, timed
+from slipstream.cache.settings import WarmKnobs
+
 log = logging.getLogger(__name__)
+
+GOALS = {"small_speedup": 20.0, "copy_vs_raw": 0.9, "large_copy_vs_raw": 0.8, "vs_local": 0.8}
+"""Goals at an in-region round trip (5 ms)."""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slipstream bench warmup")
+    p.add_argument("--rtt-ms", type=float, default=5.0, help="round trip of the remote store (0: direct)")
     p.add_argument("--files", type=int, default=10_000, help="small files in the small window")
     p.add_argument("--file-kb", type=int, default=20)
-    p.add_argument("--large-files", type=int, default=6)
-    p.add_argument("--large-mb", type=int, default=16)
-    p.add_argument("--threads", default="8,32,64", help="thread counts tried for the raw parallel GET and the warmup")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved raw GET / warmup rounds (copy_vs_raw is their median)")
-    p.add_argument("--workdir", help="where the S3 data and the cache go (default: a temp folder, removed)")
+    p.add_argument("--large-files", type=int, default=8)
+    p.add_argument("--large-mb", type=int, default=32)
+    p.add_argument("--threads", default="auto",
+                   help="thread counts tried for the raw GETs (auto: 8,16,32,64,128, and 256 from 20 ms)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved raw GET / warmup rounds (ratios are their median)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the no-delay figures")
+    p.add_argument("--no-incremental", action="store_true", help="skip the Iceberg incremental re-run check")
+    p.add_argument("--workdir", help="where the S3 data and the caches go (default: a temp folder, removed)")
     p.add_argument("--json", action="store_true", help="accepted for `slipstream bench warmup --json` (output is JSON anyway)")
     return p.parse_args(argv)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+def _thread_counts(spec: str, rtt_ms: float) -> list[int]:
+    if spec != "auto":
+        return [int(t) for t in spec.split(",")]
+    return [8, 16, 32, 64, 128] + ([256] if rtt_ms >= 20 else [])
 
 
-def _read_all(reader: Any, uris: list[str], threads: int) -> int:
-    """Read every file whole through `CacheReader.open_input_file`, the call the trainer's loader
-    makes (`trainers.data.units.file_opener`): a hit is a slice of a block or a memory-mapped file."""
-    def read(u: str) -> int:
-        with reader.open_input_file(u) as f:
-            return len(f.read())
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(read, uris))
-
-
-def _raw_get_pyarrow(fs: Any, uris: list[str], threads: int, size: int) -> int:
-    """GET each object into memory through pyarrow (a HEAD, then the GET), read the way the copy
-    reads it (sized reads; an unsized `read()` of a stream is several times slower on large objects)."""
-    step = min(size + 1, 4 << 20)
-
-    def get(u: str) -> int:
-        n = 0
-        with fs.open_input_stream(u.removeprefix("s3://")) as f:
-            while chunk := f.read(step):
-                n += len(chunk)
-        return n
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(get, uris))
-
-
-def _raw_get_one(getter: Any, uris: list[str], threads: int, size: int) -> int:
-    """GET each object with one signed request over a kept-alive connection per thread (the
-    leanest client at hand, the one the warmup uses) into memory, bytes dropped, no checksum."""
-    def get(u: str) -> int:
-        return int(getter.get(u.removeprefix("s3://"), lambda chunk: None, lambda etag: None)[0])
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(get, uris))
-
-
-def _raw_copy(fs: Any, uris: list[str], threads: int, size: int, dest: Path) -> int:
-    """The plain parallel copy a script would do: GET and write to a local file (no temp name, no
-    verification, no index)."""
-    import os
-
-    dest.mkdir(parents=True, exist_ok=True)
-    step = min(size + 1, 4 << 20)
-
-    def copy(u: str) -> int:
-        n = 0
-        with fs.open_input_stream(u.removeprefix("s3://")) as f, open(dest / os.path.basename(u), "wb") as out:
-            while chunk := f.read(step):
-                n += out.write(chunk)
-        return n
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(copy, uris))
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def _window_case(name: str, uris: list[str], size: int, io: dict[str, str], cache_dir: Path,
-                 thread_counts: list[int], rounds: int) -> dict[str, Any]:
-    from slipstream.cache.evict import evict_cache
-    from slipstream.cache.reader import CacheReader
+def _upload(store: RemoteStore, workdir: Path, prefix: str, count: int, size: int) -> Window:
+    """`count` distinct files of `size` bytes, in the bucket and (the same bytes) on local disk."""
     from slipstream.cache.remote import filesystem_for
-    from slipstream.cache.s3get import getter_for
-    from slipstream.cache.warm import CacheItem, warm_files
 
-    fs, _ = filesystem_for(uris[0], io)
-    getter = getter_for(io)
-    clients: dict[str, Callable[[list[str], int], int]] = {
-        "pyarrow": lambda us, n: _raw_get_pyarrow(fs, us, n, size),
-        "one_get": lambda us, n: _raw_get_one(getter, us, n, size),
-    }
-    clients["one_get"](uris, max(thread_counts))  # untimed pass: the server's first reads are slower for everyone
-    # both sides choose their concurrency from the same candidates: raw GET (either client) on the
-    # whole window, the warmup on a tenth of it (into a scratch cache)
-    raw: dict[str, dict[int, dict[str, float]]] = {c: {} for c in clients}
-    for n in thread_counts:
-        for c, get in clients.items():
-            s, nbytes = _timed(lambda: get(uris, n))
-            raw[c][n] = {"seconds": round(s, 3), "files_per_s": round(len(uris) / s, 1),
-                         "mb_per_s": round(nbytes / s / 1e6, 1)}
-    client, best = max(((c, n) for c in raw for n in raw[c]), key=lambda cn: raw[cn[0]][cn[1]]["files_per_s"])
-    sample = [CacheItem(u, size) for u in (uris[::10] if len(uris) >= 100 else uris)]
-    warm_by_threads = {}
-    for n in thread_counts:
-        scratch = cache_dir.parent / f"scratch-{name}-{n}"
-        s, _ = _timed(lambda: warm_files(scratch, sample, io, table_name=f"bench.{name}.sweep", concurrency=n))
-        warm_by_threads[n] = {"seconds": round(s, 3), "files_per_s": round(len(sample) / s, 1)}
-        shutil.rmtree(scratch, ignore_errors=True)
-    warm_best = max(warm_by_threads, key=lambda n: warm_by_threads[n]["files_per_s"])
-    reps = 1 if len(uris) > 100 else 3  # a small window is read 3 times to tame the machine's noise
-    remote_s = min(_timed(lambda: _read_all(CacheReader(str(cache_dir), io), uris, best))[0] for _ in range(reps))
-    # warmup vs raw GET in rounds, both at their best settings, over 1/rounds of the window each
-    # (or, for a window of a few files, over all of it, evicted again after each round). In a round
-    # the warmup is bracketed by two raw GETs of the same files (their mean is the round's raw
-    # time, which cancels a load change during the round on this shared machine); the plain copy
-    # runs first or last, alternately.
-    whole = len(uris) < 4 * rounds
-    per_round: list[dict[str, float]] = []
-    copied = copied_bytes = packed = 0
-    for r in range(rounds):
-        part = uris if whole else uris[r::rounds]
-        if whole and r:
-            evict_cache(cache_dir)
-        times: dict[str, float] = {}
-        plain_copy = lambda: _raw_copy(fs, part, best, size, cache_dir.parent / f"rawcopy-{name}")  # noqa: E731
-        if r % 2:
-            times["raw_copy"], _ = _timed(plain_copy)
-        raw_a, _ = _timed(lambda: clients[client](part, best))
-        times["warm"], out = _timed(lambda: warm_files(cache_dir, [CacheItem(u, size) for u in part], io,
-                                                       table_name=f"bench.{name}.{r}", concurrency=warm_best))
-        raw_b, _ = _timed(lambda: clients[client](part, best))
-        times["raw"] = (raw_a + raw_b) / 2
-        if not r % 2:
-            times["raw_copy"], _ = _timed(plain_copy)
-        copied += out.copied
-        copied_bytes += out.bytes
-        packed += getattr(out, "packed", 0)  # (0 where the library does not pack)
-        per_round.append({k: round(v, 3) for k, v in times.items()})
-    raw_s, warm_s, raw_copy_s = (sum(t[k] for t in per_round) for k in ("raw", "warm", "raw_copy"))
-    # cached reads: the best of 3, each at 1 thread and at the remote's best count (local reads are
-    # CPU-bound and need no parallelism; many threads only fight over 2 cores)
-    reader = CacheReader(str(cache_dir), io)
-    cached_s = min(_timed(lambda: _read_all(reader, uris, n))[0] for n in (1, best) for _ in range(3))
-    stats = reader.stats()
-    reader.close()
-    assert stats["hits"] == 6 * len(uris) and stats["bytes_local"] == 6 * len(uris) * size, stats
-    evict_cache(cache_dir)  # the next case starts from an empty cache
-    warm_fps = copied / warm_s
-    # the remote baseline is the faster of the cold reader and the best raw GET (conservative)
-    remote_best = min(remote_s, raw[client][best]["seconds"])
+    ep = store.endpoint(0)
+    uris = [f"s3://{ep.bucket}/{prefix}/part-{i:05d}.bin" for i in range(count)]
+    local_dir = workdir / "local" / prefix
+    local_dir.mkdir(parents=True, exist_ok=True)
+    local = [str(local_dir / f"part-{i:05d}.bin") for i in range(count)]
+    fs, _ = filesystem_for(uris[0], ep.io_properties())
+    payload = os.urandom(size + count)
+
+    def put(i: int) -> None:
+        with fs.open_output_stream(uris[i].removeprefix("s3://")) as out:
+            out.write(payload[i:i + size])
+        with open(local[i], "wb") as fh:
+            fh.write(payload[i:i + size])
+
+    with ThreadPoolExecutor(32 if size < 1 << 20 else 4) as pool:
+        list(pool.map(put, range(count)))
+    return Window("small" if size < 1 << 20 else "large", uris, size, local)
+
+
+def _ping_ms(io: dict[str, str], uri: str, n: int = 15) -> float:
+    """Median time of one small GET on a kept-alive connection: the round trip plus the store."""
+    from slipstream.cache.s3get import S3Getter
+
+    getter = S3Getter(io)
+    times = [timed(lambda: getter.get(uri[5:], lambda c: None, lambda e: None))[0] for _ in range(n + 1)]
+    return statistics.median(times[1:]) * 1000
+
+
+def _relay_cost(store: RemoteStore, small: Window, large: Window) -> dict[str, Any]:
+    """The relay with no delay against a direct connection: raw GETs of 1/5 of the small window
+    (32 threads) and of the large window (a thread per file), alternately, best of 2 each."""
+    from slipstream.cache.s3get import S3Getter
+
+    sides = {"direct": S3Getter(store.endpoint(0).io_properties()),
+             "relay": S3Getter(store.endpoint(0, relay_when_zero=True).io_properties())}
+    sample = small.uris[::5]
+    best: dict[str, dict[str, float]] = {k: {"files_per_s": 0.0, "mb_per_s": 0.0} for k in sides}
+    for _ in range(2):
+        for side, getter in sides.items():
+            s, _ = timed(lambda: raw_get(getter, sample, 32))
+            best[side]["files_per_s"] = max(best[side]["files_per_s"], len(sample) / s)
+            s, nbytes = timed(lambda: raw_get(getter, large.uris, len(large.uris)))
+            best[side]["mb_per_s"] = max(best[side]["mb_per_s"], nbytes / s / 1e6)
     return {
-        "files": len(uris), "file_bytes": size, "raw_client": client, "threads": best,
-        "raw_get_by_threads": raw, "warm_threads": warm_best, "warm_sample_by_threads": warm_by_threads,
-        "remote_read_s": round(remote_s, 3), "cached_read_s": round(cached_s, 3),
-        "speedup": round(remote_best / cached_s, 2),
-        "warm_s": round(warm_s, 3), "warm_files_per_s": round(warm_fps, 1), "packed": packed,
-        "warm_mb_per_s": round(copied_bytes / warm_s / 1e6, 1),
-        "raw_get_interleaved_files_per_s": round(len(uris) / raw_s, 1),
-        "raw_copy_interleaved_files_per_s": round(len(uris) / raw_copy_s, 1),
-        "rounds": per_round,
-        "copy_vs_raw": round(_median([t["raw"] / t["warm"] for t in per_round]), 3),
-        "copy_vs_raw_total": round(raw_s / warm_s, 3),
-        "copy_vs_raw_copy": round(_median([t["raw_copy"] / t["warm"] for t in per_round]), 3),
+        "no_delay_vs_direct_small": round(best["relay"]["files_per_s"] / best["direct"]["files_per_s"], 3),
+        "no_delay_vs_direct_large": round(best["relay"]["mb_per_s"] / best["direct"]["mb_per_s"], 3),
+        **{f"{side}_{k}": round(v, 1) for side, b in best.items() for k, v in b.items()},
     }
 
 
-def _incremental_case(workdir: Path, endpoint: Any) -> dict[str, Any]:
-    import os
+def _phase(store: RemoteStore, rtt_ms: float, small: Window, large: Window, workdir: Path, args: argparse.Namespace,
+           knobs: WarmKnobs) -> dict[str, Any]:
+    """Both windows at one round trip; the headline fields first, then the details."""
+    io = store.endpoint(rtt_ms).io_properties()
+    threads = _thread_counts(args.threads, rtt_ms)
+    s = measure_window(small, io, workdir / f"rtt-{rtt_ms:g}", threads, args.rounds, knobs)
+    big = measure_window(large, io, workdir / f"rtt-{rtt_ms:g}", threads, args.rounds, knobs)
+    return {
+        "small_speedup": s["speedup"], "copy_vs_raw": s["copy_vs_raw"],
+        "large_copy_vs_raw": big["copy_vs_raw"], "vs_local": min(s["vs_local"], big["vs_local"]),
+        "vs_local_small": s["vs_local"], "vs_local_large": big["vs_local"], "large_speedup": big["speedup"],
+        "copy_vs_raw_copy": s["copy_vs_raw_copy"], "large_copy_vs_raw_copy": big["copy_vs_raw_copy"],
+        "warm_concurrency": {"small": s["warm_concurrency"], "large": big["warm_concurrency"]},
+        "costs": {"small": s["costs"], "large": big["costs"]},
+        "small": s, "large": big,
+    }
+
+
+def _incremental_case(workdir: Path, store: RemoteStore) -> dict[str, Any]:
+    """A 2-day window of an Iceberg `samples` table warmed, one day appended, warmed again."""
     from datetime import date, datetime, timedelta, timezone
 
     from slipstream.cache.warm import warm_window
@@ -217,84 +158,70 @@ def _incremental_case(workdir: Path, endpoint: Any) -> dict[str, Any]:
     from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.settings import Settings
 
+    endpoint = store.endpoint(0)
     days = list(reference_samples(GeneratorConfig(start_day=date(2026, 3, 1), days=4, impressions_per_day=2000)).values())
-    saved = {k: os.environ.get(k) for k in endpoint.env()}
-    os.environ.update(endpoint.env())  # how credentials reach the catalog: SLIPSTREAM_S3_* variables
-    try:
-        settings = Settings(home=workdir / "home", warehouse=endpoint.warehouse("bench-wh"),
-                            cache_dir=str(workdir / "icache"))
-        tbl = samples_table(get_catalog(settings), settings.namespace)
-        for d in days[:3]:
-            tbl.append(d)
-        end3 = datetime(2026, 3, 4, tzinfo=timezone.utc)
-        before = {t.file.file_path for t in tbl.scan().plan_files()}
-        first = warm_window(settings, "samples", 2, end3, tbl.current_snapshot().snapshot_id, None, None)
-        tbl.append(days[3])
-        new = {t.file.file_path: t.file.file_size_in_bytes for t in tbl.scan().plan_files()
-               if t.file.file_path not in before}
-        second = warm_window(settings, "samples", 2, end3 + timedelta(days=1),
-                             tbl.current_snapshot().snapshot_id, None, None)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    settings = Settings(home=workdir / "home", warehouse=endpoint.warehouse("bench-wh"), cache_dir=str(workdir / "icache"),
+                        s3_endpoint=endpoint.url, s3_access_key_id=endpoint.access_key,
+                        s3_secret_access_key=endpoint.secret_key, s3_region=endpoint.region)
+    tbl = samples_table(get_catalog(settings), settings.namespace)
+    for d in days[:3]:
+        tbl.append(d)
+    end3 = datetime(2026, 3, 4, tzinfo=timezone.utc)
+    before = {t.file.file_path for t in tbl.scan().plan_files()}
+    first = warm_window(settings, "samples", 2, end3, tbl.current_snapshot().snapshot_id, None, None)
+    tbl.append(days[3])
+    new = {t.file.file_path: t.file.file_size_in_bytes for t in tbl.scan().plan_files() if t.file.file_path not in before}
+    second = warm_window(settings, "samples", 2, end3 + timedelta(days=1), tbl.current_snapshot().snapshot_id, None, None)
     copied_data = sorted(p for p in second.copied_paths if p.endswith(".parquet"))
     return {
-        "first_run_copied": first.copied, "first_run_bytes": first.bytes,
-        "rerun_copied": second.copied, "rerun_bytes": second.bytes,
+        "first_run_copied": first.copied, "rerun_copied": second.copied, "rerun_bytes": second.bytes,
         "rerun_copied_data_files": len(copied_data), "new_day_data_files": len(new),
-        "new_day_data_bytes": sum(new.values()),
-        "rerun_metadata_bytes": second.bytes - sum(new.get(p, 0) for p in copied_data),
-        "only_new_files": copied_data == sorted(new),
-        "rerun_evicted": second.evicted, "rerun_already_cached": second.already_cached,
+        "new_day_data_bytes": sum(new.values()), "only_new_files": copied_data == sorted(new),
     }
 
 
-def _upload(endpoint: Any, prefix: str, count: int, size: int, threads: int) -> list[str]:
-    """`count` distinct files of `size` bytes under s3://<bucket>/<prefix>/."""
-    import os
-
-    from slipstream.cache.remote import filesystem_for
-
-    uris = [f"s3://{endpoint.bucket}/{prefix}/part-{i:05d}.bin" for i in range(count)]
-    fs, _ = filesystem_for(uris[0], endpoint.io_properties())
-    payload = os.urandom(size + count)
-
-    def put(i: int) -> None:
-        with fs.open_output_stream(uris[i].removeprefix("s3://")) as out:
-            out.write(payload[i:i + size])
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(put, range(count)))
-    return uris
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str]) -> dict[str, Any]:
     args = _parse(argv)
-    from slipstream.dev.s3server import S3Server
-
-    thread_counts = [int(t) for t in args.threads.split(",")]
+    knobs = WarmKnobs.from_env(os.environ)  # SLIPSTREAM_CACHE_CONCURRENCY, _BLOCK_BYTES, ... as for a warmup
+    t0, load_start = time.monotonic(), _load()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="slipstream-bench-warmup-"))
-    server = S3Server(workdir / "s3home")
     try:
-        ep = server.start()
-        io = ep.io_properties()
-        t, small = _timed(lambda: _upload(ep, "small", args.files, args.file_kb * 1024, 32))
-        log.info("uploaded %d small files in %.1fs", args.files, t)
-        large = _upload(ep, "large", args.large_files, args.large_mb << 20, 4)
-        s = _window_case("small", small, args.file_kb * 1024, io, workdir / "cache", thread_counts, args.rounds)
-        big = _window_case("large", large, args.large_mb << 20, io, workdir / "cache", thread_counts, args.rounds)
-        inc = _incremental_case(workdir, ep)
+        with stop_on_signals(), RemoteStore(workdir) as store:
+            log.info("bench warmup: S3 server up (pids %s); uploading", store.pids())
+            small = _upload(store, workdir, "small", args.files, args.file_kb * 1024)
+            large = _upload(store, workdir, "large", args.large_files, args.large_mb << 20)
+            direct_ms = _ping_ms(store.endpoint(0).io_properties(), small.uris[0])
+            relay = _relay_cost(store, small, large)
+            out: dict[str, Any] = {"rtt_ms": args.rtt_ms, "knobs": knobs.as_env()}
+            if args.rtt_ms > 0:
+                ep = store.endpoint(args.rtt_ms)
+                out["rtt_measured_ms"] = round(_ping_ms(ep.io_properties(), small.uris[0]) - direct_ms, 2)
+            log.info("bench warmup: measuring at %g ms", args.rtt_ms)
+            relay_cpu, t_phase = store.relay_cpu_s(args.rtt_ms), time.monotonic()
+            phase = _phase(store, args.rtt_ms, small, large, workdir, args, knobs)
+            if args.rtt_ms > 0:  # a single-threaded relay would be the bottleneck at 1.0
+                relay["cores_at_rtt"] = round((store.relay_cpu_s(args.rtt_ms) - relay_cpu) / (time.monotonic() - t_phase), 3)
+            out.update({k: v for k, v in phase.items() if k not in ("small", "large")})
+            out["goals"] = GOALS
+            out["goals_met"] = {k: bool(out[k] >= v) for k, v in GOALS.items()}
+            out["relay"] = relay
+            if args.rtt_ms > 0 and not args.no_baseline:
+                log.info("bench warmup: measuring with no delay")
+                base = _phase(store, 0, small, large, workdir, args, knobs)
+                out["no_delay"] = {k: v for k, v in base.items() if k not in ("small", "large")}
+            if not args.no_incremental:
+                inc = _incremental_case(workdir, store)
+                out["incremental_only_new_files"] = inc["only_new_files"]
+                out["incremental_rerun_bytes"] = inc["rerun_bytes"]
+                out["incremental"] = inc
+            out["small"], out["large"] = phase["small"], phase["large"]
     finally:
-        server.stop()
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    return {
-        "small_speedup": s["speedup"], "large_speedup": big["speedup"],
-        "copy_vs_raw": s["copy_vs_raw"], "copy_vs_raw_large": big["copy_vs_raw"],
-        "copy_vs_raw_copy": s["copy_vs_raw_copy"], "copy_vs_raw_copy_large": big["copy_vs_raw_copy"],
-        "incremental_rerun_bytes": inc["rerun_bytes"], "incremental_only_new_files": inc["only_new_files"],
-        "small": s, "large": big, "incremental": inc,
-    }
+    out["load"] = {"start": load_start, "end": _load()}
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out

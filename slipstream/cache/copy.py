@@ -28,14 +28,14 @@ from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
 WHOLE_READ_MAX = 8 << 20
-RANGED_MIN = 16 << 20
-"""Objects this large are fetched as parallel ranges of RANGE bytes."""
-RANGE = 4 << 20
+RANGE = 8 << 20
+"""Default range size: larger objects are fetched as parallel ranged GETs of this many bytes
+(`SLIPSTREAM_CACHE_RANGE_BYTES`)."""
 Write = Callable[[memoryview], object]
 """Takes one chunk of a file's bytes (valid only during the call)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Placed:
     remote: str
     local: Path
@@ -49,21 +49,24 @@ class Placed:
 
 
 def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str, str],
-                expected_size: int | None = None, *, tmp_prefix: str = "w-") -> Placed:
+                expected_size: int | None = None, *, tmp_prefix: str = "w-", range_bytes: int = RANGE,
+                verify_etag: bool = True) -> Placed:
     """Copy `remote` to `local` through a temporary file; raises CacheError on a mismatch.
-    `tmp_prefix` tells warmup copies (`w-`, cleared by the next warmup) from reader copies (`r-`)."""
+    `tmp_prefix` tells warmup copies (`w-`, cleared by the next warmup) from reader copies (`r-`).
+    An S3 object over `range_bytes` is fetched as parallel ranged GETs. `verify_etag`: False checks
+    the size only (no MD5)."""
     fs, inner = filesystem_for(remote, io_properties)
     tmp = tmp_dir / f"{tmp_prefix}{uuid.uuid4().hex}.part"
     try:
-        if expected_size is not None and expected_size >= RANGED_MIN and isinstance(fs, pafs.S3FileSystem):
+        if expected_size is not None and expected_size > range_bytes and isinstance(fs, pafs.S3FileSystem):
             if (getter := getter_for(io_properties)) is not None:
-                size, etag, checked = _copy_ranged_get(getter, inner, tmp, expected_size)
+                size, etag, checked = _copy_ranged_get(getter, inner, tmp, expected_size, range_bytes, verify_etag)
             else:
-                size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size)
+                size, etag, checked = _copy_ranged(fs, inner, tmp, expected_size, range_bytes, verify_etag)
         else:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                size, etag, checked = fetch_into(remote, io_properties, partial(write_all, fd), expected_size)
+                size, etag, checked = fetcher(io_properties, verify_etag)(remote, partial(write_all, fd), expected_size)
             finally:
                 os.close(fd)
         verify_copy(remote, size, expected_size, etag, checked)
@@ -78,27 +81,23 @@ def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str
     return Placed(remote, local, size, etag)
 
 
-def fetch_into(remote: str, io_properties: dict[str, str], write: Write, expected_size: int | None
-               ) -> tuple[int, str | None, bool | None]:
-    """Hand the whole of `remote` to `write`, chunk by chunk. Returns (bytes, the store's ETag,
-    whether the bytes match it: None when the ETag cannot be checked)."""
-    return fetcher(io_properties)(remote, write, expected_size)
-
-
 Fetch = Callable[[str, Write, "int | None"], "tuple[int, str | None, bool | None]"]
 
 
-def fetcher(io_properties: dict[str, str]) -> Fetch:
-    """`fetch_into` with the client looked up once (for a thread that fetches many files)."""
+def fetcher(io_properties: dict[str, str], verify_etag: bool = True) -> Fetch:
+    """A function that hands the whole of a remote file to `write`, chunk by chunk, and returns
+    (bytes, the store's ETag, whether the bytes match it: None when it cannot be checked or
+    `verify_etag` is off); the client is looked up once (a thread fetches many files)."""
     getter = getter_for(io_properties)
+    hasher_for = md5_for if verify_etag else no_hash
 
     def fetch(remote: str, write: Write, expected_size: int | None) -> tuple[int, str | None, bool | None]:
         if getter is not None and remote.startswith("s3://"):
-            return _copy_get(getter, remote[5:], write)
+            return _copy_get(getter, remote[5:], write, hasher_for)
         fs, inner = filesystem_for(remote, io_properties)
         if isinstance(fs, pafs.S3FileSystem) and getter is not None:
-            return _copy_get(getter, inner, write)
-        return _copy_stream(fs, inner, write, expected_size)
+            return _copy_get(getter, inner, write, hasher_for)
+        return _copy_stream(fs, inner, write, expected_size, verify_etag)
 
     return fetch
 
@@ -119,15 +118,26 @@ def verify_copy(remote: str, size: int, expected_size: int | None, etag: str | N
         raise CacheError(f"copy of {remote} does not match its ETag {etag}: re-run the warmup")
 
 
-def _copy_get(getter: Any, inner: str, write: Write) -> tuple[int, str | None, bool | None]:
+def md5_for(etag: str | None) -> Any:
+    """A hasher for a body whose ETag is checkable (an MD5), else None: no hashing."""
+    return hashlib.md5() if etag and etag_checkable(etag) else None
+
+
+def no_hash(etag: str | None) -> None:
+    """`md5_for` when only the size is checked (`SLIPSTREAM_CACHE_VERIFY=size`)."""
+    return None
+
+
+def _copy_get(getter: Any, inner: str, write: Write, hasher_for: Callable[[str | None], Any] = md5_for
+              ) -> tuple[int, str | None, bool | None]:
     """One plain GET (no HEAD: its response carries the ETag) streamed into `write`; the MD5 is
     computed when the ETag can be checked, which the response says before the body."""
-    size, etag, md5 = getter.get(inner, write, lambda etag: hashlib.md5() if etag and etag_checkable(etag) else None)
+    size, etag, md5 = getter.get(inner, write, hasher_for)
     checked = etag_matches(etag, md5) if etag and md5 is not None else None
     return size, etag, checked
 
 
-def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: int | None
+def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: int | None, verify_etag: bool = True
                  ) -> tuple[int, str | None, bool | None]:
     """One GET, written as it arrives; the MD5 is computed only when the ETag can be checked."""
     size = 0
@@ -136,7 +146,7 @@ def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: i
     with fs.open_input_stream(inner) as src:
         if isinstance(fs, pafs.S3FileSystem):
             etag = _etag(src.metadata())
-            if etag and etag_checkable(etag):
+            if verify_etag and etag and etag_checkable(etag):
                 md5 = hashlib.md5()
         if expected_size is not None and expected_size < WHOLE_READ_MAX:
             # small file: one exactly-sized read (+1 byte to notice a longer file)
@@ -151,8 +161,8 @@ def _copy_stream(fs: pafs.FileSystem, inner: str, write: Write, expected_size: i
     return size, etag, (etag_matches(etag, md5) if etag and md5 is not None else None)
 
 
-def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
-                 ) -> tuple[int, str | None, bool | None]:
+def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int, range_bytes: int,
+                 verify_etag: bool = True) -> tuple[int, str | None, bool | None]:
     """A large object as parallel ranged GETs written in place (one slow stream per file would cap
     a warmup of a few large files at single-connection speed). Such objects are multipart uploads
     whose ETag cannot be checked without the part sizes, so the size is the check."""
@@ -162,18 +172,19 @@ def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             def fetch(offset: int) -> int:
-                data = src.read_at(min(RANGE, size - offset), offset)
+                data = src.read_at(min(range_bytes, size - offset), offset)
                 return os.pwrite(fd, data, offset)
 
-            written = sum(_range_pool().map(fetch, range(0, size, RANGE)))
+            written = sum(_range_pool().map(fetch, range(0, size, range_bytes)))
         finally:
             os.close(fd)
     if written != size:
         raise CacheError(f"ranged copy of {inner} wrote {written} of {size} bytes; re-run the warmup")
-    return size, etag, _check_file(tmp, etag)
+    return size, etag, check_file(tmp, etag) if verify_etag else None
 
 
-def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int) -> tuple[int, str | None, bool | None]:
+def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int, range_bytes: int,
+                     verify_etag: bool = True) -> tuple[int, str | None, bool | None]:
     """`_copy_ranged` with the one-GET client: no HEAD first (the size is the table metadata's;
     each range's Content-Range confirms the object's), each range written from the receive buffer
     straight to its place in the file. Ranges from different versions of the object (their ETags
@@ -190,24 +201,32 @@ def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int) -> 
                     pos += n
                     chunk = chunk[n:]
 
-            return getter.get_range(inner, offset, min(RANGE, expected_size - offset), write)
+            return getter.get_range(inner, offset, min(range_bytes, expected_size - offset), write)
 
-        parts = list(_range_pool().map(fetch, range(0, expected_size, RANGE)))
+        parts = list(_range_pool().map(fetch, range(0, expected_size, range_bytes)))
     finally:
         os.close(fd)
+    size, etag = check_ranges(f"s3://{inner}", parts, expected_size)
+    return size, etag, check_file(tmp, etag) if verify_etag else None
+
+
+def check_ranges(remote: str, parts: list[tuple[int, int | None, str | None]], expected_size: int
+                 ) -> tuple[int, str | None]:
+    """The object's (size, ETag) from its ranges' (bytes, Content-Range total, ETag). Ranges of
+    different versions of the object (their ETags differ) or fewer bytes than the ranges
+    announced are refused; a size the store contradicts is returned for `verify_copy` to name."""
     etags = {etag for _, _, etag in parts}
     if len(etags) > 1:
-        raise CacheError(f"s3://{inner} changed during its copy (ETags {sorted(map(str, etags))}); re-run the warmup")
+        raise CacheError(f"{remote} changed during its copy (ETags {sorted(map(str, etags))}); re-run the warmup")
     totals = {total for _, total, _ in parts if total is not None}
     written = sum(n for n, _, _ in parts)
     size = max(totals) if totals else written  # a longer or shorter object fails the size check
     if totals == {expected_size} and written != expected_size:
-        raise CacheError(f"ranged copy of s3://{inner} wrote {written} of {expected_size} bytes; re-run the warmup")
-    etag = etags.pop()
-    return size, etag, _check_file(tmp, etag)
+        raise CacheError(f"ranged copy of {remote} wrote {written} of {expected_size} bytes; re-run the warmup")
+    return size, (etags.pop() if etags else None)
 
 
-def _check_file(path: Path, etag: str | None) -> bool | None:
+def check_file(path: Path, etag: str | None) -> bool | None:
     """Large objects are multipart uploads whose ETag cannot be checked without the part sizes;
     a single-part ETag is checked by reading the file back."""
     if not (etag and etag_checkable(etag)):

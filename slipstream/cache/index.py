@@ -6,6 +6,8 @@
 <cache_dir>/tmp/                                  copies in flight (`*.part`); cleared by the next warmup
 <cache_dir>/index.sqlite                          one row per cached file: remote path, size, snapshot,
                                                   last access, and for a packed file its block and offset
+<cache_dir>/index.gen                             8-byte counter bumped after every index commit (readers
+                                                  map it: a change tells them to reload, no query per read)
 <cache_dir>/warm.lock                             flock held by a warmup; holds the holder's PID
 ```
 
@@ -21,6 +23,7 @@ SQLite in WAL mode lets readers record access times while a warmup writes.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import sqlite3
 import time
@@ -62,6 +65,7 @@ class CacheLayout:
         self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp"
         self.index_path = self.root / "index.sqlite"
+        self.generation_path = self.root / "index.gen"
         self.lock_path = self.root / "warm.lock"
 
     def ensure(self) -> None:
@@ -95,6 +99,31 @@ class Entry:
                 self.last_access, self.block, self.block_offset)
 
 
+class Generation:
+    """The index's change counter, memory-mapped: `bump()` after a commit, `value()` costs a
+    memory read (a reader checks it on every lookup; SQLite's `PRAGMA data_version` is a query)."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < 8:
+                os.ftruncate(fd, 8)
+            self.map = mmap.mmap(fd, 8)
+        finally:
+            os.close(fd)
+
+    def value(self) -> int:
+        return int.from_bytes(self.map[:8], "little")
+
+    def bump(self) -> None:
+        """Any change of the value tells readers to reload (a lost update between two writers
+        still changes it)."""
+        self.map[:8] = ((self.value() + 1) % (1 << 64)).to_bytes(8, "little")
+
+    def close(self) -> None:
+        self.map.close()
+
+
 @dataclass(frozen=True)
 class Block:
     name: str
@@ -113,6 +142,7 @@ class CacheIndex:
                                   check_same_thread=not any_thread)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        self.generation = Generation(layout.generation_path)
         columns = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
         if columns and "block" not in columns:  # an index written before packing existed
             with self.transaction():
@@ -121,12 +151,9 @@ class CacheIndex:
                     self.db.execute("ALTER TABLE entries ADD COLUMN block_offset INTEGER")
         self.db.executescript(_SCHEMA)
 
-    def data_version(self) -> int:
-        """Changes whenever another connection commits (cheap: no file access)."""
-        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
-
     def close(self) -> None:
         self.db.close()
+        self.generation.close()
 
     def __enter__(self) -> "CacheIndex":
         return self
@@ -137,6 +164,17 @@ class CacheIndex:
     def entries(self) -> list[Entry]:
         return [Entry(*r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM entries")]
 
+    def entries_for(self, table_name: str, keys: Iterable[str]) -> list[Entry]:
+        """The rows a warmup of `table_name` needs: that table's (what may leave its window) and
+        those of the planned `keys`, without reading the whole index."""
+        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS planned (key TEXT PRIMARY KEY)")
+        with self.transaction(bump=False):
+            self.db.execute("DELETE FROM planned")
+            self.db.executemany("INSERT OR IGNORE INTO planned VALUES (?)", ((k,) for k in keys))
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE table_name = ? "
+                               "OR key IN (SELECT key FROM planned)", (table_name,))
+        return [Entry(*r) for r in rows]
+
     def get(self, key: str) -> Entry | None:
         row = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE key=?", (key,)).fetchone()
         return Entry(*row) if row else None
@@ -144,10 +182,11 @@ class CacheIndex:
     def blocks(self) -> list[Block]:
         return [Block(*r) for r in self.db.execute("SELECT name, size, added FROM blocks")]
 
-    def packed(self) -> dict[str, tuple[str, int, int]]:
-        """{key: (block, offset, size)} of every packed file (what a reader serves from blocks)."""
-        rows = self.db.execute("SELECT key, block, block_offset, size FROM entries WHERE block IS NOT NULL")
-        return {k: (b, o, n) for k, b, o, n in rows}
+    def packed(self) -> dict[str, tuple[str, str, int, int]]:
+        """{remote path: (key, block, offset, size)} of every packed file (what a reader serves
+        from blocks)."""
+        rows = self.db.execute("SELECT remote, key, block, block_offset, size FROM entries WHERE block IS NOT NULL")
+        return {r: (k, b, o, n) for r, k, b, o, n in rows}
 
     def put(self, entry: Entry, *, replace: bool = True) -> None:
         self.put_many([entry], replace=replace)
@@ -155,12 +194,16 @@ class CacheIndex:
     def put_many(self, entries: Iterable[Entry], *, replace: bool = True, blocks: Iterable[Block] = ()) -> None:
         """Insert rows in one transaction, with the blocks that hold packed ones (a block and its
         members become visible to readers together)."""
+        self.put_rows([e.row() for e in entries], replace=replace, blocks=blocks)
+
+    def put_rows(self, rows: Iterable[tuple[object, ...]], *, replace: bool = True, blocks: Iterable[Block] = ()) -> None:
+        """`put_many` with rows in `Entry.row()` order (the warmup builds thousands: no object each)."""
         with self.transaction():
             self.db.executemany("INSERT OR REPLACE INTO blocks VALUES (?, ?, ?)",
                                 [(b.name, b.size, b.added) for b in blocks])
             self.db.executemany(
                 f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [e.row() for e in entries],
+                rows,
             )
 
     def mark_planned(self, keys: Iterable[str], table_name: str, snapshot: int) -> None:
@@ -198,7 +241,9 @@ class CacheIndex:
         return int(loose) + int(packed)
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, bump: bool = True) -> Iterator[None]:
+        """A write transaction; readers are told by the generation counter (`bump`: False for a
+        change only this connection sees, a temporary table)."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -206,6 +251,8 @@ class CacheIndex:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        if bump:
+            self.generation.bump()
 
 
 @contextmanager

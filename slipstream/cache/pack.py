@@ -5,7 +5,7 @@ the node a create, a rename and an inode per file on the way in, and an open per
 read. Files below `pack_below` bytes are instead appended end to end into block files.
 
 Each copy thread fills a block of its own: it appends the next small file (in path order) until
-the block holds `BLOCK_BYTES` or the next file is from another folder, then seals it and starts
+the block holds `block_bytes` or the next file is from another folder, then seals it and starts
 the next, so every thread stays busy to the end and consecutive files of one folder (a day
 partition) share blocks, which therefore leave the cache with their day.
 
@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from slipstream.cache.copy import Placed, fetcher, verify_copy, write_all
+from slipstream.cache.copy import Placed, fetcher, md5_for, no_hash, verify_copy, write_all
+from slipstream.cache.remote import etag_matches
+from slipstream.cache.s3get import getter_for
 from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.errors import CacheError
 
@@ -40,6 +42,7 @@ PACK_BELOW = 128 << 10
 PACK_MIN_FILES = 32
 """A warmup with fewer small files than this places them as files of their own."""
 BLOCK_BYTES = 16 << 20
+"""Default: a block is sealed at this size (`SLIPSTREAM_CACHE_BLOCK_BYTES`)."""
 FLUSH_BYTES = 1 << 20
 BLOCK_SUFFIX = ".blk"
 
@@ -78,39 +81,59 @@ class SealedBlock:
 
 class BlockWriter:
     """One block being filled by one thread: `append` members, then `seal` (or `abort`). Members
-    are collected in memory and written out about every FLUSH_BYTES (a write per file showed in
-    the profile), always between members, so a failed member is simply dropped from memory."""
+    are read straight into a buffer (with the one-GET client: from the socket into their place,
+    no copy in between) and written out about every FLUSH_BYTES (a write per file showed in the
+    profile), always between members, so a failed member is simply dropped from the buffer."""
 
-    def __init__(self, layout: CacheLayout, io_properties: dict[str, str], attempt: Attempt) -> None:
-        self.fetch = fetcher(io_properties)
+    def __init__(self, layout: CacheLayout, io_properties: dict[str, str], attempt: Attempt, *,
+                 block_bytes: int = BLOCK_BYTES, max_member: int = PACK_BELOW, buffer: memoryview | None = None,
+                 verify_etag: bool = True) -> None:
+        self.getter = getter_for(io_properties)
+        self.fetch = fetcher(io_properties, verify_etag)
+        self.hasher_for = md5_for if verify_etag else no_hash
         self.attempt = attempt
+        self.block_bytes = block_bytes
         self.name = f"{uuid.uuid4().hex}{BLOCK_SUFFIX}"
         self.path = layout.block_path(self.name)
         self.tmp = layout.tmp / f"w-{uuid.uuid4().hex}.part"
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.folder: str | None = None
-        self.offset = 0
-        """Bytes of the members placed so far (the block's size once flushed)."""
-        self.buffer = bytearray()
-        """Bytes not yet written: the block's tail, from `offset - len(buffer)`."""
+        self.written = 0
+        """Bytes of the block already written to its file."""
+        size = FLUSH_BYTES + max_member + 1
+        self.buffer = buffer if buffer is not None and len(buffer) >= size else memoryview(bytearray(size))
+        """Reused from the thread's previous block (a fresh megabyte per block showed as page faults)."""
+        self.fill = 0
+        """Bytes of the buffer in use: the block's tail, from `written`."""
         self.members: list[str] = []
         self.placed: list[Placed] = []
         self.failed: list[tuple[str, BaseException]] = []
 
+    @property
+    def offset(self) -> int:
+        """Bytes of the members placed so far (the block's size once flushed)."""
+        return self.written + self.fill
+
     def accepts(self, remote: str) -> bool:
         """Whether `remote` belongs in this block: same folder, and the block is not full yet."""
-        return self.folder in (None, remote.rpartition("/")[0]) and self.offset < BLOCK_BYTES
+        return self.folder in (None, remote.rpartition("/")[0]) and self.offset < self.block_bytes
 
-    def append(self, remote: str, expected_size: int | None) -> None:
+    def append(self, remote: str, expected_size: int) -> None:
         """Fetch `remote` onto the end of the block and verify it; a file that keeps failing is
         dropped again and reported by `seal`."""
         self.folder = remote.rpartition("/")[0]
         self.members.append(remote)
-        keep = len(self.buffer)
+        start = self.fill
+        room = self.buffer[start:start + expected_size + 1]  # +1: a longer file shows as such
 
         def fetch() -> tuple[int, str | None]:
-            del self.buffer[keep:]  # what a failed attempt left
-            size, etag, checked = self.fetch(remote, self.buffer.extend, expected_size)
+            if self.getter is not None and remote.startswith("s3://"):
+                size, etag, md5 = self.getter.get_into(remote[5:], room, self.hasher_for)
+                checked = etag_matches(etag, md5) if etag and md5 is not None else None
+            else:
+                got = bytearray()
+                size, etag, checked = self.fetch(remote, got.extend, expected_size)
+                room[:min(size, len(room))] = got[:len(room)]
             verify_copy(remote, size, expected_size, etag, checked)
             return size, etag
 
@@ -118,11 +141,10 @@ class BlockWriter:
             size, etag = self.attempt(remote, fetch)
         except Exception as e:  # noqa: BLE001 - reported with the file's name; the block goes on
             self.failed.append((remote, e))
-            del self.buffer[keep:]
             return
-        self.placed.append(Placed(remote, self.path, size, etag, self.name, self.offset))
-        self.offset += size
-        if len(self.buffer) >= FLUSH_BYTES:
+        self.placed.append(Placed(remote, self.path, size, etag, self.name, self.written + start))
+        self.fill = start + size
+        if self.fill >= FLUSH_BYTES:
             self._flush()
 
     def seal(self) -> SealedBlock:
@@ -152,9 +174,10 @@ class BlockWriter:
         self.tmp.unlink(missing_ok=True)
 
     def _flush(self) -> None:
-        if self.buffer:
-            write_all(self.fd, self.buffer)
-            self.buffer.clear()
+        if self.fill:
+            write_all(self.fd, self.buffer[:self.fill])
+            self.written += self.fill
+            self.fill = 0
 
 
 def reconcile_blocks(layout: CacheLayout, index: CacheIndex) -> int:

@@ -11,8 +11,9 @@ A hit is a packed file the index lists in a block under `<cache_dir>/blocks/` (s
 zero-copy slice of the memory-mapped block, see `pack.py`) or a file under `<cache_dir>/files/`
 (complete by construction, see `copy.py`); a miss reads the remote file and, with `populate=True`,
 copies it into the cache first (atomically) so the next read hits. The reader keeps the index's
-map of packed files and reloads it whenever another connection committed (SQLite's
-`data_version`, checked on every lookup), so a file evicted or packed meanwhile is seen as such. Byte counters: `open_input_file` counts the file's size; `read_row_group` counts the
+map of packed files and reloads it whenever the index changed (its generation counter, a
+memory-mapped word every commit bumps, checked on every lookup), so a file evicted or packed
+meanwhile is seen as such. Byte counters: `open_input_file` counts the file's size; `read_row_group` counts the
 compressed bytes of the column chunks it reads. Thread-safe; one reader per process is enough.
 Access times are kept in memory and written to the index by `flush()` (also on `close()`), which
 is what the warmup's least-recently-used eviction orders by.
@@ -50,8 +51,11 @@ class CacheReader:
         self._footers: dict[str, pq.FileMetaData] = {}
         self._index: CacheIndex | None = None
         self._index_pid = 0
-        self._index_version = -1
-        self._packed: dict[str, tuple[str, int, int]] = {}
+        self._generation = -1
+        self._packed: dict[str, tuple[str, str, int, int]] = {}
+        """{remote path: (key, block, offset, size)}, as the index had it at `_generation`."""
+        self._packed_keys: dict[str, tuple[str, str, int, int]] = {}
+        """The same by cache key (a path spelled differently, e.g. s3a://, names the same file)."""
         self._blocks: dict[str, pa.Buffer] = {}
         """Memory-mapped blocks, whole (a slice of one is zero-copy)."""
 
@@ -62,49 +66,59 @@ class CacheReader:
         local = self.layout.local_path(path)
         return str(local) if local.is_file() else None
 
-    def _packed_slice(self, key: str) -> pa.Buffer | None:
-        """The bytes of a packed file (a slice of its memory-mapped block), or None."""
+    def _current_packed(self) -> dict[str, tuple[str, str, int, int]] | None:
+        """The map of packed files, reloaded when the index's generation moved (None: no index)."""
+        index = self._index
+        if index is not None and self._index_pid == os.getpid() and index.generation.value() == self._generation:
+            return self._packed
         with self._lock:
             if self._index is None or self._index_pid != os.getpid():  # a forked child opens its own
                 if not self.layout.index_path.exists():
                     return None
                 self._index = CacheIndex(self.layout, any_thread=True)
                 self._index_pid = os.getpid()
-                self._index_version = -1
-            version = self._index.data_version()
-            if version != self._index_version:
-                self._packed = self._index.packed()
-                self._index_version = version
-                live = {b for b, _, _ in self._packed.values()}
+                self._generation = -1
+            generation = self._index.generation.value()  # read before the rows: a later commit bumps it again
+            if generation != self._generation:
+                packed = self._index.packed()
+                live = {b for _, b, _, _ in packed.values()}
                 # a block evicted meanwhile: let it go (slices handed out keep its mapping alive)
                 self._blocks = {b: m for b, m in self._blocks.items() if b in live}
-            where = self._packed.get(key)
-            if where is None:
+                self._packed, self._packed_keys = packed, {v[0]: v for v in packed.values()}
+                self._generation = generation
+            return self._packed
+
+    def _packed_slice(self, path: str, key: str | None = None) -> pa.Buffer | None:
+        """The bytes of a packed file (a slice of its memory-mapped block), or None."""
+        packed = self._current_packed()
+        if packed is None:
+            return None
+        where = packed.get(path) or self._packed_keys.get(key or cache_key(path))
+        if where is None:
+            return None
+        key, block, offset, size = where
+        mapped = self._blocks.get(block)
+        if mapped is None:
+            try:
+                with pa.memory_map(str(self.layout.block_path(block)), "r") as mm:
+                    mapped = self._blocks[block] = mm.read_buffer()  # the mapping outlives the file object
+            except FileNotFoundError:  # deleted after the map was read: a miss
                 return None
-            block, offset, size = where
-            mapped = self._blocks.get(block)
-            if mapped is None:
-                try:
-                    with pa.memory_map(str(self.layout.block_path(block)), "r") as mm:
-                        mapped = self._blocks[block] = mm.read_buffer()  # the mapping outlives the file object
-                except FileNotFoundError:  # deleted after the map was read: a miss
-                    return None
-            self._accesses[key] = time.time()
-            return mapped.slice(offset, size)
+        self._accesses[key] = time.time()
+        return mapped.slice(offset, size)
 
     def _open(self, path: str) -> tuple[pa.NativeFile, bool]:
-        key = cache_key(path)
-        packed = self._packed_slice(key)
+        packed = self._packed_slice(path)
         if packed is not None:
             return pa.BufferReader(packed), True
+        key = cache_key(path)
         local = self.layout.files / key
         try:
             f = pa.memory_map(str(local), "r")
         except FileNotFoundError:
             pass
         else:
-            with self._lock:
-                self._accesses[key] = time.time()
+            self._accesses[key] = time.time()
             return f, True
         if self.populate and self._populate(path):
             try:  # the bytes came from remote: still a miss, but the next read hits
@@ -165,11 +179,11 @@ class CacheReader:
     def read_file(self, path: str) -> bytes:
         """The whole file's bytes (small files, benchmarks). A plain miss streams the object with
         one GET (no size request first)."""
-        key = cache_key(path)
-        packed = self._packed_slice(key)
+        packed = self._packed_slice(path)
         if packed is not None:
             self._count(True, packed.size)
             return packed.to_pybytes()
+        key = cache_key(path)
         local = str(self.layout.files / key)
         try:  # a file of its own: one open and one read, no memory map
             with open(local, "rb") as fh:
@@ -177,8 +191,7 @@ class CacheReader:
         except FileNotFoundError:
             pass
         else:
-            with self._lock:
-                self._accesses[key] = time.time()
+            self._accesses[key] = time.time()
             self._count(True, len(data))
             return data
         if not self.populate:
@@ -215,7 +228,7 @@ class CacheReader:
         self.flush()
         with self._lock:
             index, self._index = self._index, None
-            self._blocks, self._packed, self._index_version = {}, {}, -1
+            self._blocks, self._packed, self._packed_keys, self._generation = {}, {}, {}, -1
         if index is not None:
             index.close()
 

@@ -5,8 +5,9 @@ pyarrow's `open_input_stream` sends a HEAD before every GET (for the size and th
 window of thousands of small files that doubles the requests and the store's work. A plain GET
 already answers both (`Content-Length`, `ETag`), so this client needs one request per file. It is
 used when the store is named by an endpoint (SeaweedFS, MinIO, ... as `s3.endpoint`); otherwise
-`copy.py` keeps using pyarrow. Errors are `OSError`s, so the warmup's retries treat them as
-transient like pyarrow's.
+`copy.py` keeps using pyarrow. Errors are `OSError`s: a missing object is a `FileNotFoundError` and
+a refused request (403, 400, ...) a `RequestRefused`, which the warmup does not retry; the others
+(connection refused or reset, 5xx, 429) it retries as transient, like pyarrow's.
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-BUFFER = 1 << 20
+BUFFER = 256 << 10
+"""Receive buffer per thread (an auto-sized warmup may run a few hundred threads)."""
 
 _LOCK = threading.Lock()
 _GETTERS: dict[tuple[tuple[str, str], ...], "S3Getter | None"] = {}
+
+
+class RequestRefused(OSError):
+    """The store refused the request for good (HTTP 4xx other than 404, 408 and 429)."""
 
 
 class S3Getter:
@@ -133,6 +139,37 @@ class S3Getter:
         size = self._stream(inner, resp, host, write, md5)
         return size, etag, md5
 
+    def get_into(self, inner: str, dest: memoryview, hasher_for: Callable[[str | None], Any]
+                 ) -> tuple[int, str | None, Any]:
+        """GET `bucket/key` straight into `dest` (no intermediate buffer: the packing path reads
+        each small file into its place in the block's buffer). Returns (the object's size, ETag,
+        hasher over the bytes read); a size over `len(dest)` is returned without reading the body
+        (the caller's size check then fails) and the connection is dropped."""
+        resp, host = self._request(inner, None)
+        etag = resp.getheader("ETag")
+        length = resp.length
+        if length is None or length > len(dest):
+            self._drop(host)
+            return (length if length is not None else len(dest) + 1), etag, None
+        try:
+            got = 0
+            if not length:
+                resp.read()  # completes the response, so the connection takes the next request
+            while got < length:
+                n = resp.readinto(dest[got:length])
+                if not n:
+                    raise OSError(f"GET s3://{inner}: the body ended after {got} of {length} bytes")
+                got += n
+            if resp.will_close:
+                self._drop(host)
+        except (OSError, http.client.HTTPException) as e:
+            self._drop(host)
+            raise e if isinstance(e, OSError) else OSError(f"GET s3://{inner}: {type(e).__name__}: {e}") from e
+        md5 = hasher_for(etag)
+        if md5 is not None:
+            md5.update(dest[:got])
+        return got, etag, md5
+
     def get_range(self, inner: str, start: int, length: int, write: Callable[[memoryview], object]
                   ) -> tuple[int, int | None, str | None]:
         """GET `length` bytes of `bucket/key` from `start` into `write`. Returns (bytes, the
@@ -170,7 +207,11 @@ class S3Getter:
             body = resp.read(4096)
             self._drop(host)
             msg = f"GET s3://{inner}: HTTP {resp.status} {resp.reason}: {body[:300]!r}"
-            raise FileNotFoundError(msg) if resp.status == 404 else OSError(msg)
+            if resp.status == 404:
+                raise FileNotFoundError(msg)
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                raise RequestRefused(msg)  # credentials, a bad request: trying again will not help
+            raise OSError(msg)
         return resp, host
 
     def _stream(self, inner: str, resp: http.client.HTTPResponse, host: str, write: Callable[[memoryview], object],

@@ -5,31 +5,32 @@ table metadata).
 `warm_plan` takes a run's planned files (`RunPlan`), `warm_window` plans a window itself (the
 hourly warmup of the next run's window); `warm_files` does the work under the cache lock: clear
 dead temporary files, evict what left the window, make room under the budget (least recently
-used first), copy the missing files in parallel (each through `copy_atomic`: temp name, verify,
-rename; many small files packed into blocks by `pack.BlockWriter`, built the same way) with
-retries, and record placed files in the index as they land (in batches), so an interrupted
-warmup resumes where it stopped.
+used first), copy the missing files (`transfer.Transfer`: enough requests in flight to hide the
+store's latency; each file through a temp name, verified, renamed; large ones as parallel ranges;
+many small files packed into blocks by `pack.BlockWriter`, built the same way) with retries, and
+record placed files in the index as they land (in batches), so an interrupted warmup resumes
+where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable
-from queue import Empty, SimpleQueue
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from slipstream.cache.copy import Placed, clear_tmp, copy_atomic
+from slipstream.cache.copy import Placed, clear_tmp
 from slipstream.cache.evict import Evicted, lru_victims, out_of_window, remove_entries
 from slipstream.cache.index import Block, CacheIndex, CacheLayout, Entry, cache_lock
-from slipstream.cache.pack import PACK_BELOW, BlockWriter, SealedBlock, plan_packing, reconcile_blocks
+from slipstream.cache.inflight import CONTROL_S
+from slipstream.cache.pack import reconcile_blocks
 from slipstream.cache.remote import cache_key, filesystem_for
-from slipstream.cache.settings import CacheSettings
+from slipstream.cache.settings import CacheSettings, WarmKnobs
+from slipstream.cache.transfer import Transfer, drain, plan_requests
 from slipstream.errors import CacheWarmError
 from slipstream.settings import Settings
 
@@ -42,10 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DATA_KINDS = ("data", "delete")
-RETRIES = 4
 PROGRESS_EVERY_S = 2.0
 INDEX_BATCH = 1024
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,8 @@ class WarmReport:
     bytes: int = 0
     """Bytes copied by this run."""
     seconds: float = 0.0
+    concurrency: int = 0
+    """Requests in flight at the end of the copy (what `auto` settled on, or the fixed number)."""
     throughput_bytes_per_s: float = 0.0
     files_per_s: float = 0.0
     expected_hit_ratio: float = 0.0
@@ -154,18 +155,17 @@ def _warm_items(settings: Settings, tbl: Table, name: str, snap: int, items: lis
     return warm_files(
         cache_dir or cache.dir, items, io_props, table_name=name, snapshot_id=snap,
         budget_bytes=budget_bytes if budget_bytes is not None else cache.budget_bytes,
-        concurrency=cache.concurrency, pack_below=cache.pack_below_bytes, lock_timeout_s=cache.lock_timeout_s,
-        window=window,
+        knobs=cache.warm, lock_timeout_s=cache.lock_timeout_s, window=window,
     )
 
 
 def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,
                table_name: str, snapshot_id: int | None = None, budget_bytes: int | None = None,
-               concurrency: int = 16, lock_timeout_s: float = 600.0,
-               window: tuple[datetime, datetime] | None = None, pack_below: int = PACK_BELOW) -> WarmReport:
+               knobs: WarmKnobs = WarmKnobs(), lock_timeout_s: float = 600.0,
+               window: tuple[datetime, datetime] | None = None) -> WarmReport:
     """Make `items` (a window's files) present in the cache; the building block of `warm_window`,
-    also usable with a plain file list (the benchmark's small-file window). Files under
-    `pack_below` bytes are packed into blocks when there are many (see `pack.py`; 0: never)."""
+    also usable with a plain file list (the benchmark's small-file window). `knobs`: how many
+    requests in flight, which files are packed into blocks (see `pack.py`), range size, retries."""
     layout = CacheLayout(cache_dir)
     report = WarmReport(table_name, snapshot_id, window[0].isoformat() if window else None,
                         window[1].isoformat() if window else None, str(layout.root), budget_bytes=budget_bytes)
@@ -177,7 +177,7 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
     with cache_lock(layout, lock_timeout_s), CacheIndex(layout) as index:
         report.stale_tmp_removed = clear_tmp(layout.tmp)
         reconcile_blocks(layout, index)
-        entries = {e.key: e for e in index.entries()}
+        entries = {e.key: e for e in index.entries_for(table_name, by_key)}
         leaving = out_of_window(entries.values(), table_name, by_key.keys())
         gone = remove_entries(layout, index, leaving)
         for e in leaving:
@@ -197,8 +197,10 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
             report.skipped_over_budget = len(by_key) - len(cached) - len(missing)
         report.evicted, report.evicted_bytes = evicted.files, evicted.bytes
 
-        placed, failed = _copy_all(layout, index, {k: by_key[k] for k in missing}, io_properties,
-                                   table_name, snapshot_id, concurrency, pack_below)
+        t_copy = time.monotonic()
+        placed, failed, report.concurrency = _copy_all(layout, index, {k: by_key[k] for k in missing}, io_properties,
+                                                       table_name, snapshot_id, knobs)
+        t_done = time.monotonic()
         report.copied = len(placed)
         report.packed = sum(1 for p in placed if p.block is not None)
         report.blocks = len({p.block for p in placed if p.block is not None})
@@ -208,6 +210,8 @@ def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dic
         key_of = {i.remote: k for k, i in by_key.items()}
         present = {*cached, *(key_of[p.remote] for p in placed)}
     report.seconds = round(time.monotonic() - t0, 3)
+    log.debug("warm %s: planned in %.3fs, copied in %.3fs, finished in %.3fs", table_name, t_copy - t0,
+              t_done - t_copy, time.monotonic() - t_done)
     report.throughput_bytes_per_s = round(report.bytes / report.seconds, 1) if report.seconds else 0.0
     report.files_per_s = round(report.copied / report.seconds, 1) if report.seconds else 0.0
     data = [(k, i) for k, i in by_key.items() if i.kind in DATA_KINDS]
@@ -291,83 +295,35 @@ def _fit_budget(layout: CacheLayout, index: CacheIndex, by_key: dict[str, CacheI
 
 
 def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheItem], io_properties: dict[str, str],
-              table_name: str, snapshot_id: int | None, concurrency: int, pack_below: int = PACK_BELOW
-              ) -> tuple[list[Placed], list[tuple[str, str]]]:
-    """Copy with `concurrency` worker threads, each taking the next file when its last one is done
-    (no future per file: on small files the bookkeeping showed in the profile) and packing small
-    ones into a block of its own (`pack.BlockWriter`); index rows are written by this thread as
-    files land, in batches of INDEX_BATCH (a crash loses at most the last batch, whose files the
-    next run adopts: whole under files/ by construction), and with each block as soon as it is
-    sealed (a block without rows is an orphan the next run deletes)."""
+              table_name: str, snapshot_id: int | None, knobs: WarmKnobs
+              ) -> tuple[list[Placed], list[tuple[str, str]], int]:
+    """Copy through a `Transfer` (its threads fetch; this thread sizes the pool, commits and logs).
+    Index rows are written as files land, in batches of INDEX_BATCH (a crash loses at most the
+    last batch, whose files the next run adopts: whole under files/ by construction), and with
+    each block as soon as it is sealed (a block without rows is an orphan the next run deletes).
+    Returns (placed, failed, requests in flight at the end)."""
     placed: list[Placed] = []
     failed: list[tuple[str, str]] = []
     todo = list(missing.values())
     if not todo:
-        return placed, failed
+        return placed, failed, 0
     key_of = {i.remote: k for k, i in missing.items()}
-    small, singles = plan_packing(todo, pack_below)
-    # the largest files first (so none starts last and runs alone), then the small ones in path
-    # order: a thread packs consecutive files of one folder into its block
-    singles.sort(key=lambda i: -(i.size or 0))
-    tasks = [*singles, *small]
-    packing = {id(i) for i in small}
-    total_bytes = sum(i.size or 0 for i in todo)
-    pending_rows: list[Entry] = []
+    requests, large = plan_requests(todo, layout, io_properties, knobs)
+    transfer = Transfer(layout, io_properties, knobs, requests, large)
+    progress = _Progress(table_name, len(todo), sum(i.size or 0 for i in todo))
+    pending_rows: list[tuple[object, ...]] = []
     pending_blocks: list[Block] = []
-    t0 = last_log = time.monotonic()
-    done_bytes = 0
-    queue = iter(tasks)
-    queue_lock = threading.Lock()
-    results: SimpleQueue[SealedBlock] = SimpleQueue()
-    stop = threading.Event()
-
-    def worker() -> None:
-        writer: BlockWriter | None = None
-        try:
-            while not stop.is_set():
-                with queue_lock:
-                    item = next(queue, None)
-                if item is None:
-                    break
-                if id(item) not in packing:
-                    try:
-                        results.put(SealedBlock(None, [_copy_with_retries(layout, item, io_properties)], []))
-                    except Exception as e:  # noqa: BLE001 - reported with the file's name
-                        results.put(SealedBlock(None, [], [(item.remote, e)]))
-                    continue
-                if writer is not None and not writer.accepts(item.remote):
-                    results.put(writer.seal())
-                    writer = None
-                if writer is None:
-                    writer = BlockWriter(layout, io_properties, _with_retries)
-                writer.append(item.remote, item.size)
-            if writer is not None:
-                if stop.is_set():  # the warmup is being torn down: nobody would commit the block
-                    writer.abort()
-                else:
-                    results.put(writer.seal())
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            if writer is not None:
-                writer.abort()
-                results.put(SealedBlock(None, [], [(r, e) for r in writer.members]))
-            else:
-                results.put(SealedBlock(None, [], [("(warm worker)", e)]))
-            stop.set()
-
-    threads = [threading.Thread(target=worker, name=f"warm-{n}", daemon=True)
-               for n in range(min(concurrency, len(tasks)))]
-    for t in threads:
-        t.start()
+    transfer.start()
     try:
         got = 0
         while got < len(todo):
-            try:
-                batch = [results.get(timeout=PROGRESS_EVERY_S)]
-                while not results.empty():
-                    batch.append(results.get_nowait())
-            except Empty:
-                batch = []
             now = time.time()
+            batch = drain(transfer, CONTROL_S)
+            if not batch and transfer.finished():  # a thread failed and stopped the others
+                seen = {p.remote for p in placed} | {r for r, _ in failed}
+                failed += [(i.remote, "not copied: the warmup stopped early (see the other errors)")
+                           for i in todo if i.remote not in seen]
+                break
             for sealed in batch:
                 got += len(sealed.placed) + len(sealed.failed)
                 for remote, err in sealed.failed:
@@ -378,46 +334,40 @@ def _copy_all(layout: CacheLayout, index: CacheIndex, missing: dict[str, CacheIt
                     pending_blocks.append(sealed.block)
                 for p in sealed.placed:
                     placed.append(p)
-                    done_bytes += p.size
-                    pending_rows.append(Entry(key_of[p.remote], p.remote, p.size, p.etag, table_name,
-                                              snapshot_id, now, now, p.block, p.offset))
+                    pending_rows.append((key_of[p.remote], p.remote, p.size, p.etag, table_name,
+                                         snapshot_id, now, now, p.block, p.offset))  # Entry.row() order
             # a sealed block is committed at once: until then it is an orphan that a crash loses
             if len(pending_rows) >= INDEX_BATCH or pending_blocks or (pending_rows and got == len(todo)):
-                index.put_many(pending_rows, blocks=pending_blocks)
+                index.put_rows(pending_rows, blocks=pending_blocks)
                 pending_rows, pending_blocks = [], []
-            now_m = time.monotonic()
-            if now_m - last_log >= PROGRESS_EVERY_S or got == len(todo):
-                last_log = now_m
-                elapsed = max(now_m - t0, 1e-6)
-                rate = done_bytes / elapsed
-                eta = max(0.0, (total_bytes - done_bytes) / rate) if rate > 0 else float("nan")
-                log.info("warm %s: %d/%d files, %.1f/%.1f MB, %.1f MB/s, %.0f files/s, ETA %.0fs%s",
-                         table_name, len(placed), len(todo), done_bytes / 1e6, total_bytes / 1e6, rate / 1e6,
-                         len(placed) / elapsed, eta, f", {len(failed)} failed" if failed else "")
+            transfer.control()
+            progress.log(transfer, len(failed), done=got == len(todo))
     finally:
-        stop.set()
-        for t in threads:
-            t.join()
+        transfer.close()
         if pending_rows:  # an interrupted run still records what landed
-            index.put_many(pending_rows, blocks=pending_blocks)
-    return placed, failed
+            index.put_rows(pending_rows, blocks=pending_blocks)
+    return placed, failed, transfer.target
 
 
-def _copy_with_retries(layout: CacheLayout, item: CacheItem, io_properties: dict[str, str]) -> Placed:
-    return _with_retries(item.remote, lambda: copy_atomic(
-        item.remote, layout.local_path(item.remote), layout.tmp, io_properties, item.size))
+class _Progress:
+    """The warmup's progress line, every PROGRESS_EVERY_S and at the end: files and bytes fetched,
+    rates, requests in flight, ETA."""
 
+    def __init__(self, table_name: str, files: int, total_bytes: int) -> None:
+        self.table_name, self.files, self.total_bytes = table_name, files, total_bytes
+        self.t0 = self.last = time.monotonic()
 
-def _with_retries(remote: str, fn: Callable[[], T]) -> T:
-    """Transient store errors (a restart, a dropped connection) are retried with backoff."""
-    delay = 0.5
-    for attempt in range(1, RETRIES + 1):
-        try:
-            return fn()
-        except OSError as e:
-            if attempt == RETRIES:
-                raise
-            log.debug("copy of %s failed (attempt %d/%d): %s; retrying in %.1fs", remote, attempt, RETRIES, e, delay)
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    def log(self, transfer: Transfer, failed: int, *, done: bool) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S and not done:
+            return
+        self.last = now
+        totals = transfer.clock.totals()
+        files, nbytes = totals.files, totals.bytes
+        elapsed = max(now - self.t0, 1e-6)
+        rate, file_rate = nbytes / elapsed, files / elapsed
+        left = ((self.total_bytes - nbytes) / rate if rate and self.total_bytes
+                else (self.files - files) / file_rate if file_rate else float("nan"))
+        log.info("warm %s: %d/%d files, %.1f/%.1f MB, %.1f MB/s, %.0f files/s, %d requests in flight, ETA %.0fs%s",
+                 self.table_name, files, self.files, nbytes / 1e6, self.total_bytes / 1e6, rate / 1e6,
+                 file_rate, transfer.target, max(0.0, left), f", {failed} failed" if failed else "")

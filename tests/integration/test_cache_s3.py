@@ -17,6 +17,7 @@ import pytest
 from slipstream.cache.index import CacheIndex, CacheLayout
 from slipstream.cache.reader import CacheReader
 from slipstream.cache.remote import filesystem_for
+from slipstream.cache.settings import WarmKnobs
 from slipstream.cache.warm import CacheItem, warm_files, warm_window
 from slipstream.errors import CacheWarmError
 from slipstream.dev.s3server import S3Endpoint, S3Server
@@ -83,7 +84,8 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
 
     def warm() -> None:
         try:
-            outcome["report"] = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=4)
+            outcome["report"] = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t",
+                                           knobs=WarmKnobs(concurrency=4))
         except CacheWarmError as e:
             outcome["error"] = e
         finally:
@@ -115,17 +117,15 @@ def test_s3_restart_mid_warmup_resumes_with_nothing_partial(
     _assert_consistent(layout, expected)
     # the re-run copies exactly what is missing and leaves no temporary file
     before = len(list(layout.files.rglob("*.bin")))
-    r = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", concurrency=8)
+    r = warm_files(layout.root, items, s3_endpoint.io_properties(), table_name="t", knobs=WarmKnobs(concurrency=8))
     assert r.copied == len(uris) - before and r.already_cached == before
     _assert_consistent(layout, expected)
     assert len(list(layout.files.rglob("*.bin"))) == len(uris)
     assert not list(layout.tmp.iterdir())
 
 
-def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
-    from slipstream.cache.copy import RANGED_MIN
-
-    size = RANGED_MIN + 12345  # fetched as parallel ranges, the last one short
+def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
+    size = WarmKnobs().range_bytes * 2 + 12345  # fetched as parallel ranges, the last one short
     [uri] = upload_files(s3_endpoint, "ranged", 1, size)
     r = warm_files(tmp_path / "cache", [CacheItem(uri, size)], s3_endpoint.io_properties(), table_name="t")
     assert r.copied == 1 and r.bytes == size
@@ -137,7 +137,7 @@ def test_large_object_ranged_copy_is_byte_identical(tmp_path: Path, s3_endpoint:
     assert not list((tmp_path / "cache2" / "files").rglob("*.bin"))
 
 
-def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
     uris = upload_files(s3_endpoint, "killed", 120, 512 * 1024)
     layout = CacheLayout(tmp_path / "cache")
     expected = {layout.local_path(u).relative_to(layout.files).as_posix(): 512 * 1024 for u in uris}
@@ -145,10 +145,11 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     listing.write_text("\n".join(uris))
     code = (
         "import json,sys\n"
+        "from slipstream.cache.settings import WarmKnobs\n"
         "from slipstream.cache.warm import CacheItem, warm_files\n"
         f"uris = open({str(listing)!r}).read().split()\n"
         f"warm_files({str(layout.root)!r}, [CacheItem(u, {512 * 1024}) for u in uris], json.loads(sys.argv[1]),"
-        " table_name='t', concurrency=2)\n"
+        " table_name='t', knobs=WarmKnobs(concurrency=2))\n"
     )
     import json
 
@@ -166,7 +167,7 @@ def test_killed_warmup_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
     assert all(on_disk[k] == expected[k] for k in on_disk), "a killed copy left a partial file visible"
     r = warm_files(layout.root, [CacheItem(u, 512 * 1024) for u in uris], s3_endpoint.io_properties(),
-                   table_name="t", concurrency=8)
+                   table_name="t", knobs=WarmKnobs(concurrency=8))
     assert r.copied + r.already_cached == len(uris) and r.already_cached == placed
     _assert_consistent(layout, expected)
     assert not list(layout.tmp.iterdir())
@@ -198,7 +199,7 @@ def test_stack_starts_s3_only_when_wanted(tmp_path: Path, monkeypatch: pytest.Mo
     assert not S3Server(settings.home).running()
 
 
-def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_endpoint: S3Endpoint,
+def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_endpoint: S3Endpoint,  # noqa: F811
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Small files take one signed GET each (no HEAD) over a kept-alive connection per thread; the
     ETag from the GET is checked and recorded, and a body that does not match it is refused."""
@@ -214,7 +215,8 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
     assert getter is not None and getter_for({k: v for k, v in props.items() if k != "s3.endpoint"}) is None
     fs, _ = filesystem_for(uris[0], props)
     before = getter.connects
-    r = warm_files(tmp_path / "cache", [CacheItem(u, 20 * 1024) for u in uris], props, table_name="t", concurrency=1)
+    r = warm_files(tmp_path / "cache", [CacheItem(u, 20 * 1024) for u in uris], props, table_name="t",
+                   knobs=WarmKnobs(concurrency=1))
     assert r.copied == len(uris)
     layout = CacheLayout(tmp_path / "cache")
     with CacheIndex(layout) as index:
@@ -235,18 +237,28 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
             os.close(fd)
         assert size == 20 * 1024 and etag_matches(etag, md5) is True
         getter._local.conns[getter.netloc].sock.shutdown(2)
-    # a missing object is a FileNotFoundError (retried, then reported); a wrong body is refused
+    # a missing object is a FileNotFoundError (reported at once, not retried); a wrong body is refused
     with pytest.raises(CacheWarmError, match="HTTP 404"):
-        monkeypatch.setattr("slipstream.cache.warm.RETRIES", 1)
         warm_files(tmp_path / "cache_c", [CacheItem(uris[0] + ".missing", 10)], props, table_name="t")
     monkeypatch.setattr(copy_mod, "etag_matches", lambda etag, md5: False)
     with pytest.raises(CacheWarmError, match="does not match its ETag"):
         warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t")
     assert not list((tmp_path / "cache_d" / "files").rglob("*.bin"))
     assert not list((tmp_path / "cache_d" / "tmp").iterdir())
+    # packed files are checked the same way; SLIPSTREAM_CACHE_VERIFY=size computes no MD5, so the
+    # (patched) ETag check is not consulted, for a file of its own and for packed ones alike
+    monkeypatch.setattr("slipstream.cache.pack.etag_matches", lambda etag, md5: False)
+    many = [CacheItem(u, 4096) for u in upload_files(s3_endpoint, "get-size-only", 40, 4096)]
+    with pytest.raises(CacheWarmError, match="does not match its ETag"):
+        warm_files(tmp_path / "cache_e", many, props, table_name="t")
+    size_only = WarmKnobs(verify="size")
+    assert warm_files(tmp_path / "cache_f", many, props, table_name="t", knobs=size_only).packed == 40
+    assert warm_files(tmp_path / "cache_g", [CacheItem(uris[1], 20 * 1024)], props, table_name="t",
+                      knobs=size_only).copied == 1
 
 
-def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
+def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(
+        tmp_path: Path, s3_endpoint: S3Endpoint) -> None:  # noqa: F811
     """Small files are packed into blocks; a warmup killed mid-block leaves nothing a reader can
     see but whole, verified files, and the re-run packs exactly the rest."""
     import json
@@ -259,12 +271,11 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
     listing.write_text("\n".join(uris))
     code = (
         "import json,sys\n"
-        "import slipstream.cache.pack as pack\n"
+        "from slipstream.cache.settings import WarmKnobs\n"
         "from slipstream.cache.warm import CacheItem, warm_files\n"
-        "pack.BLOCK_BYTES = 64 * 1024  # many small blocks, so some land before the kill\n"
         f"uris = open({str(listing)!r}).read().split()\n"
         f"warm_files({str(layout.root)!r}, [CacheItem(u, {size}) for u in uris], json.loads(sys.argv[1]),"
-        " table_name='t', concurrency=2)\n"
+        " table_name='t', knobs=WarmKnobs(concurrency=2, block_bytes=64 * 1024))\n"  # many small blocks
     )
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(props)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -291,7 +302,8 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
                 assert f.read() == remote[u]
         assert (reader.stats()["hits"], reader.stats()["misses"]) == (len(committed), 0)
 
-    r = warm_files(layout.root, [CacheItem(u, size) for u in uris], props, table_name="t", concurrency=4)
+    r = warm_files(layout.root, [CacheItem(u, size) for u in uris], props, table_name="t",
+                   knobs=WarmKnobs(concurrency=4))
     assert r.already_cached == len(committed) and r.copied == r.packed == len(uris) - len(committed)
     assert not list(layout.tmp.iterdir())
     with CacheIndex(layout) as index:
@@ -300,3 +312,36 @@ def test_killed_packing_warmup_shows_only_whole_blocks_and_resumes(tmp_path: Pat
     with CacheReader(str(layout.root), props) as reader:
         assert all(reader.read_file(u) == remote[u] for u in uris)
         assert reader.stats()["hits"] == len(uris)
+
+
+def test_warmup_waits_out_a_store_restart_longer_than_a_few_seconds(
+    tmp_path: Path, s3_server: S3Server, s3_endpoint: S3Endpoint,  # noqa: F811
+) -> None:
+    """The store is down for 6 s mid-warmup (the old retry budget was 4 tries in 3.5 s): the
+    warmup waits (SLIPSTREAM_CACHE_RETRY_S) and places every file, nothing failed."""
+    size = 256 * 1024
+    uris = upload_files(s3_endpoint, "long-restart", 120, size)
+    layout = CacheLayout(tmp_path / "cache")
+    outcome: dict[str, object] = {}
+
+    def warm() -> None:
+        try:
+            outcome["report"] = warm_files(layout.root, [CacheItem(u, size) for u in uris], s3_endpoint.io_properties(),
+                                           table_name="t", knobs=WarmKnobs(concurrency=2, retry_s=60))
+        except Exception as e:  # noqa: BLE001 - asserted below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(list(layout.files.rglob("*.bin"))) < 5 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread.is_alive(), "the warmup finished before the restart: make the window larger"
+    s3_server.stop()
+    time.sleep(6.0)
+    s3_server.start()
+    thread.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    report = outcome["report"]
+    assert report.copied == len(uris) and report.expected_hit_ratio == 1.0  # type: ignore[attr-defined]
+    _assert_consistent(layout, {layout.local_path(u).relative_to(layout.files).as_posix(): size for u in uris})

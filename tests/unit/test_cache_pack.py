@@ -16,6 +16,7 @@ from slipstream.cache.evict import evict_cache
 from slipstream.cache.index import CacheIndex, CacheLayout
 from slipstream.cache.pack import PACK_MIN_FILES
 from slipstream.cache.reader import CacheReader
+from slipstream.cache.settings import WarmKnobs
 from slipstream.cache.warm import CacheItem, warm_files
 from slipstream.errors import CacheWarmError
 
@@ -44,7 +45,7 @@ def _disk_bytes(layout: CacheLayout) -> int:
 def test_packed_window_reads_back_byte_identical(tmp_path: Path, settings: object, capsys: pytest.CaptureFixture[str]) -> None:
     files = _small_files(tmp_path / "wh", days=2, per_day=PACK_MIN_FILES)
     layout = CacheLayout(tmp_path / "cache")
-    r = warm_files(layout.root, _items(files), {}, table_name="t", concurrency=3)
+    r = warm_files(layout.root, _items(files), {}, table_name="t", knobs=WarmKnobs(concurrency=3))
     assert r.copied == r.packed == len(files) and r.bytes == sum(map(len, files.values()))
     assert r.blocks >= 2, "each day's folder packs into blocks of its own"
     assert not [p for p in layout.files.rglob("*") if p.is_file()], "no file of its own was created"
@@ -130,16 +131,16 @@ def test_crash_between_block_rename_and_index_commit_leaves_nothing_visible(
     files = _small_files(tmp_path / "wh", days=1, per_day=2 * PACK_MIN_FILES)
     layout = CacheLayout(tmp_path / "cache")
 
-    put_many = CacheIndex.put_many
+    put_rows = CacheIndex.put_rows
 
     def crash(self: CacheIndex, *args: object, **kwargs: object) -> None:
         if kwargs.get("blocks"):  # the commit of blocks that were renamed into place
             raise KeyboardInterrupt("killed before the index commit")
-        put_many(self, *args, **kwargs)  # type: ignore[arg-type]
+        put_rows(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(CacheIndex, "put_many", crash)
+    monkeypatch.setattr(CacheIndex, "put_rows", crash)
     with pytest.raises(KeyboardInterrupt):
-        warm_files(layout.root, _items(files), {}, table_name="t", concurrency=2)
+        warm_files(layout.root, _items(files), {}, table_name="t", knobs=WarmKnobs(concurrency=2))
     monkeypatch.undo()
     assert list(layout.blocks.iterdir()), "blocks were renamed into place"
     with CacheReader(str(layout.root), {}) as reader:  # ... but no reader can see them

@@ -70,3 +70,16 @@ def test_etag_check() -> None:
     assert etag_matches(f'"{hashlib.md5(md5.digest()).hexdigest()}-1"', md5) is True
     assert etag_matches('"00000000000000000000000000000000"', md5) is False
     assert etag_matches('"abc-3"', md5) is None
+
+
+def test_warm_knobs_parse_auto_sizes_and_name_the_variable_on_bad_input(tmp_path: Path) -> None:
+    s = Settings(home=tmp_path)
+    default = CacheSettings.from_env(s, {}).warm
+    assert default.concurrency is None and default.range_bytes == 8 << 20 and default.retry_s == 120.0
+    knobs = CacheSettings.from_env(s, {"SLIPSTREAM_CACHE_CONCURRENCY": "24", "SLIPSTREAM_CACHE_BLOCK_BYTES": "4MiB",
+                                       "SLIPSTREAM_CACHE_RANGE_BYTES": "2MiB", "SLIPSTREAM_CACHE_RETRY_S": "30"}).warm
+    assert (knobs.concurrency, knobs.block_bytes, knobs.range_bytes, knobs.retry_s) == (24, 4 << 20, 2 << 20, 30.0)
+    assert CacheSettings.from_env(s, knobs.as_env()).warm == knobs  # what a pod gets is what was parsed
+    for name, bad in (("CONCURRENCY", "lots"), ("RANGE_BYTES", "1KiB"), ("RETRY_S", "soon"), ("BLOCK_BYTES", "big")):
+        with pytest.raises(ConfigError, match=f"SLIPSTREAM_CACHE_{name}"):
+            CacheSettings.from_env(s, {f"SLIPSTREAM_CACHE_{name}": bad})
