@@ -47,8 +47,9 @@ def test_demo_runs_daily_retrain_end_to_end(tmp_path: Path) -> None:
     best = metrics["best_auc"]["holdout_before_t"]
     assert 0.6 < metrics["auc_before_t"] <= best + 0.02, (metrics["auc_before_t"], best)
     assert summary["auc_on"] == "after_t" and metrics["eval_rows_after_t"] > 0
-    beats_baseline = metrics["auc_after_t"] > metrics["baseline_auc_after_t"]
-    assert summary["publish"]["promoted"] is beats_baseline, summary["publish"]
+    decision = summary["publish"]
+    assert decision["evaluated_on"] == ("after_t" if metrics["eval_rows_after_t"] else "validation")
+    assert decision["promoted"] is (decision["challenger_auc"] > decision["baseline_auc"]) and decision["reason"], decision
 
     # The gate passed the window, warmup cached it and the trainer read it from the cache; the
     # insight report was written.
