@@ -119,6 +119,10 @@ def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
     return rows.slice(0, cap) if len(rows) > cap else rows
 
 
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
 def _user_groups(rows: Rows, spec: Spec) -> np.ndarray:
     """The bootstrap's groups: each row's user (the id feature with role user), else the row."""
     user = spec.with_role("user")
@@ -161,7 +165,8 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
         out.update(judged(lab_a, np.concatenate(users), p_a, ba[3],
                           np.concatenate(pop) if run.baselines.popularity.available else None, champ_p))
     # the headline: the future when the run has one, else the validation days, else the holdout
-    source = "after_t" if len(lab_a) else ("validation" if len(lab_v) else "holdout_before_t")
+    # (rows of one class have no AUC: a few rows after T may hold no click)
+    source = "after_t" if _finite(a_a) else ("validation" if _finite(a_v) else "holdout_before_t")
     pick = {"after_t": (a_a, ll_a, ba[0]), "validation": (a_v, ll_v, bv[0]), "holdout_before_t": (a_b, ll_b, bb[0])}
     out.update(auc=pick[source][0], logloss=pick[source][1], baseline_auc=pick[source][2], auc_on=source)
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"

@@ -102,7 +102,8 @@ def decide_promotion(challenger_run_id: str, metrics: Mapping[str, Any], champio
                      tolerance: float) -> PromotionDecision:
     """Promote a challenger that beats its own baseline on the future and is not worse than the
     champion re-scored on the same rows (within `tolerance`); see the module docstring."""
-    after = (_float_or_none(metrics.get("eval_rows_after_t")) or 0) > 0
+    a = _float_or_none(metrics.get("auc_after_t"))  # rows of one class after T have no AUC
+    after = (_float_or_none(metrics.get("eval_rows_after_t")) or 0) > 0 and a is not None and math.isfinite(a)
     where = "after_t" if after else "validation"
     chall = _float_or_none(metrics.get("auc_after_t" if after else "val_auc"))
     base = _float_or_none(metrics.get("baseline_auc_after_t" if after else "baseline_val_auc"))

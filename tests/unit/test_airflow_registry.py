@@ -48,7 +48,7 @@ def test_first_model_is_champion_then_the_same_rows_decide(tmp_path: Path) -> No
 
 def test_no_auc_is_never_promoted() -> None:
     d = decide_promotion("r", {"eval_rows_after_t": 10}, {"run_id": "c", "auc": 0.7}, 0.01)
-    assert not d.promoted and "no finite AUC on 10 rows after T" in d.reason
+    assert not d.promoted and "no finite AUC on 0 validation rows" in d.reason
     assert not decide_promotion("r", {"eval_rows_after_t": 10, "auc_after_t": float("nan")}, None, 0.01).promoted
 
 
