@@ -1,4 +1,4 @@
-"""`slipstream models list|show RUN_ID`: what the model registry holds and which model is champion."""
+"""`slipstream models list|show RUN_ID|promote RUN_ID --reason R`: what the model registry holds and which model is champion."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = msub.add_parser("show", help="print one package (lineage, metrics, files, decision)")
     show.add_argument("run_id", help="the training run id of the package ('champion' for the champion)")
     show.set_defaults(func=show_model)
+    promote = msub.add_parser("promote", help="make a published package the champion by hand (rollback or override)")
+    promote.add_argument("run_id", help="the run id of a published package")
+    promote.add_argument("--reason", required=True, help="why (kept in champion.json)")
+    promote.set_defaults(func=promote_model)
 
 
 def _registry(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -63,6 +67,13 @@ def show_model(args: argparse.Namespace) -> int:
         print(f"no package {run_id!r} in {registry.location}; `slipstream models list` shows what is there")
         return 1
     print(json.dumps(pkg, indent=2))
+    return 0
+
+
+def promote_model(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    champion = registry.promote(args.run_id, args.reason)
+    print(f"{champion['run_id']} is the champion of {registry.location} (by hand: {champion['manual']})")
     return 0
 
 

@@ -5,7 +5,8 @@ Layout under the registry location (a local folder or `s3://bucket/prefix`):
     models/<run_id>/model.pt, model.json, config.json, metrics.json   copied from the run folder
     models/<run_id>/package.json    lineage + metrics + file checksums + the promotion decision;
                                     written last, so a package without it is incomplete
-    champion.json                   {"run_id", "auc", "promoted_at"} of the serving model
+    champion.json                   {"run_id", "auc", "promoted_at"} of the serving model (and
+                                    "manual": the reason, when a person promoted it by hand)
 
 The decision reads the run's metrics.json, whose scores the trainer computed on rows after T (the
 future: neither the challenger, its baselines nor the champion trained on them), with the champion
@@ -209,6 +210,21 @@ class ModelRegistry:
                 if pkg is not None:  # no package.json: a publish that did not finish
                     out.append(pkg)
         return sorted(out, key=lambda p: p.get("created_at", ""))
+
+    def promote(self, run_id: str, reason: str) -> dict[str, Any]:
+        """Make a published package the champion by hand (a rollback, or an override the rules
+        would refuse), with the person's reason; the next run is judged against it."""
+        pkg = self.package(run_id)
+        if pkg is None:
+            raise RunArtifactMissing(f"no package {run_id!r} in {self.location}: publish the run first "
+                                     "(`slipstream models list` shows what is there)")
+        if not reason.strip():
+            raise ConfigError("a manual promotion needs a reason (--reason): it is kept in champion.json")
+        champion = {"run_id": run_id, "auc": pkg.get("metrics", {}).get("auc"),
+                    "promoted_at": datetime.now(timezone.utc).isoformat(), "manual": reason.strip()}
+        self._write_bytes(self._path(CHAMPION_FILE), json.dumps(champion, indent=2).encode())
+        log.info("%s promoted by hand in %s: %s", run_id, self.location, reason)
+        return champion
 
     def publish(self, run_path: Path, *, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
         """Copy the run's model package in, decide champion/challenger, return package.json."""

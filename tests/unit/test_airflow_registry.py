@@ -95,6 +95,30 @@ def test_models_cli_lists_and_shows(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["models", "--registry", str(reg), "show", "nope"]) == 1
 
 
+def test_a_person_promotes_a_package_by_hand_and_the_next_run_is_judged_against_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slipstream.cli import main
+    from slipstream.errors import ConfigError
+
+    reg = tmp_path / "registry"
+    ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-a", 0.70))
+    ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-b", 0.72, champion=("daily-a", 0.70)))
+    assert ModelRegistry(str(reg)).champion()["run_id"] == "daily-b"
+    # roll back to daily-a: the reason is kept, and the CLI says who is champion now
+    assert main(["models", "--registry", str(reg), "promote", "daily-a", "--reason", "daily-b broke serving"]) == 0
+    assert "daily-a is the champion" in capsys.readouterr().out
+    champion = json.loads((reg / "champion.json").read_text())
+    assert champion["run_id"] == "daily-a" and champion["manual"] == "daily-b broke serving"
+    # the next run is compared with the champion a person chose
+    nxt = ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-c", 0.60, champion=("daily-a", 0.70)))
+    assert not nxt["decision"]["promoted"] and nxt["decision"]["champion_run_id"] == "daily-a"
+    with pytest.raises(RunArtifactMissing, match="no package 'nope'"):
+        ModelRegistry(str(reg)).promote("nope", "why")
+    with pytest.raises(ConfigError, match="needs a reason"):
+        ModelRegistry(str(reg)).promote("daily-b", "  ")
+    assert ModelRegistry(str(reg)).champion()["run_id"] == "daily-a"
+
+
 def test_run_ids_and_summary_sections(tmp_path: Path) -> None:
     a = make_run_id("daily", T_HANDOFF, "scheduled__2025-01-04")
     assert a == make_run_id("daily", T_HANDOFF, "scheduled__2025-01-04")  # a retry keeps its folder
