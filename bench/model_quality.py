@@ -51,7 +51,8 @@ log = logging.getLogger("bench.model_quality")
 
 SUMMARY_KEYS = ("auc_before_t", "auc_before_t_batch_only", "best_auc_before_t", "auc_after_t", "auc_after_t_batch_only", "best_auc_after_t",
                 "eval_rows_before_t", "eval_rows_after_t", "samples_iceberg", "samples_kafka", "samples_replay", "step",
-                "drift_excess", "drift_level")
+                "drift_excess", "drift_level", "baseline_auc_before_t", "baseline_auc_after_t", "popularity_auc_after_t",
+                "val_auc", "baseline_val_auc", "chosen_epoch", "epochs_run", "stopped_early")
 
 
 def fill_spec_samples(home: Path, spec: Spec, gen: SpecGenConfig, row_group_rows: int) -> tuple[Settings, int, Any]:

@@ -87,12 +87,17 @@ def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.
     return (a if idx is None else a[idx]).astype(dtype, copy=False)
 
 
+def _filled(col: pa.ChunkedArray, default: Any) -> pa.ChunkedArray:
+    """Nulls (rows of snapshots written before the spec had the feature) take its default."""
+    return pc.fill_null(col, pa.scalar(default, col.type)) if col.null_count else col
+
+
 def _matrix(table: pa.Table, names: Sequence[str], defaults: Sequence[Any], dtype: type,
             idx: np.ndarray | None, n: int) -> np.ndarray:
     present = set(table.column_names)
     if not names:
         return np.zeros((n, 0), dtype=dtype)
-    cols = [_np(table.column(c), dtype, idx) if c in present else np.full(n, default, dtype=dtype)
+    cols = [_np(_filled(table.column(c), default), dtype, idx) if c in present else np.full(n, default, dtype=dtype)
             for c, default in zip(names, defaults)]
     return np.stack(cols, axis=1).reshape(n, len(names))
 

@@ -34,8 +34,9 @@ def new_stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, r
     takes over where the batch history ends)."""
     from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.lake.retrain_plan import days_present
+    from slipstream.samples.spec import load_spec
 
-    table = samples_table(get_catalog(settings), settings.namespace)
+    table = samples_table(get_catalog(settings), settings.namespace, load_spec(settings.spec))
     days = days_present(table)
     if not days:
         raise RuntimeError(f"{settings.table} holds no day yet: run preprocess_samples first")

@@ -62,8 +62,10 @@ def scalars(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def _samples_table(settings: Settings) -> Any:
     from slipstream.lake.iceberg import get_catalog, samples_table
+    from slipstream.samples.spec import load_spec
 
-    return samples_table(get_catalog(settings), settings.namespace)
+    # the deployment's spec: a missing table is created with its columns, not the default spec's
+    return samples_table(get_catalog(settings), settings.namespace, load_spec(settings.spec))
 
 
 @fail_fast

@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-minutes", type=float, default=DemoOptions.stream_minutes,
                    help="event time the Kafka stream covers after the last day")
     p.add_argument("--epochs", type=int, default=DemoOptions.epochs)
+    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path "
+                                  "(default: SLIPSTREAM_SPEC); other specs than synthetic generate without drift")
     p.add_argument("--no-drift", action="store_true", help="keep the hidden model fixed after T")
     p.add_argument("--keep-running", action="store_true", help="leave the stack up afterwards")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = DemoOptions(days=args.days, impressions_per_day=args.impressions_per_day,
                        stream_minutes=args.stream_minutes, epochs=args.epochs,
-                       drift=not args.no_drift, keep_running=args.keep_running)
+                       drift=not args.no_drift, keep_running=args.keep_running, spec=args.spec)
     summary = run_demo(Settings.from_env(), opts)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0

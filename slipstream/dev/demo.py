@@ -19,13 +19,14 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 from slipstream.dev import stack
-from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
+from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
 from slipstream.errors import SlipstreamError
+from slipstream.samples.spec import DEFAULT_SPEC, Spec, load_spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class DemoOptions:
     drift: bool = True
     seed: int = 7
     epochs: int = 4
+    spec: str | None = None
+    """The feature spec (a shipped name or a YAML path; None: SLIPSTREAM_SPEC). The synthetic spec
+    has its own generator (with drift); any other gets `slipstream.dev.specgen`'s, stationary."""
     keep_running: bool = False
     """Leave the stack up after the run (to look around with `slipstream stack status`)."""
 
@@ -113,13 +117,13 @@ def newest_run(runs_dir: Path) -> Path:
     return runs[-1].parent
 
 
-def rows_per_day(settings: Settings) -> tuple[int | None, dict[str, int]]:
+def rows_per_day(settings: Settings, spec: Spec) -> tuple[int | None, dict[str, int]]:
     """Current snapshot id of `samples` and its row count per UTC day."""
     import pyarrow.compute as pc
 
     from slipstream.lake.iceberg import get_catalog, samples_table
 
-    table = samples_table(get_catalog(settings), settings.namespace)
+    table = samples_table(get_catalog(settings), settings.namespace, spec)
     snap = table.current_snapshot()
     if snap is None:
         return None, {}
@@ -129,8 +133,28 @@ def rows_per_day(settings: Settings) -> tuple[int | None, dict[str, int]]:
     return snap.snapshot_id, dict(sorted(out.items()))
 
 
+def generate_data(spec: Spec, opts: DemoOptions, raw_dir: str) -> tuple[GeneratedData, datetime, bool]:
+    """The raw zone and the stream of the demo's spec; returns them, T and whether the hidden model
+    drifts at T (only the synthetic spec's generator has drift)."""
+    if spec.digest == load_spec(DEFAULT_SPEC).digest:
+        cfg = GeneratorConfig(start_day=opts.start_day, days=opts.days, impressions_per_day=opts.impressions_per_day,
+                              stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
+        return generate(cfg, raw_dir), cfg.t_handoff, opts.drift
+    from slipstream.dev.specgen import SpecGenConfig, generate_spec
+
+    if opts.drift:
+        log.info("spec %s: its generator is stationary (drift is the synthetic spec's); the stream after T "
+                 "follows the same hidden model", spec.name)
+    scfg = SpecGenConfig(start_day=opts.start_day, days=opts.days, events_per_day=opts.impressions_per_day,
+                         stream_minutes=opts.stream_minutes, seed=opts.seed)
+    return generate_spec(spec, scfg, raw_dir), scfg.t_handoff, False
+
+
 def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     settings = demo_settings(base)
+    spec = load_spec(opts.spec or base.spec)
+    if opts.spec:  # before the stack comes up: it creates the tables from the spec
+        settings = dataclasses.replace(settings, spec=opts.spec)
     if settings.home.exists():
         log.info("starting afresh: removing the previous demo's state in %s", settings.home)
         stale = stack.StackState.load(settings.home)
@@ -142,26 +166,26 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     try:
         state = stack.up(settings)
         settings = dataclasses.replace(settings, kafka_bootstrap=state.services["kafka"].address)
-        cfg = GeneratorConfig(start_day=opts.start_day, days=opts.days, impressions_per_day=opts.impressions_per_day,
-                              stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
-        data = generate(cfg, settings.raw_dir)
+        data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
         from slipstream.stream.kafka import produce_samples
 
-        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec)
+        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec,
+                                   spec=spec)
         # A manual run at T covers the last complete day before it: the generator's last day, so
         # the window is exactly the generated days and the handoff is the start of the stream.
-        t_handoff = cfg.t_handoff.date()
-        conf = {"window_days": cfg.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
-        run_dag(settings, t_handoff.isoformat(), conf, settings.home / "daily_retrain.log")
+        conf = {"window_days": opts.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
+        run_dag(settings, t_handoff.date().isoformat(), conf, settings.home / "daily_retrain.log")
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = json.loads((run_dir / "metrics.json").read_text())
         # what the DAG's publish and report tasks decided lives in the run summary
         from slipstream.pipeline.runlayout import SUMMARY_FILE, read_summary
 
         run_summary = read_summary(run_dir) if (run_dir / SUMMARY_FILE).exists() else {}
-        snapshot_id, per_day = rows_per_day(settings)
+        snapshot_id, per_day = rows_per_day(settings, spec)
         summary = {
+            "spec": spec.name,
+            "drift": drift,
             "rows_per_day": per_day,
             "snapshot_id": metrics.get("snapshot_id", snapshot_id),
             "produced_to_kafka": produced,
@@ -200,6 +224,8 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
 
 def format_summary(s: dict[str, Any]) -> str:
     lines = ["", "Slipstream demo — daily_retrain ran end to end", ""]
+    if "spec" in s:
+        lines.append(f"feature spec:            {s['spec']} ({'the click model drifts at T' if s.get('drift') else 'no drift'})")
     lines.append("rows written per day (Iceberg `samples`):")
     lines += [f"  {day}  {n:>9,d}" for day, n in s["rows_per_day"].items()]
     lines.append(f"snapshot trained on:     {s['snapshot_id']}")

@@ -158,8 +158,9 @@ def prepare_airflow(settings: Settings) -> None:
 
 def prepare_catalog(settings: Settings) -> str:
     from slipstream.lake.iceberg import get_catalog, samples_table
+    from slipstream.samples.spec import load_spec
 
-    table = samples_table(get_catalog(settings), settings.namespace)
+    table = samples_table(get_catalog(settings), settings.namespace, load_spec(settings.spec))
     return ".".join(table.name())
 
 

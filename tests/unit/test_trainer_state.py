@@ -208,3 +208,21 @@ def test_the_kafka_source_refuses_positions_without_its_partitions() -> None:
             src.load_state_dict({"version": 1, "positions": {0: 9}})
     finally:
         src.consumer.close()
+
+
+def test_rows_of_an_older_schema_take_the_features_defaults() -> None:
+    """A column the spec gained later is null in older snapshots' rows: each takes the feature's
+    default through its transform, as a record without the field does, never a cast NaN."""
+    from trainers.rows import RowLayout
+
+    table = reference_samples(GeneratorConfig(start_day=date(2026, 11, 1), days=1, impressions_per_day=50))["2026-11-01"]
+    layout = RowLayout.from_spec(DEFAULT_SPEC)
+    j = layout.sparse.index("country_hash")
+    nulls = pa.nulls(table.num_rows, pa.int64())
+    old = table.set_column(table.schema.get_field_index("country_hash"), "country_hash", nulls)
+    old = old.set_column(old.schema.get_field_index("price_log"), "price_log", pa.nulls(table.num_rows, pa.float32()))
+    rows = Rows.from_arrow(old, layout, source=0)
+    assert (rows.sparse[:, j] == layout.sparse_defaults[j]).all()
+    assert (rows.dense[:, layout.dense.index("price_log")] == layout.dense_defaults[layout.dense.index("price_log")]).all()
+    fresh = Rows.from_arrow(table, layout, source=0)
+    assert (fresh.sparse[:, j] == table.column("country_hash").to_numpy()).all()
