@@ -198,7 +198,7 @@ class OptimConfig:
     """`adam`, `adamw`, `adagrad` or `sgd`."""
     lr: float = 0.003
     """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
-    stream_lr: float = 0.005
+    stream_lr: float = 0.02
     """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables)
     under drift: they carry what a change of the click model moves (0: `lr`). With
     `adaptive_stream_lr` it is the upper end, reached when drift is seen. The per-id tables (user,

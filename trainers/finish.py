@@ -237,7 +237,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "kafka_lag_at_stop": st.lag_at_stop,
         "latency_consume_to_train_ms_p50": percentile(lat, 50),
         "latency_consume_to_train_ms_p99": percentile(lat, 99),
-        "drift_excess": run.drift.excess, "drift_level": run.drift.level,
+        "drift_excess": run.drift.excess, "drift_level": run.drift.level, "drift_new_user_share": run.drift.new_share,
         "exchange": dc.exchange, "exchange_s": waits[2] / d.world, "exchanged_rows": int(waits[3]),
         "stop_reason": st.stop_reason, "step": st.step, "epochs": dc.epochs, "validation_days": dc.validation_days,
         "world_size": d.world,

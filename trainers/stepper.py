@@ -20,8 +20,9 @@ from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
 from trainers.distributed import Dist
 from trainers.baselines import Baselines
-from trainers.drift import DriftGauge
+from trainers.drift import KINDS, DriftGauge
 from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
+from trainers.novelty import KnownUsers
 from trainers.rows import SOURCE_REPLAY, Features, Rows
 
 
@@ -35,6 +36,8 @@ class Stepper:
         self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
                                    o.id_weight_decay if o.id_weight_decay >= 0 else None)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
+        self.known_users = KnownUsers(spec, cfg.model.buckets)
+        """Users the batch phase trained: the gauge compares new users' rows with new users' rows."""
         self.baselines = Baselines(spec, d, cfg.model.buckets, o.baseline_lr)
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
@@ -86,21 +89,26 @@ class Stepper:
         set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift))
 
     def gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
-        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums,
-        all ranks together, to the drift gauge and set the next step's rates from it."""
-        replay = torch.from_numpy(rows.source == SOURCE_REPLAY).to(losses.device)
-        # sums over an empty batch are 0: a rank without rows still joins the all-reduce
-        replay_sum = float(losses[replay].sum())
-        fresh_sum = float(losses.sum()) - replay_sum
-        n_replay = float(replay.sum())
-        self.drift.update(*self.d.sum([fresh_sum, len(rows) - n_replay, replay_sum, n_replay]))
+        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums
+        per kind of row (known users, new users), all ranks together, to the drift gauge and set
+        the next step's rates from it."""
+        replay = rows.source == SOURCE_REPLAY
+        kinds = self.known_users.kinds(rows.sparse)
+        loss = losses.float().cpu().numpy()
+        sums: list[float] = []
+        for k in range(KINDS):
+            f, r = (kinds == k) & ~replay, (kinds == k) & replay
+            # sums over an empty batch are 0: a rank without rows still joins the all-reduce
+            sums += [float(loss[f].sum()), float(f.sum()), float(loss[r].sum()), float(r.sum())]
+        total = self.d.sum(sums)
+        self.drift.update_kinds([tuple(total[4 * k:4 * k + 4]) for k in range(KINDS)])  # type: ignore[misc]
         self.set_lr("stream")
 
     # --- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer and grad scaler (the drift gauge travels in the meta: it is a few floats)."""
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
-                "baselines": self.baselines.state_dict()}
+                "baselines": self.baselines.state_dict(), "known_users": self.known_users.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -108,3 +116,5 @@ class Stepper:
         self.scaler.load_state_dict(state["scaler"])
         if "baselines" in state:
             self.baselines.load_state_dict(state["baselines"])
+        if "known_users" in state:  # (a best-epoch state leaves out the users: all epochs trained the same)
+            self.known_users.load_state_dict(state["known_users"])

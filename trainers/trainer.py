@@ -208,6 +208,7 @@ class Trainer:
                     if replay:
                         self.replay.offer(rows)
                     self.train_step(rows, dc.batch_size)
+                    self.stepper.known_users.mark(rows.sparse)
                     self.audit.add(rows, st.step)
                     st.counters["samples_iceberg"] += n
                     tp.trained_global += int(g_n)
@@ -248,7 +249,9 @@ class Trainer:
         ckpt, e = self.run_dir / "checkpoint", self.early
         last = self.state.epoch - 1
         if e.best_epoch >= 0 and e.best_epoch != last:
-            self.stepper.load_state_dict(load_best(ckpt, e.best_epoch, "model"))
+            best = load_best(ckpt, e.best_epoch, "model")
+            best.pop("known_users", None)  # the users every epoch trained, not rank 0's at that epoch
+            self.stepper.load_state_dict(best)
             log.info("the batch phase keeps epoch %d (validation loss %.4f), not the last one (%d)", e.best_epoch,
                      e.best_loss, last)
         if e.baseline_best_epoch >= 0 and e.baseline_best_epoch != last:
@@ -430,6 +433,7 @@ class Trainer:
             "early_stopping": self.early.state_dict(), "time": time.time(),
         }
         self.audit.write_part(st.step)
+        self.stepper.known_users.merge(self.d)  # rank 0 saves the users every rank trained
         model_state = {**self.stepper.state_dict(), "step": st.step} if self.d.is_main else None
         st.last_checkpoint = str(self.ckpt.save(st.step, model_state, data_state, meta))
         self._last_ckpt_t = time.monotonic()

@@ -4,6 +4,7 @@ resume of the optimizer state, and the DAG's knob defaults matching the trainer'
 from __future__ import annotations
 
 import copy
+import io
 import json
 from datetime import date
 from pathlib import Path
@@ -167,3 +168,63 @@ def test_the_id_tables_have_their_own_weight_decay_and_it_shrinks_unseen_rows(fe
     for _ in range(5):
         _step(model, opt, feats)
     assert user.detach()[unseen].norm() < start  # a prior pulls ids without data toward 0
+
+
+def _feed_kinds(gauge: DriftGauge, fresh: tuple[float, float], replay: tuple[float, float], new_share: tuple[float, float],
+                steps: int, seed: int = 0) -> None:
+    # per step 102 fresh and 26 replayed rows; a share of each are new users, whose loss is higher
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        sums = []
+        for k in (0, 1):
+            nf = 102 * (new_share[0] if k else 1 - new_share[0])
+            nr = 26 * (new_share[1] if k else 1 - new_share[1])
+            f, r = rng.exponential(fresh[k], max(int(nf), 1)), rng.exponential(replay[k], max(int(nr), 1))
+            sums.append((float(f.sum()), float(len(f)), float(r.sum()), float(len(r))))
+        gauge.update_kinds(sums)
+
+
+def test_the_drift_gauge_does_not_read_cold_start_as_drift() -> None:
+    """Half the stream's rows are new users (their loss is higher whatever the click model does),
+    a tenth of the replayed rows are: compared kind with kind, that is no drift; pooled it was."""
+    cold = DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    _feed_kinds(cold, fresh=(0.40, 0.60), replay=(0.39, 0.59), new_share=(0.5, 0.1), steps=120)
+    pooled = (0.5 * 0.40 + 0.5 * 0.60) / (0.9 * 0.39 + 0.1 * 0.59) - 1  # what one average per side reads
+    # (a few new users' rows per step are replayed: their average is noisy, the level still 0)
+    assert pooled > 0.2 and cold.level == 0.0 and cold.excess < 0.12, (pooled, cold)
+    assert cold.new_share == pytest.approx(0.5, abs=0.05)
+    drifted = DriftGauge(window_rows=2048, low=0.1, high=0.3)
+    _feed_kinds(drifted, fresh=(0.56, 0.80), replay=(0.39, 0.59), new_share=(0.5, 0.1), steps=120)
+    assert drifted.level == 1.0, drifted
+
+
+def test_known_users_mark_what_the_batch_phase_trained_and_survive_a_checkpoint() -> None:
+    from slipstream.samples.spec import load_spec
+    from trainers.novelty import KNOWN, NEW, KnownUsers
+    from trainers.rows import RowLayout
+
+    known = KnownUsers(DEFAULT_SPEC, {"user_id": 101})
+    col = RowLayout.from_spec(DEFAULT_SPEC).sparse.index("user_id")
+    trained = np.zeros((3, len(DEFAULT_SPEC.sparse)), dtype=np.int64)
+    trained[:, col] = [5, 7, 107]  # 107 lands in bucket 6
+    known.mark(trained)
+    fresh = np.zeros((4, len(DEFAULT_SPEC.sparse)), dtype=np.int64)
+    fresh[:, col] = [5, 6, 8, 208]  # 208 is bucket 6 too
+    assert known.kinds(fresh).tolist() == [KNOWN, KNOWN, NEW, KNOWN] and known.count == 3
+    state = torch.load(_saved(known.state_dict()), weights_only=True)  # through the checkpoint's model file
+    back = KnownUsers(DEFAULT_SPEC, {"user_id": 101})
+    back.load_state_dict(state)
+    assert (back.bits == known.bits).all()
+    resized = KnownUsers(DEFAULT_SPEC, {"user_id": 211})
+    resized.load_state_dict(state)  # another table size: start empty, every user new
+    assert resized.count == 0
+    criteo = load_spec("criteo")  # no id with role user: one kind of row
+    assert criteo.with_role("user") is None
+    assert KnownUsers(criteo, None).kinds(np.zeros((2, len(criteo.sparse)), dtype=np.int64)).tolist() == [KNOWN, KNOWN]
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
