@@ -93,8 +93,7 @@ def holdout_before_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
         n += hold.num_rows
         if n >= cap:
             break
-    rows = Rows.concat(out) if out else Rows.empty(layout)
-    return rows.slice(0, cap) if len(rows) > cap else rows
+    return Rows.first(out, layout, cap)
 
 
 def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
@@ -115,8 +114,7 @@ def holdout_after_t(run: RunOutcome, d: Dist, cap: int) -> Rows:
             continue
         rows = Rows.from_arrow(t, layout, source=1)
         out.append(rows.mask((rows.event_us >= t_us) & holdout_mask(rows.sample_id)))
-    rows = Rows.concat(out) if out else Rows.empty(layout)
-    return rows.slice(0, cap) if len(rows) > cap else rows
+    return Rows.first(out, layout, cap)
 
 
 def _finite(x: float | None) -> bool:

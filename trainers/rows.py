@@ -238,6 +238,12 @@ class Rows:
         return self if keep.all() else self.take(np.flatnonzero(keep))
 
     @staticmethod
+    def first(parts: Sequence["Rows"], layout: RowLayout, cap: int) -> "Rows":
+        """The first `cap` rows of `parts` together (all of them when fewer; none: empty)."""
+        rows = Rows.concat(parts) if parts else Rows.empty(layout)
+        return rows.slice(0, cap) if len(rows) > cap else rows
+
+    @staticmethod
     def concat(parts: Sequence["Rows"]) -> "Rows":
         parts = [p for p in parts if len(p)] or list(parts[:1])
         if len(parts) == 1:

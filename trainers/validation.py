@@ -74,8 +74,7 @@ def validation_rows(units: list[WorkUnit], open_file: Opener, layout: RowLayout,
             n += table.num_rows
         if n >= cap:
             break
-    rows = Rows.concat(out) if out else Rows.empty(layout)
-    return rows.slice(0, cap) if len(rows) > cap else rows
+    return Rows.first(out, layout, cap)
 
 
 class EarlyStopping:

@@ -48,6 +48,21 @@ class Placed:
     """Where the file starts in its block."""
 
 
+
+def writer_at(fd: int, offset: int) -> Callable[[memoryview], None]:
+    """A sink writing consecutive chunks into `fd` from `offset` on (each range of a ranged GET
+    writes its own part of the file, so parallel ranges need no lock)."""
+    pos = offset
+
+    def write(chunk: memoryview) -> None:
+        nonlocal pos
+        while chunk:
+            n = os.pwrite(fd, chunk, pos)
+            pos += n
+            chunk = chunk[n:]
+
+    return write
+
 def copy_atomic(remote: str, local: Path, tmp_dir: Path, io_properties: dict[str, str],
                 expected_size: int | None = None, *, tmp_prefix: str = "w-", range_bytes: int = RANGE,
                 verify_etag: bool = True) -> Placed:
@@ -192,16 +207,7 @@ def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int, ran
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         def fetch(offset: int) -> tuple[int, int | None, str | None]:
-            pos = offset
-
-            def write(chunk: memoryview) -> None:
-                nonlocal pos
-                while chunk:
-                    n = os.pwrite(fd, chunk, pos)
-                    pos += n
-                    chunk = chunk[n:]
-
-            return getter.get_range(inner, offset, min(range_bytes, expected_size - offset), write)
+            return getter.get_range(inner, offset, min(range_bytes, expected_size - offset), writer_at(fd, offset))
 
         parts = list(_range_pool().map(fetch, range(0, expected_size, range_bytes)))
     finally:

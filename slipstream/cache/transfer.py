@@ -28,7 +28,7 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import TypeVar
 
-from slipstream.cache.copy import Placed, check_file, check_ranges, copy_atomic, verify_copy
+from slipstream.cache.copy import Placed, check_file, check_ranges, copy_atomic, verify_copy, writer_at
 from slipstream.cache.index import CacheLayout
 from slipstream.cache.inflight import InFlight, remember, remembered
 from slipstream.cache.pack import BlockWriter, SealedBlock, Sized, plan_packing
@@ -117,16 +117,7 @@ class LargeCopy:
         return self._finish()
 
     def _get(self, offset: int, getter: S3Getter) -> tuple[int, int | None, str | None]:
-        pos = offset
-        fd = self.fd
-
-        def write(chunk: memoryview) -> None:
-            nonlocal pos
-            while chunk:
-                n = os.pwrite(fd, chunk, pos)
-                pos += n
-                chunk = chunk[n:]
-
+        write = writer_at(self.fd, offset)
         length = max(1, min(self.range_bytes, self.size - offset))
         return getter.get_range(self.item.remote[5:], offset, length, write)
 
