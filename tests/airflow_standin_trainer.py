@@ -5,7 +5,7 @@ It honours the trainer's command-line contract (`--plan P`, `--config F`, `--set
 the plan's ids, snapshot, T, cache folder and knobs first, then the `--set` pairs), really runs
 under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
 of CONTRACTS.md from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
-`--set standin.auc=X` sets the AUC it reports; `--set standin.fail=true` exits 3.
+`--set standin.auc=X` sets the AUC it reports (after T; its baseline's is 0.6); `--set standin.fail=true` exits 3.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def main() -> int:
             "t_handoff": cfg.get("data.t_handoff"), "window_start": None,
             "samples_iceberg": 100, "samples_kafka": 10, "dropped_before_t": 0, "dead_letters": 0,
             "handoff_offsets": {"0": 5}, "final_offsets": {"0": 15},
-            "auc": float(cfg.get("standin.auc", 0.75)), "logloss": 0.5, "auc_after_t": 0.74,
+            # judged like a real run: scores on rows after T, and its baseline's on the same rows
+            "auc": float(cfg.get("standin.auc", 0.75)), "logloss": 0.5,
+            "auc_after_t": float(cfg.get("standin.auc", 0.75)), "eval_rows_after_t": 200, "baseline_auc_after_t": 0.6,
+            "auc_on": "after_t",
             "samples_per_s": 1000.0, "data_wait_share": 0.1, "world_size": world, "rank_sum": float(t.item()),
             "checkpoint": str(run / "checkpoint" / "step-1"),
         }
