@@ -114,7 +114,8 @@ class DataConfig:
     validation_days: float = 1.0
     """The last days of the window (before T) are the validation set: never trained in the batch
     phase, scored after every epoch; the epoch with the lowest validation loss goes on to the
-    stream phase. 0, or a window no longer than this: no validation, `epochs` passes."""
+    stream phase. 0: no validation, `epochs` passes; a window no longer than this: no validation,
+    one pass."""
     patience: int = 1
     """Epochs in a row without a better validation loss after which the batch phase stops."""
     seed: int = 0

@@ -166,15 +166,25 @@ class Trainer:
     # --- batch phase ------------------------------------------------------------------------
     def train_end(self) -> datetime:
         """Where the batch phase's training rows end: T minus the validation days (T itself when
-        the window is too short to give any up: then `data.epochs` passes, no validation)."""
+        the window is too short to give any up: then no validation, see `epoch_cap`)."""
         plan, days = self._plan(), self.cfg.data.validation_days
         if days and days >= plan.window_days:
             if not getattr(self, "_warned_short", False):
                 log.warning("a %d-day window leaves no training day with data.validation_days=%g: no time validation, "
-                            "%d epochs", plan.window_days, days, self.cfg.data.epochs)
+                            "so one pass over the window (data.validation_days=0 trains data.epochs passes unchecked)",
+                            plan.window_days, days)
                 self._warned_short = True
             return plan.t_handoff
         return plan.t_handoff - timedelta(days=days)
+
+    def epoch_cap(self) -> int:
+        """Passes over the window: `data.epochs` with validation to stop earlier, or when the user
+        turned validation off (`validation_days` 0); one pass when the window is too short to
+        validate on (more passes with nothing to tell when to stop would only memorise it)."""
+        dc = self.cfg.data
+        if dc.validation_days and self.train_end() >= self._plan().t_handoff:
+            return 1
+        return dc.epochs
 
     def batch_phase(self, units: list[WorkUnit], rp: ResumePoint | None) -> None:
         dc, st, tp, plan = self.cfg.data, self.state, self.tp, self._plan()
@@ -191,9 +201,9 @@ class Trainer:
             self.val_rows = validation_rows(units, self.open_file, self.layout, train_end_us, self.t_us,
                                             self.d.rank, self.d.world, max(1, dc.eval_max_rows // self.d.world))
         try:
-            while st.epoch < dc.epochs and not self.early.stopped:
+            while st.epoch < self.epoch_cap() and not self.early.stopped:
                 src.start_epoch(st.epoch)
-                replay = not validating and dc.replay_share > 0 and st.epoch == dc.epochs - 1
+                replay = not validating and dc.replay_share > 0 and st.epoch == self.epoch_cap() - 1
                 self.stepper.baselines.count_popularity = st.epoch == 0
                 while True:
                     t0 = time.perf_counter()
