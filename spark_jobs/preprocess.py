@@ -89,6 +89,8 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         samples_table(catalog, settings.namespace, spec)  # a new feature evolves the table once, up front
         spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")
         log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark_settings.master)
+        if not spark_settings.is_local:
+            summary["executor_code"] = executor_code(spark)
         tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
         side = spark.sparkContext.broadcast(tables_to_ipc(tables)) if tables else None
         days = sorted(set(args.days))
@@ -108,6 +110,20 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
             spark.stop()
     summary["seconds"] = round(time.monotonic() - t0, 3)
     return summary
+
+
+def executor_code(spark: Any) -> list[str]:
+    """Where the executors import `slipstream` from (one task per core): on a cluster this must be
+    the zip shipped with --py-files, not a copy that happens to be on the workers' path."""
+    def origin(_: object) -> str:
+        import slipstream
+
+        return str(slipstream.__file__)
+
+    n = max(1, spark.sparkContext.defaultParallelism)
+    where = sorted(set(spark.sparkContext.parallelize(range(n), n).map(origin).collect()))
+    log.info("executors import slipstream from %s", ", ".join(where))
+    return where
 
 
 def _tail(text: str, lines: int = 6) -> str:

@@ -25,6 +25,7 @@ from slipstream.settings import Settings, remove_settings_file, write_settings_f
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SPARK_EXECUTOR_MEMORY = "512m"  # per executor of the local Spark cluster (one per 1g worker)
 SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
 
 
@@ -58,8 +59,6 @@ class StackState:
         tmp.replace(home / "stack.json")
 
 
-
-
 def port_open(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.3)
@@ -80,8 +79,6 @@ def _bin(name: str) -> str:
     if not found:
         raise StackError(f"{name} is not installed: run `make venv` (it is pinned in requirements.txt)")
     return found
-
-
 
 
 def broker_argv(port: int, data_dir: Path) -> list[str]:
@@ -199,13 +196,14 @@ def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | 
     return ServiceState("s3", pid, endpoint.url, str(server.log_path))
 
 
-def up(settings: Settings, *, airflow: bool = True) -> StackState:
-    """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME). When any step
+def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0) -> StackState:
+    """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME); with
+    `spark_workers`, also a Spark standalone master and that many workers. When any step
     fails or the command is interrupted, the servers this call started are stopped again (those
     that were already running are left alone); `state.started` names them on success."""
     state = StackState.load(settings.home)
     try:
-        _up(settings, state, airflow)
+        _up(settings, state, airflow, spark_workers)
     except BaseException:
         stop_started(settings.home, state)
         raise
@@ -226,7 +224,31 @@ def stop_started(home: Path, state: StackState) -> None:
     state.save(home)
 
 
-def _up(settings: Settings, state: StackState, airflow: bool) -> None:
+def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
+    """A Spark master + `workers` workers (once; a running master is kept), recorded as services;
+    the preprocess launcher finds the master through SLIPSTREAM_SPARK_MASTER in the settings file."""
+    if not workers:
+        return
+    master = state.services.get("spark-master")
+    if master and pid_alive(master.pid):
+        log.info("spark master already running (pid %d) at %s", master.pid, master.address)
+    else:
+        from slipstream.dev.spark_cluster import start_cluster
+
+        cluster = start_cluster(home, workers)
+        state.services["spark-master"] = ServiceState("spark-master", cluster.master_pid, cluster.master_url,
+                                                      str(home / "logs" / "spark-master.log"))
+        state.started.append("spark-master")
+        for i, pid in enumerate(cluster.worker_pids):
+            name = f"spark-worker-{i}"
+            state.services[name] = ServiceState(name, pid, cluster.ui_url, str(home / "logs" / f"{name}.log"))
+            state.started.append(name)
+        state.save(home)
+    state.env["SLIPSTREAM_SPARK_MASTER"] = state.services["spark-master"].address
+    state.env["SLIPSTREAM_SPARK_EXECUTOR_MEMORY"] = SPARK_EXECUTOR_MEMORY
+
+
+def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int = 0) -> None:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
     kafka = state.services.get("kafka")
@@ -243,6 +265,7 @@ def _up(settings: Settings, state: StackState, airflow: bool) -> None:
         if running_s3 is None or running_s3.pid != s3.pid:
             state.started.append("s3")
         state.save(home)
+    start_spark_if_wanted(home, state, spark_workers)
     from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
@@ -270,7 +293,7 @@ def _up(settings: Settings, state: StackState, airflow: bool) -> None:
 def down(settings: Settings) -> list[str]:
     state = StackState.load(settings.home)
     stopped = []
-    for name, svc in list(state.services.items()):
+    for name, svc in reversed(list(state.services.items())):
         stop_process(svc.pid)
         stopped.append(f"{name} (pid {svc.pid})")
         del state.services[name]

@@ -9,6 +9,7 @@ shows Spark's progress as it happens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from slipstream import errors
 from slipstream.errors import PreprocessError
 from slipstream.lake.raw_zone import raw_day_ready
 from slipstream.settings import Settings
+from slipstream.pipeline.code_bundle import code_zip
 from slipstream.pipeline.spark_settings import SparkSettings
 
 log = logging.getLogger(__name__)
@@ -83,11 +85,11 @@ def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[s
 
 def preprocess_days_command(settings: Settings, days: Sequence[date], run_id: str, **opts: Any) -> list[str]:
     """The argument list that preprocesses `days` in one Spark session (one commit per day)."""
-    spark: SparkSettings = opts.get("spark") or SparkSettings.from_env()
+    spark = job_spark_settings(settings, opts)
     job_args = _job_args(days, run_id, opts)
     if not spark.uses_submit:
         return [sys.executable, "-m", JOB_MODULE, *job_args]
-    cmd = [spark.submit or "spark-submit", "--master", spark.master, "--deploy-mode", spark.deploy_mode,
+    cmd = [spark.submit or spark_submit(), "--master", spark.master, "--deploy-mode", spark.deploy_mode,
            "--name", f"slipstream-preprocess-{run_id}"]
     if spark.py_files:
         cmd += ["--py-files", spark.py_files]
@@ -96,14 +98,31 @@ def preprocess_days_command(settings: Settings, days: Sequence[date], run_id: st
     return [*cmd, spark.app or str(REPO_ROOT / "spark_jobs" / "preprocess.py"), *job_args]
 
 
+def job_spark_settings(settings: Settings, opts: dict[str, Any]) -> SparkSettings:
+    """The Spark settings the job runs with: given, or from the environment over the home's
+    settings file. On a cluster without SLIPSTREAM_SPARK_PY_FILES, this checkout's code is zipped
+    and shipped with --py-files (executors must not depend on what is on their path)."""
+    spark: SparkSettings = opts.get("spark") or SparkSettings.for_home(settings.home)
+    if spark.is_local or spark.py_files:
+        return spark
+    return dataclasses.replace(spark, py_files=str(code_zip(REPO_ROOT, settings.home / "spark" / "code")))
+
+
+def spark_submit() -> str:
+    """spark-submit next to this interpreter (the pyspark wheel's), else the one on PATH."""
+    local = Path(sys.executable).parent / "spark-submit"
+    return str(local) if local.exists() else "spark-submit"
+
+
 def preprocess_command(settings: Settings, day: date, run_id: str, **opts: Any) -> list[str]:
     """The argument list that preprocesses one `day` (what an Airflow task or BashOperator runs)."""
     return preprocess_days_command(settings, [day], run_id, **opts)
 
 
-def _child_env(settings: Settings, extra: dict[str, str] | None) -> dict[str, str]:
+def _child_env(settings: Settings, spark: SparkSettings, extra: dict[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(settings.as_env())
+    env.update(spark.as_env())
     path = [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -153,11 +172,12 @@ def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, *
     """Preprocess `days` in one Spark process; one Iceberg commit per day. Raises the job's domain
     error (`RawDataError`, `RejectRateExceeded`, `CommitConflict`) or `PreprocessError`, with the
     tail of the job's log."""
-    cmd = preprocess_days_command(settings, days, run_id, **opts)
+    spark = job_spark_settings(settings, opts)
+    cmd = preprocess_days_command(settings, days, run_id, **{**opts, "spark": spark})
     log.info("running %s", " ".join(cmd))
     t0 = time.monotonic()
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=_child_env(settings, opts.get("env")),
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=_child_env(settings, spark, opts.get("env")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     out_lines: list[str] = []
     pumps = [

@@ -10,11 +10,14 @@ own Iceberg writer (the cluster must ship the Iceberg Spark runtime and configur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Mapping
 
 from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
+from slipstream.settings import read_settings_file
 
 WRITE_MODES = ("pyarrow", "native")
 DEFAULT_MAX_REJECT_RATE = 0.01
@@ -45,6 +48,10 @@ class SparkSettings:
 
     driver_memory: str = "2g"
     """SLIPSTREAM_SPARK_DRIVER_MEMORY: in local mode this is all the memory Spark gets."""
+
+    executor_memory: str = ""
+    """SLIPSTREAM_SPARK_EXECUTOR_MEMORY: spark.executor.memory on a cluster (default: Spark's 1g;
+    `slipstream stack up --spark-workers N` sets 512m for its 1g workers)."""
 
     shuffle_partitions: int = 4
     """SLIPSTREAM_SPARK_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions. Small by default because
@@ -85,6 +92,13 @@ class SparkSettings:
         return self.master.startswith("local")
 
     @property
+    def on_loopback(self) -> bool:
+        """Local mode, or a cluster master on this machine's loopback (the local stack's cluster):
+        the driver then binds 127.0.0.1 too and opens no web UI."""
+        host = self.master.removeprefix("spark://").split(":")[0]
+        return self.is_local or host in ("127.0.0.1", "localhost")
+
+    @property
     def uses_submit(self) -> bool:
         """spark-submit when asked for explicitly or when the master is a cluster."""
         return bool(self.submit) or not self.is_local
@@ -102,7 +116,9 @@ class SparkSettings:
             # only once, by user. Above it Spark shuffles both sides by id (still correct).
             "spark.sql.autoBroadcastJoinThreshold": "64MB",
         }
-        if self.is_local:
+        if self.executor_memory:
+            conf["spark.executor.memory"] = self.executor_memory
+        if self.on_loopback:
             # Loopback only, and no web UI: tests and the demo must not open ports on the LAN.
             conf.update(
                 {
@@ -117,6 +133,21 @@ class SparkSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "SparkSettings":
         return settings_from_env(cls, env, prefix="SLIPSTREAM_SPARK_", parsers={"conf": parse_spark_conf})
+
+    @classmethod
+    def for_home(cls, home: Path, env: Mapping[str, str] | None = None) -> "SparkSettings":
+        """From the environment over `<home>/settings.env` (where `stack up --spark-workers N`
+        records its master), like `Settings.from_env`."""
+        env = os.environ if env is None else env
+        return cls.from_env({**read_settings_file(home), **{k: v for k, v in env.items() if v != ""}})
+
+    def as_env(self) -> dict[str, str]:
+        """These settings as SLIPSTREAM_SPARK_* variables, for the job's process."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f"SLIPSTREAM_SPARK_{f.name.upper()}"] = json.dumps(dict(value)) if f.name == "conf" else str(value)
+        return out
 
 
 def check_job_limits(max_reject_rate: float, target_file_mb: int) -> None:

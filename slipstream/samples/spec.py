@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -266,11 +267,25 @@ def resolve_spec_path(name_or_path: str | Path) -> Path:
     return SPECS_DIR / f"{name_or_path}.yaml"
 
 
+def read_shipped_text(path: Path) -> str:
+    """A file's text, also when the code runs from a zip (a Spark executor's --py-files): then a
+    shipped spec lives inside that zip and is read through it."""
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        for parent in path.parents:
+            if parent.is_file() and zipfile.is_zipfile(parent):
+                member = zipfile.Path(parent, at=path.relative_to(parent).as_posix())
+                if member.is_file():
+                    return member.read_text()
+        raise FileNotFoundError(path) from None
+
+
 def load_spec(name_or_path: str | Path = DEFAULT_SPEC) -> Spec:
     """Read, validate and parse a spec file; a bare name is a shipped spec."""
     path = resolve_spec_path(name_or_path)
     try:
-        text = path.read_text()
+        text = read_shipped_text(path)
     except FileNotFoundError:
         shipped = ", ".join(sorted(p.stem for p in SPECS_DIR.glob("*.yaml")))
         raise SpecError(f"feature spec {path} not found: give a path to a spec file, or one of the shipped specs ({shipped})") from None
@@ -337,7 +352,7 @@ _SCHEMA: dict[str, Any] | None = None
 def _schema() -> dict[str, Any]:
     global _SCHEMA
     if _SCHEMA is None:
-        _SCHEMA = json.loads(SCHEMA_FILE.read_text())
+        _SCHEMA = json.loads(read_shipped_text(SCHEMA_FILE))
     return _SCHEMA
 
 
