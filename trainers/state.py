@@ -1,9 +1,10 @@
 """The run's counters and positions (`TrainState`), and a checkpoint turned back into every piece's
 state, including across world sizes (`resume_point`).
 
-Batch phase: the sample order of an epoch depends on the world size, so a checkpoint taken
-mid-epoch resumes only on the same world size (and rank r takes rank r's cursor). At an epoch
-boundary every cursor is (next epoch, 0, 0) and any world size can continue.
+Batch phase: on the same world size rank r takes rank r's cursor. On another world size
+mid-epoch, what every old rank had left of the epoch is re-dealt over the new ranks
+(`trainers.data.redeal`); at an epoch boundary every cursor is (next epoch, 0, 0) and any world
+size simply continues.
 Stream phase: progress is per Kafka partition (positions) plus rows buffered but not trained;
 a new world size re-deals partitions and every buffered row goes to the rank that now owns its
 partition, so nothing is lost or trained twice.
@@ -123,16 +124,12 @@ def resume_point(meta: dict[str, Any], states: list[dict[str, Any]], rank: int, 
         state.counters = {k: 0.0 for k in COUNTERS}  # totals live on rank 0 so that sums stay right
     rp = ResumePoint(state=state, profile=meta.get("profile") if rank == 0 else None)
     if state.phase == "batch":
-        at_boundary = all(s["iceberg"]["chunk"] == 0 and s["iceberg"]["offset"] == 0 for s in states)
-        if old_world != world and not at_boundary:
-            raise ResumeError(
-                f"the checkpoint at step {state.step} is in the middle of batch epoch {state.epoch} with "
-                f"{old_world} ranks; this run has {world}. The batch phase's sample order depends on the "
-                f"world size, so resuming would lose or repeat samples: resume with --nproc-per-node {old_world} "
-                "(a different size is accepted at an epoch boundary and in the stream phase)."
-            )
+        cursors = [s["iceberg"] for s in states]
+        at_boundary = all(c["chunk"] == 0 and c["offset"] == 0 and c.get("pieces") is None for c in cursors)
         if old_world == world:
-            rp.iceberg = states[rank]["iceberg"]
+            rp.iceberg = cursors[rank]
+        elif not at_boundary:  # mid-epoch on another world size: what is left of the epoch is re-dealt
+            rp.iceberg = {"redeal": cursors}
     rp.replay = _replay_share(states, rank, world, old_world)
     if state.phase != "batch" and my_partitions is not None:
         rp.shuffle = _shuffle_share(states, rank, world, old_world, my_partitions)

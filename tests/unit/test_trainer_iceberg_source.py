@@ -197,6 +197,58 @@ def test_resume_on_another_world_size_is_refused(samples: SamplesFixture) -> Non
         _source(samples, rank=0, world=1).check_resumable(state)
 
 
+def _take(src: IcebergSource, batches: int) -> list[str]:
+    ids: list[str] = []
+    for _ in range(batches):
+        if (b := src.next_batch()) is None:
+            break
+        ids.extend(b.sample_id.to_pylist())
+    return ids
+
+
+def _stop_mid_epoch(sources: list[IcebergSource], epoch: int, batches: list[int]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each source trains its first `batches[r]` batches of `epoch`; returns the ids and the states."""
+    ids: list[str] = []
+    for src, n in zip(sources, batches):
+        src.start_epoch(epoch)
+        ids += _take(src, n)
+        src.close()
+    return ids, [s.state_dict() for s in sources]
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_mid_epoch_resume_on_another_world_size_trains_the_rest_once(samples: SamplesFixture, new_world: int) -> None:
+    expected = _expected_training_ids(samples)
+    kw = {"shuffle_rows": 900, "batch_size": 128}
+    done, states = _stop_mid_epoch([_source(samples, rank=r, world=2, **kw) for r in range(2)], 1, [5, 3])
+    assert 0 < len(done) < len(expected)
+    resumed = [_source(samples, rank=r, world=new_world, **kw) for r in range(new_world)]
+    for src in resumed:
+        src.load_state_dict({"redeal": states})
+    # a second kill inside the re-dealt epoch, resumed on the same world, then on 2 ranks again
+    more, states2 = _stop_mid_epoch(resumed, 1, [2] * new_world)
+    same = [_source(samples, rank=r, world=new_world, **kw) for r in range(new_world)]
+    for src, st in zip(same, states2):
+        src.load_state_dict(st)
+    more2, states3 = _stop_mid_epoch(same, 1, [1] * new_world)
+    last = [_source(samples, rank=r, world=2, **kw) for r in range(2)]
+    for src in last:
+        src.load_state_dict({"redeal": states3})
+    rest = [i for src in last for i in _epoch_ids(src, 1)]
+    trained = done + more + more2 + rest
+    assert len(trained) == len(set(trained)), "a sample was trained twice in the epoch"
+    assert set(trained) == expected
+    # the epoch after runs on the new world's own plan
+    nxt = [i for src in last for i in _epoch_ids(src, 2)]
+    assert sorted(nxt) == sorted(expected) and last[0].state_dict().get("pieces") is None
+
+
+def test_re_deal_refuses_a_checkpoint_of_other_data(samples: SamplesFixture) -> None:
+    _, states = _stop_mid_epoch([_source(samples, rank=r, world=2) for r in range(2)], 0, [2, 2])
+    with pytest.raises(ResumeError, match="seed"):
+        _source(samples, rank=0, world=3, seed=4).load_state_dict({"redeal": states})
+
+
 def test_epoch_units_is_a_permutation_dealt_to_ranks() -> None:
     dealt = np.concatenate([epoch_units(101, 4, seed=9, rank=r, world=3) for r in range(3)])
     assert sorted(dealt.tolist()) == list(range(101))

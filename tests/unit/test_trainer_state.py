@@ -103,14 +103,18 @@ def test_stream_resume_on_another_world_size_keeps_every_buffered_row(table: pa.
     assert sorted(got) == sorted(table.column("sample_id").to_pylist())
 
 
-def test_batch_resume_mid_epoch_on_another_world_size_is_refused(table: pa.Table) -> None:
+def test_batch_resume_mid_epoch_on_another_world_size_re_deals_every_cursor(table: pa.Table) -> None:
     meta = {"world": 2, "step": 9, "phase": "batch", "epoch": 1}
     states = _states(Rows.from_arrow(table, source=0), 2)
-    with pytest.raises(ResumeError, match="--nproc-per-node 2"):
-        resume_point(meta, states, 0, 3, None)
+    for r, s in enumerate(states):
+        s["iceberg"] = {"epoch": 1, "chunk": r, "offset": 5}
+    for rank in range(3):  # every new rank gets every old rank's cursor; the source takes its share
+        assert resume_point(meta, states, rank, 3, None).iceberg == {"redeal": [s["iceberg"] for s in states]}
+    assert resume_point(meta, states, 1, 2, None).iceberg == states[1]["iceberg"]  # same world: its own cursor
     for s in states:
-        s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: accepted
-    assert resume_point(meta, states, 0, 3, None).state.epoch == 1
+        s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: simply the next epoch
+    rp = resume_point(meta, states, 0, 3, None)
+    assert rp.state.epoch == 1 and rp.iceberg is None
 
 
 def test_checkpoint_commit_is_atomic_and_uncommitted_audit_is_dropped(tmp_path: Path, table: pa.Table) -> None:

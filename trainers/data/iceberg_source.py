@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
+from trainers.data.redeal import Piece, deal, remaining_pieces
 from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
 from trainers.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
@@ -164,21 +165,38 @@ class IcebergSource:
         self._n_chunks = 0
         self._resume_at: tuple[int, int, int] | None = None
         """(epoch, chunk, offset) of a loaded checkpoint state, until that epoch starts"""
+        self._pieces: list[Piece] | None = None
+        """In an epoch re-dealt on another world size (`redeal`): this rank's pieces, read as its chunks"""
+        self._base_world = world
         self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
         """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
 
     # --- plan of an epoch -------------------------------------------------------------------
-    def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        order = epoch_units(len(self.units), epoch, self.seed, self.rank, self.world)
+    def epoch_plan(self, epoch: int, rank: int | None = None, world: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The units a rank reads in `epoch`, in order, and its chunk bounds (default: this rank's)."""
+        rank, world = (self.rank, self.world) if rank is None or world is None else (rank, world)
+        order = epoch_units(len(self.units), epoch, self.seed, rank, world)
         rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
         return order, chunk_bounds(rows, self.shuffle_rows)
+
+    def pieces_plan(self, epoch: int, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
+        """Order and bounds whose chunk i is piece i's chunk (the units of that old rank's chunk)."""
+        plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        parts, bounds = [], [0]
+        for r, c, _ in pieces:
+            order, b = plans.setdefault(r, self.epoch_plan(epoch, r, self._base_world))
+            parts.append(order[b[c] : b[c + 1]])
+            bounds.append(bounds[-1] + len(parts[-1]))
+        order = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return order, np.asarray(bounds, dtype=np.int64)
 
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None,
                    pool: Executor | None = None, submitted: Callable[[], None] | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
         table = read_units([self.units[i] for i in idx], self.open_file, pool, submitted, self.layout)
         train = self._training_rows(table, idx, self.stats if stats is None else stats)
-        perm = np.random.default_rng([self.seed, epoch, self.rank, chunk]).permutation(len(train))
+        rank, key = (self.rank, chunk) if self._pieces is None else self._pieces[chunk][:2]
+        perm = np.random.default_rng([self.seed, epoch, rank, key]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
         # table (no filtered copy, no second permuted copy)
         return Rows.from_arrow(table, self.layout, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
@@ -212,12 +230,14 @@ class IcebergSource:
         if chunk is None or offset is None:
             at = self._resume_at
             chunk, offset = (at[1], at[2]) if at is not None and at[0] == epoch else (0, 0)
+            if at is None or at[0] != epoch:
+                self._pieces = None  # a re-dealt epoch is over: the next ones follow this world's plan
         self._resume_at = None
         self.close()
         self.epoch, self._chunk, self._pos = epoch, chunk, 0
         self._rows = None
         self._skip = offset
-        order, bounds = self.epoch_plan(epoch)
+        order, bounds = self.epoch_plan(epoch) if self._pieces is None else self.pieces_plan(epoch, self._pieces)
         self._n_chunks = len(bounds) - 1
         self._queue = queue.Queue()  # bounded by the slots
         self._slots = threading.Semaphore(self.prefetch_chunks + 1)
@@ -298,7 +318,8 @@ class IcebergSource:
             return False
         self._chunk, self._rows = item
         self._slots.release()  # the reader may start the chunk after the ones it holds
-        self._pos = min(self._skip, len(self._rows))
+        piece_skip = self._pieces[self._chunk][2] if self._pieces is not None else 0
+        self._pos = min(max(self._skip, piece_skip), len(self._rows))
         self._skip = 0
         return True
 
@@ -344,11 +365,14 @@ class IcebergSource:
             "shuffle_rows": self.shuffle_rows,
             "units_digest": self.digest,
             "algorithm": SHUFFLE_ALGORITHM,
+            **({"pieces": [list(p) for p in self._pieces], "base_world": self._base_world} if self._pieces is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a checkpoint's cursor: the next `start_epoch` of its epoch skips the chunks
         and rows already trained. Refused (ResumeError) when the sample order would differ."""
+        if "redeal" in state:
+            return self._load_redeal(state["redeal"])
         check_version("Iceberg source", state, STATE_VERSION)
         try:
             cursor = (int(state["epoch"]), int(state["chunk"]), int(state["offset"]))
@@ -356,11 +380,31 @@ class IcebergSource:
             raise ResumeError(f"the checkpoint's Iceberg cursor {state!r} lacks epoch/chunk/offset: it is damaged") from None
         if "units_digest" in state or cursor[1:] != (0, 0):  # mid-epoch: only the same order continues
             self.check_resumable(state)
+        if state.get("pieces") is not None:
+            self._pieces = [tuple(int(x) for x in p) for p in state["pieces"]]  # type: ignore[misc]
+            self._base_world = int(state["base_world"])
         self._resume_at = cursor
 
-    def check_resumable(self, state: dict[str, Any]) -> None:
-        for key, mine in (("world", self.world), ("rank", self.rank), ("units_digest", self.digest),
-                          ("seed", self.seed), ("shuffle_rows", self.shuffle_rows)):
+    def _load_redeal(self, states: list[dict[str, Any]]) -> None:
+        """Resume mid-epoch from the Iceberg states of a run on another world size: this rank takes
+        its share of what every old rank had left of the epoch (`trainers.data.redeal`)."""
+        for s in states:
+            check_version("Iceberg source", s, STATE_VERSION)
+            self.check_resumable(s, same_world=False)
+        epochs = {int(s["epoch"]) for s in states}
+        if len(epochs) != 1:
+            raise ResumeError(f"the checkpoint's ranks are in different batch epochs {sorted(epochs)}: it is damaged")
+        epoch = epochs.pop()
+        base, pieces = remaining_pieces(states, lambda r, w: len(self.epoch_plan(epoch, r, w)[1]) - 1)
+        self._base_world = base
+        self._pieces = deal(pieces, self.rank, self.world)
+        self._resume_at = (epoch, 0, 0)
+        log.info("rank %d/%d takes %d of the %d chunk piece(s) left of epoch %d by %d rank(s)", self.rank, self.world,
+                 len(self._pieces), len(pieces), self._resume_at[0], len(states))
+
+    def check_resumable(self, state: dict[str, Any], same_world: bool = True) -> None:
+        keys = (("world", self.world), ("rank", self.rank)) if same_world else ()
+        for key, mine in (*keys, ("units_digest", self.digest), ("seed", self.seed), ("shuffle_rows", self.shuffle_rows)):
             if state.get(key) != mine:
                 raise ResumeError(
                     f"batch-phase checkpoint was written with {key}={state.get(key)!r} but this run has {key}={mine!r}: "
