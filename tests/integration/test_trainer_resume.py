@@ -1,7 +1,7 @@
 """kill -9 a 2-process torchrun run, resume it, and check the audit: 0 lost, 0 duplicated.
 
-- mid batch epoch: resuming on another world size is refused with a clear message, resuming on
-  the same one completes and every (sample, epoch) is trained once;
+- mid batch epoch: resuming on the same world size completes, every (sample, epoch) is trained
+  once, in the order of a run that was never killed (another world size: test_trainer_multinode);
 - in the stream phase (with rows buffered and more data arriving after the kill): resuming on a
   different world size re-deals the partitions and every stream sample is trained once.
 """
@@ -60,10 +60,6 @@ def test_kill_in_the_batch_phase_then_resume(tmp_path: Path, kafka_bootstrap: st
     run_dir = tmp_path / "runs" / "kb"
     killed = start_and_kill(tmp_path, cfg_path, run_dir, lambda m: m["phase"] == "batch" and int(m["step"]) >= 14)
     assert killed["phase"] == "batch" and killed["epoch"] == 0  # mid-epoch 0 (an epoch has ~140 steps)
-
-    refused = run_torchrun(tmp_path, cfg_path, nproc=1)
-    assert refused.returncode != 0
-    assert "--nproc-per-node 2" in refused.stderr + refused.stdout
 
     done = run_torchrun(tmp_path, cfg_path, nproc=2)
     assert done.returncode == 0, done.stderr[-4000:]
