@@ -25,7 +25,7 @@ from slipstream.errors import ConfigError
 BACKENDS = ("local", "kubernetes")
 KAFKA_CODECS = ("json", "binary")
 SETTINGS_FILE = "settings.env"
-SECRET_FIELDS = ("s3_secret_access_key", "kafka_sasl_username", "kafka_sasl_password", "kafka_ssl_key_password")
+SECRET_FIELDS = ("s3_secret_access_key", "catalog_credential", "kafka_sasl_username", "kafka_sasl_password", "kafka_ssl_key_password")
 """Never copied into a child's environment by `as_env` (pods get them from Secrets; local
 children read them from the settings file of the same home)."""
 
@@ -38,7 +38,17 @@ class Settings:
     catalog: str = "local"
     """SLIPSTREAM_CATALOG: pyiceberg catalog name. `local` is the SQLite catalog under home;
     any other name is looked up through pyiceberg's own configuration (.pyiceberg.yaml or
-    PYICEBERG_CATALOG__<NAME>__* variables), e.g. a REST catalog in production."""
+    PYICEBERG_CATALOG__<NAME>__* variables), e.g. a REST catalog in production, unless
+    SLIPSTREAM_CATALOG_URI names a REST catalog directly."""
+
+    catalog_uri: str = ""
+    """SLIPSTREAM_CATALOG_URI: URL of an Iceberg REST catalog (e.g. http://127.0.0.1:8181). Set, the
+    catalog is that server, with SLIPSTREAM_WAREHOUSE as its warehouse and the S3 settings as its
+    FileIO (`slipstream stack up --profile cluster` sets it to SeaweedFS's REST catalog)."""
+
+    catalog_credential: str = field(default="", repr=False)
+    """SLIPSTREAM_CATALOG_CREDENTIAL: `client_id:client_secret` the REST catalog exchanges for a
+    token (OAuth2 client credentials); empty: no authentication."""
 
     namespace: str = "slipstream"
     """SLIPSTREAM_NAMESPACE: Iceberg namespace holding `samples` and the other tables."""

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--spark-workers", type=int, default=0, metavar="N",
                     help="also start a Spark standalone master and N workers (1 core, 1g each) on 127.0.0.1; "
                          "preprocessing then runs on it")
+    up.add_argument("--profile", choices=stack.PROFILES, default="local",
+                    help="local: broker + SQLite catalog (+ S3 when the warehouse is on s3://); cluster: broker, "
+                         "S3, the Iceberg REST catalog over it and a Spark cluster (2 workers unless --spark-workers)")
     up.set_defaults(func=_up)
     sp.add_parser("down", help="stop what `up` started, by PID").set_defaults(func=_down)
     sp.add_parser("status", help="what is running and where").set_defaults(func=_status)
@@ -24,10 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    state = stack.up(settings, airflow=not args.no_airflow, spark_workers=args.spark_workers)
+    state = stack.up(settings, airflow=not args.no_airflow, spark_workers=args.spark_workers, profile=args.profile)
     for name, svc in state.services.items():
-        print(f"{name:8s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
-    print(f"catalog  {settings.catalog} -> {settings.home / 'catalog.db'}, warehouse {settings.warehouse}")
+        print(f"{name:14s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
+    settings = stack.effective_settings(settings)
+    where = settings.catalog_uri or settings.home / "catalog.db"
+    print(f"catalog  {settings.catalog} -> {where}, warehouse {settings.warehouse}")
     if not args.no_airflow:
         print(f"airflow  AIRFLOW_HOME={settings.home / 'airflow'} (SQLite)")
     return 0

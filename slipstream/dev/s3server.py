@@ -147,6 +147,7 @@ class S3Server:
         region: str = DEFAULT_REGION,
         access_key: str | None = None,
         secret_key: str | None = None,
+        table_bucket: str = "",
     ) -> None:
         if (access_key is None) != (secret_key is None):
             raise StackError("give both access_key and secret_key for the S3 server, or neither (generated)")
@@ -157,6 +158,8 @@ class S3Server:
         self.region = region
         self._access_key = access_key
         self._secret_key = secret_key
+        self.table_bucket = table_bucket
+        """An S3 Tables bucket created at start: the warehouse of SeaweedFS's Iceberg REST catalog."""
 
     @property
     def state_path(self) -> Path:
@@ -277,6 +280,7 @@ class S3Server:
             f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
             f"-s3.config={self.config_path}", f"-bucket={self.bucket}",
             *(f"-{flag}={port}" for flag, port in ports.items()),
+            *([f"-tableBucket={self.table_bucket}"] if self.table_bucket else []),
             "-s3.port.lance=0", "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,16 +17,24 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slipstream.errors import ConfigError, StackError
 from slipstream.processes import pid_alive, start_process, stop_process
 from slipstream.settings import Settings, remove_settings_file, write_settings_file
 
+if TYPE_CHECKING:
+    from slipstream.dev.s3server import S3Endpoint
+
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPARK_EXECUTOR_MEMORY = "512m"  # per executor of the local Spark cluster (one per 1g worker)
-SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
+SQLITE_BUSY_TIMEOUT_S = 60
+PROFILES = ("local", "cluster")
+CLUSTER_SPARK_WORKERS = 2
+TABLE_BUCKET = "lake"
+"""The cluster profile's S3 Tables bucket: the REST catalog's warehouse."""  # how long an Airflow process waits for the metadata database's write lock
 
 
 @dataclass
@@ -173,7 +181,8 @@ def s3_mode() -> str:
     return mode
 
 
-def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | None:
+def start_s3_if_wanted(settings: Settings, state: StackState, *, force: bool = False,
+                       table_bucket: str = "") -> ServiceState | None:
     """The local S3 server (SeaweedFS) when SLIPSTREAM_S3 is `on`, or `auto` (the default) and the
     warehouse is on s3://; keys from SLIPSTREAM_S3_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else generated
     once and kept (0600) under <home>/s3. Port: SLIPSTREAM_S3_PORT, else a free one, reused."""
@@ -181,7 +190,7 @@ def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | 
     from slipstream.lake.iceberg import warehouse_on_s3
 
     mode = s3_mode()
-    if mode == "off" or (mode == "auto" and not warehouse_on_s3(settings)):
+    if not force and (mode == "off" or (mode == "auto" and not warehouse_on_s3(settings))):
         return None
     raw_port = os.environ.get("SLIPSTREAM_S3_PORT", "")
     if raw_port and not raw_port.isdigit():
@@ -189,21 +198,26 @@ def start_s3_if_wanted(settings: Settings, state: StackState) -> ServiceState | 
     server = S3Server(
         settings.home, int(raw_port) if raw_port else None,
         access_key=os.environ.get("SLIPSTREAM_S3_ACCESS_KEY_ID") or None,
-        secret_key=os.environ.get("SLIPSTREAM_S3_SECRET_ACCESS_KEY") or None,
+        secret_key=os.environ.get("SLIPSTREAM_S3_SECRET_ACCESS_KEY") or None, table_bucket=table_bucket,
     )
     endpoint = server.start()
     pid = int(server.status()["pid"])
     return ServiceState("s3", pid, endpoint.url, str(server.log_path))
 
 
-def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0) -> StackState:
+def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, profile: str = "local") -> StackState:
     """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME); with
-    `spark_workers`, also a Spark standalone master and that many workers. When any step
+    `spark_workers`, also a Spark standalone master and that many workers. The `cluster` profile
+    is the production-like one: S3 (SeaweedFS), its Iceberg REST catalog over the S3 warehouse,
+    a Spark cluster (2 workers unless `spark_workers` says otherwise) and the broker. When any step
     fails or the command is interrupted, the servers this call started are stopped again (those
     that were already running are left alone); `state.started` names them on success."""
     state = StackState.load(settings.home)
     try:
-        _up(settings, state, airflow, spark_workers)
+        if profile not in PROFILES:
+            raise ConfigError(f"stack profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        _up(settings, state, airflow, spark_workers or (CLUSTER_SPARK_WORKERS if profile == "cluster" else 0),
+            profile == "cluster")
     except BaseException:
         stop_started(settings.home, state)
         raise
@@ -248,7 +262,7 @@ def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
     state.env["SLIPSTREAM_SPARK_EXECUTOR_MEMORY"] = SPARK_EXECUTOR_MEMORY
 
 
-def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int = 0) -> None:
+def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool) -> None:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
     kafka = state.services.get("kafka")
@@ -259,7 +273,7 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
         state.started.append("kafka")
         state.save(home)
     running_s3 = state.services.get("s3")
-    s3 = start_s3_if_wanted(settings, state)
+    s3 = start_s3_if_wanted(settings, state, force=cluster, table_bucket=TABLE_BUCKET if cluster else "")
     if s3 is not None:
         state.services["s3"] = s3
         if running_s3 is None or running_s3.pid != s3.pid:
@@ -281,13 +295,41 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
         endpoint = S3Server(home).last_endpoint()
         endpoint_env = endpoint.env() if endpoint else {}
         state.env["SLIPSTREAM_S3_ENDPOINT"] = endpoint_env.get("SLIPSTREAM_S3_ENDPOINT", "")
+        if cluster and endpoint is not None:
+            endpoint_env.update(rest_catalog_env(endpoint))
     write_settings_file(home, {**endpoint_env, **state.env})
     state.save(home)
-    given = {k.removeprefix("SLIPSTREAM_").lower(): v for k, v in endpoint_env.items()}
-    prepare_catalog(dataclasses.replace(settings, **{k: v for k, v in given.items() if not getattr(settings, k)}))
+    prepare_catalog(with_stack_env(settings, endpoint_env))
     if airflow:
         prepare_airflow(settings)
     state.save(home)
+
+
+def rest_catalog_env(endpoint: "S3Endpoint") -> dict[str, str]:
+    """The settings that make SeaweedFS's Iceberg REST catalog the catalog, over its table bucket
+    (authenticated with the S3 keys as OAuth2 client credentials)."""
+    return {
+        "SLIPSTREAM_CATALOG": "rest",
+        "SLIPSTREAM_CATALOG_URI": endpoint.iceberg_rest_url,
+        "SLIPSTREAM_CATALOG_CREDENTIAL": f"{endpoint.access_key}:{endpoint.secret_key}",
+        "SLIPSTREAM_WAREHOUSE": f"s3://{TABLE_BUCKET}/",
+    }
+
+
+def with_stack_env(settings: Settings, values: dict[str, str]) -> Settings:
+    """`settings` with what `up` wrote to the settings file: the endpoints fill fields left unset,
+    a profile's catalog replaces the local one."""
+    given = {k.removeprefix("SLIPSTREAM_").lower(): v for k, v in values.items()}
+    forced = {"catalog", "catalog_uri", "catalog_credential", "warehouse"} if "catalog_uri" in given else set()
+    return dataclasses.replace(settings, **{k: v for k, v in given.items() if k in forced or not getattr(settings, k)})
+
+
+def effective_settings(settings: Settings) -> Settings:
+    """`settings` as the servers of its home's running stack make them (what a later command reads)."""
+    from slipstream.settings import read_settings_file
+
+    return with_stack_env(settings, {k: v for k, v in read_settings_file(settings.home).items()
+                                     if k.removeprefix("SLIPSTREAM_").lower() in {f.name for f in dataclasses.fields(Settings)}})
 
 
 def down(settings: Settings) -> list[str]:

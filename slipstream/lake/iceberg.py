@@ -1,7 +1,8 @@
 """Iceberg catalog access and the tables Slipstream owns.
 
-Catalogs are looked up by name: `local` is the SQLite `SqlCatalog` of the embedded stack; any
-other name goes through pyiceberg's own configuration (`.pyiceberg.yaml`,
+Catalogs are looked up by name: `local` is the SQLite `SqlCatalog` of the embedded stack; with
+SLIPSTREAM_CATALOG_URI the catalog is that Iceberg REST server (the cluster profile: SeaweedFS's);
+any other name goes through pyiceberg's own configuration (`.pyiceberg.yaml`,
 `PYICEBERG_CATALOG__<NAME>__*`), so production points at a REST/Glue/Hive catalog without code.
 """
 
@@ -38,7 +39,19 @@ def local_catalog_properties(settings: Settings) -> dict[str, str]:
     return props
 
 
+def rest_catalog_properties(settings: Settings) -> dict[str, str]:
+    """An Iceberg REST catalog at SLIPSTREAM_CATALOG_URI over the S3 warehouse."""
+    props = {"type": "rest", "uri": settings.catalog_uri, "warehouse": settings.warehouse}
+    if settings.catalog_credential:
+        props["credential"] = settings.catalog_credential
+        props["oauth2-server-uri"] = f"{settings.catalog_uri.rstrip('/')}/v1/oauth/tokens"
+    props.update(settings.s3_io_properties())
+    return props
+
+
 def get_catalog(settings: Settings) -> Catalog:
+    if settings.catalog_uri:
+        return load_catalog(settings.catalog, **rest_catalog_properties(settings))
     if settings.catalog == LOCAL_CATALOG:
         settings.home.mkdir(parents=True, exist_ok=True)
         return load_catalog(LOCAL_CATALOG, **local_catalog_properties(settings))
