@@ -2,7 +2,8 @@
 127.0.0.1) run one job; killed with SIGKILL in the middle of a batch epoch, the run resumes on 1
 and on 3 processes (what every old rank had left of the epoch is re-dealt) and the audit shows
 every sample trained once: 0 lost, 0 duplicated. The topic's 2 partitions are more than 1 rank
-and fewer than 3, so the stream phase deals them both ways."""
+and fewer than 3, so the stream phase deals them both ways; on 3, `data.exchange` spreads the
+fresh rows to the rank that reads no partition."""
 
 from __future__ import annotations
 
@@ -90,8 +91,9 @@ def test_two_nodes_killed_mid_epoch_resume_on_one_and_on_three(tmp_path: Path, k
     shutil.copytree(run_dir, tmp_path / "runs" / "mn3", symlinks=True)
 
     expected_batch, expected_stream = training_ids(fx, validation_days=0), stream_ids(data.stream, fx.t_handoff)
-    for run_id, nproc in (("mn", 1), ("mn3", 3)):
-        done = run_torchrun(tmp_path, cfg_path, nproc=nproc, overrides=(f"run.run_id={run_id}",), timeout_s=300)
+    for run_id, nproc, exchange in (("mn", 1, False), ("mn3", 3, True)):
+        overrides = (f"run.run_id={run_id}", f"data.exchange={str(exchange).lower()}")
+        done = run_torchrun(tmp_path, cfg_path, nproc=nproc, overrides=overrides, timeout_s=300)
         assert done.returncode == 0, f"resume on {nproc}: " + done.stderr[-4000:]
         out = tmp_path / "runs" / run_id
         audit = read_audit(out)
@@ -100,3 +102,5 @@ def test_two_nodes_killed_mid_epoch_resume_on_one_and_on_three(tmp_path: Path, k
         summary = json.loads((out / "metrics.json").read_text())
         assert summary["world_size"] == nproc and summary["kafka_lag_at_stop"] == 0
         assert sorted(summary["handoff_offsets"]) == ["0", "1"]
+        if exchange:  # rank 2 reads no partition of its own: the all-to-all gives it fresh rows
+            assert summary["exchanged_rows"] > 0
