@@ -21,13 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-drift", action="store_true", help="keep the hidden model fixed after T")
     p.add_argument("--keep-running", action="store_true", help="leave the stack up afterwards")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--profile", choices=("local", "cluster"), default="local",
+                   help="cluster: run on a Spark cluster, the Iceberg REST catalog and S3 (docs/cluster.md)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     opts = DemoOptions(days=args.days, impressions_per_day=args.impressions_per_day,
                        stream_minutes=args.stream_minutes, epochs=args.epochs,
-                       drift=not args.no_drift, keep_running=args.keep_running, spec=args.spec)
+                       drift=not args.no_drift, keep_running=args.keep_running, spec=args.spec,
+                       profile=args.profile)
     summary = run_demo(Settings.from_env(), opts)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0

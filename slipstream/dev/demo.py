@@ -48,6 +48,8 @@ class DemoOptions:
     has its own generator (with drift); any other gets `slipstream.dev.specgen`'s, stationary."""
     keep_running: bool = False
     """Leave the stack up after the run (to look around with `slipstream stack status`)."""
+    profile: str = "local"
+    """The local stack's profile: `cluster` runs on a Spark cluster, the REST catalog and S3."""
 
 
 def demo_settings(base: Settings) -> Settings:
@@ -164,8 +166,8 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     settings.home.mkdir(parents=True)
     started = time.monotonic()
     try:
-        state = stack.up(settings)
-        settings = dataclasses.replace(settings, kafka_bootstrap=state.services["kafka"].address)
+        state = stack.up(settings, profile=opts.profile)
+        settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
         from slipstream.stream.kafka import produce_samples
@@ -210,6 +212,10 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "metrics": str(run_dir / "metrics.json"),
             "report": (run_summary.get("report") or {}).get("html"),
             "publish": run_summary.get("publish"),
+            "profile": opts.profile,
+            "catalog": settings.catalog_uri or settings.catalog,
+            "warehouse": settings.warehouse,
+            "spark_master": (state.services.get("spark-master").address if "spark-master" in state.services else "local[*]"),
             "seconds": round(time.monotonic() - started, 1),
             "home": str(settings.home),
         }
@@ -251,6 +257,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"metrics:                 {s['metrics']}")
     if s.get("report"):
         lines.append(f"insight report:          {s['report']}")
+    lines.append(f"ran on:                  Spark {s.get('spark_master')}, catalog {s.get('catalog')}, "
+                 f"warehouse {s.get('warehouse')} ({s.get('profile')} profile)")
     lines.append(f"took {s['seconds']:.0f} s; state in {s['home']}")
     return "\n".join(lines)
 
