@@ -1,0 +1,168 @@
+"""`slipstream bench scale --json [--impressions N] [--workdir D]`: how cost grows with the data
+and with the workers, all measured in one run on this machine.
+
+- `cluster_equals_local`: the 1x day preprocessed on a 2-worker Spark standalone cluster (on
+  127.0.0.1, code shipped as a zip) equals the same day preprocessed in local mode (content checksum);
+- `preprocess_speedup_2_workers`: the 5x day's job time with 1 executor core vs 2 (one worker vs
+  two, `spark.cores.max` on the same cluster), Spark's start-up excluded (the job's own clock);
+- `train_speedup_2_procs`: the trainer's samples/s with 2 torchrun processes vs 1 on the 5x day
+  (one thread each; the 1-process rate is the mean of a run before and one after the 2-process run);
+- `time_ratio_5x` / `time_ratio_25x`: preprocess time (local mode, after a warm-up day) and a
+  training epoch (1 process, after a warm-up run) at 5x and 25x the rows vs 1x.
+`cpu_count` and the load average before and after are reported: on 2 cores two workers or two
+processes can at best double, and anything else running on the machine takes from both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+from slipstream.dev.datagen import GeneratorConfig, generate
+from slipstream.dev.spark_cluster import start_cluster
+from slipstream.lake.iceberg import get_catalog, samples_table
+from slipstream.pipeline.preprocess_launch import run_preprocess_days
+from slipstream.pipeline.spark_settings import SparkSettings
+from slipstream.processes import stop_process
+from slipstream.settings import Settings
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+WARM, DAY_1X, DAY_5X, DAY_25X = (date(2026, 9, 1) + timedelta(days=2 * i) for i in range(4))
+"""One day apart at least (a click may land the next day): a warm-up day, then 1x, 5x, 25x."""
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="slipstream bench scale")
+    p.add_argument("--impressions", type=int, default=20_000, help="impressions of the 1x day (25x: 25 times this)")
+    p.add_argument("--workdir", default="", help="keep data here (default: a temporary folder, removed)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args([a for a in argv if a != "--"])
+
+
+def _generate(raw: Path, n: int) -> None:
+    for i, (day, k) in enumerate(((WARM, 1), (DAY_1X, 1), (DAY_5X, 5), (DAY_25X, 25))):
+        generate(GeneratorConfig(start_day=day, days=1, impressions_per_day=k * n, users=max(2_000, k * n // 50),
+                                 items=400, seed=31 + i, fmt="parquet", stream_minutes=1.0), raw)
+
+
+def _checksum(settings: Settings, day: date) -> tuple[int, str]:
+    from slipstream.lake.iceberg import day_predicate
+    import hashlib
+
+    table = samples_table(get_catalog(settings), settings.namespace)
+    rows = table.scan(row_filter=day_predicate(table, day)).to_arrow().sort_by("sample_id")
+    h = hashlib.sha256()
+    for batch in rows.to_batches(10_000):
+        for r in batch.to_pylist():
+            h.update(json.dumps(r, default=str, sort_keys=True).encode())
+    return rows.num_rows, h.hexdigest()
+
+
+def _job_seconds(results: list[Any]) -> dict[date, float]:
+    return {r.day: r.seconds for r in results}
+
+
+def _preprocess(root: Path, raw: Path, n: int) -> dict[str, Any]:
+    local = Settings(home=root / "local", raw_dir=str(raw))
+    res = run_preprocess_days(local, [WARM, DAY_1X, DAY_5X, DAY_25X], "scale-local", max_reject_rate=0.05,
+                              spark=SparkSettings(driver_memory="2g"), timeout_s=3600)
+    t = _job_seconds(res)
+    out: dict[str, Any] = {"preprocess_s": {"1x": t[DAY_1X], "5x": t[DAY_5X], "25x": t[DAY_25X]},
+                           "rows": {"1x": res[1].rows, "5x": res[2].rows, "25x": res[3].rows}}
+    cluster_home = root / "cluster"
+    cluster = start_cluster(cluster_home, 2)
+    try:
+        on = Settings(home=cluster_home, raw_dir=str(raw))
+        spark = SparkSettings(master=cluster.master_url, executor_memory="512m", driver_memory="1g")
+        run_preprocess_days(on, [DAY_1X], "scale-cluster-1x", max_reject_rate=0.05, spark=spark, timeout_s=3600)
+        out["cluster_equals_local"] = _checksum(on, DAY_1X) == _checksum(local, DAY_1X)
+        one = SparkSettings(master=cluster.master_url, executor_memory="512m", driver_memory="1g", conf={"spark.cores.max": "1"})
+        t1 = _job_seconds(run_preprocess_days(on, [DAY_5X], "scale-1-worker", max_reject_rate=0.05, spark=one, timeout_s=3600))
+        t2 = _job_seconds(run_preprocess_days(on, [DAY_5X], "scale-2-workers", max_reject_rate=0.05, spark=spark, timeout_s=3600))
+        out["preprocess_5x_s_1_vs_2_workers"] = [t1[DAY_5X], t2[DAY_5X]]
+        out["preprocess_speedup_2_workers"] = round(t1[DAY_5X] / t2[DAY_5X], 3)
+    finally:
+        for pid in [*cluster.worker_pids, cluster.master_pid]:
+            stop_process(pid)
+    return out
+
+
+def _train(home: Path, day: date, nproc: int, run_id: str) -> dict[str, Any]:
+    """One batch epoch over `day` with `nproc` torchrun processes; the run's metrics.json."""
+    snapshot = samples_table(get_catalog(Settings(home=home)), "slipstream").current_snapshot()
+    assert snapshot is not None
+    t = day + timedelta(days=1)
+    sets = [f"data.snapshot_id={snapshot.snapshot_id}", f"data.t_handoff={t.isoformat()}T00:00:00+00:00",
+            "data.window_days=1", "data.validation_days=0", "data.stream=false", "data.epochs=1",
+            "data.batch_size=512", f"run.run_id={run_id}", "run.checkpoint_every_steps=1000000",
+            "run.checkpoint_every_s=0", "run.num_threads=1", "model.buckets.user_id=20011", "model.buckets.item_id=1009"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "trainers.train"] + [x for s in sets for x in ("--set", s)]
+    # one thread per process: "2 processes vs 1" compares processes, not thread pools that fight
+    # over the cores of a busy machine
+    env = {**os.environ, "SLIPSTREAM_HOME": str(home), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"training {run_id} failed:\n{done.stderr[-3000:]}")
+    return json.loads((home / "runs" / run_id / "metrics.json").read_text())
+
+
+def _training(home: Path) -> dict[str, Any]:
+    _train(home, WARM, 1, "scale-warm-up")  # the first run builds the native kernels and warms the caches
+    epoch_s, rate = {}, {}
+    for name, day in (("1x", DAY_1X), ("5x", DAY_5X), ("25x", DAY_25X)):
+        m = _train(home, day, 1, f"scale-{name}")
+        rate[name] = float(m["samples_per_s"])
+        epoch_s[name] = round(float(m["samples_iceberg"]) / rate[name], 3)
+    two = float(_train(home, DAY_5X, 2, "scale-5x-2procs")["samples_per_s"])
+    # the machine may be shared: one process again after the two, and the mean of both
+    again = float(_train(home, DAY_5X, 1, "scale-5x-again")["samples_per_s"])
+    one = (rate["5x"] + again) / 2
+    return {"train_epoch_s": epoch_s, "train_samples_per_s_5x_1_vs_2_procs": [round(rate["5x"]), round(again), round(two)],
+            "train_speedup_2_procs": round(two / one, 3)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv or [])
+    logging.basicConfig(level=logging.WARNING)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        root = Path(args.workdir or tmp)
+        raw = root / "raw"
+        _generate(raw, args.impressions)
+        pre = _preprocess(root, raw, args.impressions)
+        train = _training(root / "local")
+    p, e = pre["preprocess_s"], train["train_epoch_s"]
+    return {
+        "benchmark": "scale",
+        "cpu_count": os.cpu_count(),
+        "load_avg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "impressions_1x": args.impressions,
+        "cluster_equals_local": pre["cluster_equals_local"],
+        "preprocess_speedup_2_workers": pre["preprocess_speedup_2_workers"],
+        "train_speedup_2_procs": train["train_speedup_2_procs"],
+        "time_ratio_5x": {"preprocess": round(p["5x"] / p["1x"], 3), "train_epoch": round(e["5x"] / e["1x"], 3)},
+        "time_ratio_25x": {"preprocess": round(p["25x"] / p["1x"], 3), "train_epoch": round(e["25x"] / e["1x"], 3)},
+        "rows": pre["rows"],
+        "preprocess_s": p,
+        "preprocess_5x_s_1_vs_2_workers": pre["preprocess_5x_s_1_vs_2_workers"],
+        "train_epoch_s": e,
+        "train_samples_per_s_5x_1_vs_2_procs": train["train_samples_per_s_5x_1_vs_2_procs"],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))
