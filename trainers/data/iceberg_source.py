@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
-from trainers.data.redeal import Piece, deal, remaining_pieces
+from trainers.data.redeal import Piece, deal, pieces_plan, remaining_pieces
 from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
 from trainers.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
@@ -179,17 +179,6 @@ class IcebergSource:
         rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
         return order, chunk_bounds(rows, self.shuffle_rows)
 
-    def pieces_plan(self, epoch: int, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
-        """Order and bounds whose chunk i is piece i's chunk (the units of that old rank's chunk)."""
-        plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        parts, bounds = [], [0]
-        for r, c, _ in pieces:
-            order, b = plans.setdefault(r, self.epoch_plan(epoch, r, self._base_world))
-            parts.append(order[b[c] : b[c + 1]])
-            bounds.append(bounds[-1] + len(parts[-1]))
-        order = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return order, np.asarray(bounds, dtype=np.int64)
-
     def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None,
                    pool: Executor | None = None, submitted: Callable[[], None] | None = None) -> Rows:
         idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
@@ -237,7 +226,8 @@ class IcebergSource:
         self.epoch, self._chunk, self._pos = epoch, chunk, 0
         self._rows = None
         self._skip = offset
-        order, bounds = self.epoch_plan(epoch) if self._pieces is None else self.pieces_plan(epoch, self._pieces)
+        order, bounds = self.epoch_plan(epoch) if self._pieces is None else \
+            pieces_plan(lambda r: self.epoch_plan(epoch, r, self._base_world), self._pieces)
         self._n_chunks = len(bounds) - 1
         self._queue = queue.Queue()  # bounded by the slots
         self._slots = threading.Semaphore(self.prefetch_chunks + 1)
@@ -391,16 +381,11 @@ class IcebergSource:
         for s in states:
             check_version("Iceberg source", s, STATE_VERSION)
             self.check_resumable(s, same_world=False)
-        epochs = {int(s["epoch"]) for s in states}
-        if len(epochs) != 1:
-            raise ResumeError(f"the checkpoint's ranks are in different batch epochs {sorted(epochs)}: it is damaged")
-        epoch = epochs.pop()
-        base, pieces = remaining_pieces(states, lambda r, w: len(self.epoch_plan(epoch, r, w)[1]) - 1)
-        self._base_world = base
+        epoch, self._base_world, pieces = remaining_pieces(states, lambda e, r, w: len(self.epoch_plan(e, r, w)[1]) - 1)
         self._pieces = deal(pieces, self.rank, self.world)
         self._resume_at = (epoch, 0, 0)
         log.info("rank %d/%d takes %d of the %d chunk piece(s) left of epoch %d by %d rank(s)", self.rank, self.world,
-                 len(self._pieces), len(pieces), self._resume_at[0], len(states))
+                 len(self._pieces), len(pieces), epoch, len(states))
 
     def check_resumable(self, state: dict[str, Any], same_world: bool = True) -> None:
         keys = (("world", self.world), ("rank", self.rank)) if same_world else ()

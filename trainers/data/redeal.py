@@ -16,27 +16,48 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
+from slipstream.errors import ResumeError
+
 Piece = tuple[int, int, int]
 """(rank of the plan the chunk belongs to, chunk index in that rank's epoch plan, rows to skip)"""
 
 
-def remaining_pieces(states: list[dict[str, Any]], n_chunks: Callable[[int, int], int]) -> tuple[int, list[Piece]]:
-    """The base world and every piece of the epoch not yet trained, in old-rank order, from the
-    old ranks' Iceberg states. `n_chunks(rank, world)` counts the chunks of a rank's epoch plan."""
+def remaining_pieces(states: list[dict[str, Any]],
+                     n_chunks: Callable[[int, int, int], int]) -> tuple[int, int, list[Piece]]:
+    """The epoch, its base world and every piece of it not yet trained, in old-rank order, from
+    the old ranks' Iceberg states. `n_chunks(epoch, rank, world)` counts a rank's chunks."""
+    epochs = {int(s["epoch"]) for s in states}
     bases = {int(s.get("base_world", s["world"])) for s in states}
-    if len(bases) != 1:
-        raise ValueError(f"rank states disagree on the epoch's plan (worlds {sorted(bases)}): the checkpoint is damaged")
-    base = bases.pop()
+    if len(epochs) != 1 or len(bases) != 1:
+        raise ResumeError(f"the checkpoint's ranks disagree on the batch epoch ({sorted(epochs)}) or its plan "
+                          f"(worlds {sorted(bases)}): it is damaged")
+    epoch, base = epochs.pop(), bases.pop()
     pieces: list[Piece] = []
     for s in states:
         at, offset = int(s["chunk"]), int(s["offset"])
         if s.get("pieces") is not None:
             mine = [tuple(int(x) for x in p) for p in s["pieces"]]
         else:
-            mine = [(int(s["rank"]), c, 0) for c in range(n_chunks(int(s["rank"]), base))]
+            mine = [(int(s["rank"]), c, 0) for c in range(n_chunks(epoch, int(s["rank"]), base))]
         for i, (r, c, skip) in enumerate(mine[at:], start=at):
             pieces.append((r, c, max(skip, offset) if i == at else skip))
-    return base, pieces
+    return epoch, base, pieces
+
+
+def pieces_plan(plan_of: Callable[[int], tuple[np.ndarray, np.ndarray]],
+                pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
+    """Unit order and chunk bounds whose chunk i is piece i's chunk, from `plan_of(old rank)`
+    (that rank's epoch plan: its unit order and chunk bounds)."""
+    plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    parts, bounds = [], [0]
+    for r, c, _ in pieces:
+        order, b = plans[r] if r in plans else plans.setdefault(r, plan_of(r))
+        parts.append(order[b[c] : b[c + 1]])
+        bounds.append(bounds[-1] + len(parts[-1]))
+    order = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return order, np.asarray(bounds, dtype=np.int64)
 
 
 def deal(pieces: list[Piece], rank: int, world: int) -> list[Piece]:
