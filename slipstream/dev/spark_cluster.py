@@ -103,6 +103,7 @@ class SparkCluster:
     ui_url: str
     master_pid: int
     worker_pids: list[int]
+    worker_uis: list[str]
 
 
 def start_cluster(home: Path, workers: int, shape: WorkerShape = WorkerShape()) -> SparkCluster:
@@ -114,12 +115,15 @@ def start_cluster(home: Path, workers: int, shape: WorkerShape = WorkerShape()) 
     port, ui_port = free_port(), free_port()
     master_url, ui_url = f"spark://{HOST}:{port}", f"http://{HOST}:{ui_port}"
     pids: list[int] = []
+    uis: list[str] = []
     try:
         pids.append(start_process("spark-master", master_argv(port, ui_port), logs / "spark-master.log", env))
         for i in range(workers):
             work = home / "spark" / f"work-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            pids.append(start_process(f"spark-worker-{i}", worker_argv(master_url, free_port(), work, shape),
+            port_i = free_port()
+            uis.append(f"http://{HOST}:{port_i}")
+            pids.append(start_process(f"spark-worker-{i}", worker_argv(master_url, port_i, work, shape),
                                       logs / f"spark-worker-{i}.log", env))
         _wait_ready(ui_url, workers, pids, logs)
     except BaseException:
@@ -127,7 +131,7 @@ def start_cluster(home: Path, workers: int, shape: WorkerShape = WorkerShape()) 
             stop_process(pid)
         raise
     log.info("spark cluster %s: %d worker(s) x %d core(s), %s", master_url, workers, shape.cores, shape.memory)
-    return SparkCluster(master_url, ui_url, pids[0], pids[1:])
+    return SparkCluster(master_url, ui_url, pids[0], pids[1:], uis)
 
 
 def _wait_ready(ui_url: str, workers: int, pids: list[int], logs: Path) -> None:

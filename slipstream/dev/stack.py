@@ -253,9 +253,9 @@ def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
         state.services["spark-master"] = ServiceState("spark-master", cluster.master_pid, cluster.master_url,
                                                       str(home / "logs" / "spark-master.log"))
         state.started.append("spark-master")
-        for i, pid in enumerate(cluster.worker_pids):
+        for i, (pid, ui) in enumerate(zip(cluster.worker_pids, cluster.worker_uis)):
             name = f"spark-worker-{i}"
-            state.services[name] = ServiceState(name, pid, cluster.ui_url, str(home / "logs" / f"{name}.log"))
+            state.services[name] = ServiceState(name, pid, ui, str(home / "logs" / f"{name}.log"))
             state.started.append(name)
         state.save(home)
     state.env["SLIPSTREAM_SPARK_MASTER"] = state.services["spark-master"].address
