@@ -15,7 +15,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("impressions", "clicks", "samples", "positives", "dead_letters", "late_clicks",
+COUNTERS = ("impressions", "clicks", "samples", "samples_committed", "positives", "dead_letters", "late_clicks",
             "clicks_outside_window", "transactions", "restored_records")
 
 

@@ -275,7 +275,9 @@ class Joiner:
         self.metrics.counts["transactions"] += 1
         self.metrics.last_commit = time.monotonic()
         if self._closes_us:
-            self.metrics.add_latencies(now_s - np.concatenate(self._closes_us) / US_PER_S)
+            closes = np.concatenate(self._closes_us)
+            self.metrics.add_latencies(now_s - closes / US_PER_S)
+            self.metrics.counts["samples_committed"] += len(closes)
             self._closes_us = []
 
     def _write_changes(self, p: int, task: Task) -> None:

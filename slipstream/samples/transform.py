@@ -230,10 +230,16 @@ class KeyedSequenceState:
         sizes = np.array([len(c) for c in carried], dtype=np.int64)
         run_len = np.diff(np.r_[starts, n])
         # the batch with each run's carried tail inserted before it: [tail0, run0, tail1, run1, ...]
-        pieces = [x for c, s, e in zip(carried, starts, np.r_[starts[1:], n]) for x in (c, values[s:e])]
-        all_values = np.concatenate(pieces).astype(np.int64, copy=False)
-        run_start = np.repeat(np.cumsum(np.r_[0, (sizes + run_len)[:-1]]), sizes + run_len)
-        is_new = np.concatenate([np.r_[np.zeros(c, bool), np.ones(r, bool)] for c, r in zip(sizes, run_len)])
+        run_sizes = sizes + run_len
+        begins = np.cumsum(run_sizes) - run_sizes
+        all_values = np.empty(int(run_sizes.sum()), dtype=np.int64)
+        is_new = np.ones(len(all_values), dtype=bool)
+        carried_at = np.repeat(begins, sizes) + np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        is_new[carried_at] = False
+        all_values[is_new] = values
+        if len(carried_at):
+            all_values[carried_at] = np.concatenate(carried)
+        run_start = np.repeat(begins, run_sizes)
         idx = np.arange(len(all_values), dtype=np.int64)
         lengths = np.minimum(idx - run_start, self.length)[is_new]
         offsets = np.zeros(n + 1, dtype=np.int32)
@@ -241,10 +247,9 @@ class KeyedSequenceState:
         first_of = np.repeat(idx[is_new] - lengths, lengths)
         within = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), lengths)
         out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_values[first_of + within], pa.int64()))
-        ends = np.cumsum(sizes + run_len)
         for i, s in enumerate(starts):
-            key, end = int(keys[s]), int(ends[i])
-            begin = end - int(sizes[i] + run_len[i])
+            begin, end = int(begins[i]), int(begins[i] + run_sizes[i])
+            key = int(keys[s])
             self.tails[key] = (int(days[s]), all_values[max(begin, end - self.length):end].copy())
             self.changed.add(key)
         return out
