@@ -14,6 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp = p.add_subparsers(dest="action", required=True)
     up = sp.add_parser("up", help="start the broker, prepare the catalog and AIRFLOW_HOME")
     up.add_argument("--no-airflow", action="store_true", help="skip `airflow db migrate`")
+    up.add_argument("--joiner", action="store_true",
+                    help="also start the sample joiner (raw impressions + clicks topics -> the sample topic)")
     up.set_defaults(func=_up)
     sp.add_parser("down", help="stop what `up` started, by PID").set_defaults(func=_down)
     sp.add_parser("status", help="what is running and where").set_defaults(func=_status)
@@ -21,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    state = stack.up(settings, airflow=not args.no_airflow)
+    state = stack.up(settings, airflow=not args.no_airflow, joiner=args.joiner)
     for name, svc in state.services.items():
         print(f"{name:8s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
     print(f"catalog  {settings.catalog} -> {settings.home / 'catalog.db'}, warehouse {settings.warehouse}")
