@@ -112,3 +112,23 @@ def headers_of(msg: Any) -> dict[str, str]:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, default=str)[:2000]
+
+
+def write_raw_zone(raw: Path, imps: list[dict[str, Any]], clicks: list[dict[str, Any]]) -> None:
+    """The same events as raw-zone files (JSON lines per source/day/hour), what the Spark job reads."""
+    import gzip
+    from collections import defaultdict
+
+    from slipstream.joiner.raw_topics import iso_us
+
+    parts: dict[Path, list[dict[str, Any]]] = defaultdict(list)
+    for source, rows in (("impressions", imps), ("clicks", clicks)):
+        for r in rows:
+            when = iso_us(r["ts"])
+            row = {k: v for k, v in r.items() if not k.startswith("_")}
+            row["ts"] = when
+            parts[raw / source / f"day={when[:10]}" / f"hour={when[11:13]}" / "part-0.jsonl.gz"].append(row)
+    for path, rows in parts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wb") as fh:
+            fh.writelines(json.dumps(r).encode() + b"\n" for r in rows)
