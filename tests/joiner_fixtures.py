@@ -74,9 +74,10 @@ def start_joiner(home: Path, bootstrap: str, samples_topic: str, *extra: str, na
     env = {**os.environ, "SLIPSTREAM_HOME": str(home), "SLIPSTREAM_KAFKA_BOOTSTRAP": bootstrap,
            "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}"}
     log = open(home / f"{name}.log", "ab")
+    instance = () if "--instance" in extra else ("--instance", "test")
+    flush = () if "--idle-flush-s" in extra else ("--idle-flush-s", "1")
     return subprocess.Popen([sys.executable, "-m", "slipstream.cli", "joiner", "run", "--spec", "synthetic",
-                             "--samples-topic", samples_topic, "--instance", "test", "--idle-flush-s", "1",
-                             "--commit-interval-s", "0.2", *extra],
+                             "--samples-topic", samples_topic, *instance, *flush, "--commit-interval-s", "0.2", *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 

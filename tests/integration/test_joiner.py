@@ -132,3 +132,25 @@ def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_boo
     counts = Counter(r["sample_id"] for r in decoded.table.to_pylist())
     assert [k for k, n in counts.items() if n > 1] == []
     assert_same_samples(decoded.table.to_pylist(), batch_samples(SPEC, imps, labels).to_pylist())
+
+
+def test_two_replicas_share_the_partitions_and_make_each_sample_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    imp_t, clk_t, out_t = "imp-two", "clk-two", "samples-two"
+    imps, clicks, labels = make_events(3000, seed=13)
+    produce_raw(kafka_bootstrap, imps, clicks, imp_t, clk_t)
+    args = ("--impressions-topic", imp_t, "--clicks-topic", clk_t, "--group", "two", "--idle-flush-s", "6")
+    first = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, "--instance", "a", name="a")
+    second = None
+    try:
+        assert read_topic(kafka_bootstrap, out_t, 1, timeout_s=60, idle_s=0)
+        # a second replica joins mid-stream: the group rebalances, the first commits and hands over
+        second = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, "--instance", "b", name="b")
+        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=120, idle_s=8)
+    finally:
+        codes = [_stop(p) for p in (first, second) if p is not None]
+    assert codes == [0, 0]
+    # the second replica took over partitions, with the state the first one committed for them
+    assert "restored from" in (tmp_path / "b.log").read_text()
+    decoded = decode_samples([m.value() for m in msgs], SPEC).table.to_pylist()
+    assert [k for k, n in Counter(r["sample_id"] for r in decoded).items() if n > 1] == []
+    assert_same_samples(decoded, batch_samples(SPEC, imps, labels).to_pylist())
