@@ -35,9 +35,10 @@ def raw_producer(broker: Broker) -> Producer:
 
 
 def produce_events(broker: Broker, topic: str, rows: Sequence[dict[str, Any]], keys: Sequence[Any], time_field: str,
-                   *, progress_every: int = 100_000, producer: Producer | None = None) -> int:
+                   *, progress_every: int = 100_000, producer: Producer | None = None, flush: bool = True) -> int:
     """Produce raw events in order (idempotent producer), each keyed by `keys[i]`; `producer`: one
-    to reuse (the caller's, e.g. a feeder producing chunk after chunk)."""
+    to reuse (the caller's, e.g. a feeder producing chunk after chunk); `flush=False` leaves the
+    delivery wait to the caller (who flushes that producer)."""
     producer = producer or raw_producer(broker)
     errors: list[str] = []
 
@@ -59,7 +60,7 @@ def produce_events(broker: Broker, topic: str, rows: Sequence[dict[str, Any]], k
             rate = (i + 1) / max(time.monotonic() - started, 1e-9)
             log.info("produced %d/%d events to %s (%.0f/s)", i + 1, len(rows), topic, rate)
         producer.poll(0)
-    left = producer.flush(60)
+    left = producer.flush(60) if flush else 0
     if left or errors:
         raise StackError(f"producing raw events to {topic!r} failed: {left} undelivered, errors: {errors[:3]}")
     return len(rows)
