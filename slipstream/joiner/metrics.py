@@ -70,7 +70,8 @@ class JoinerMetrics:
 
 
 def serve_health(metrics: JoinerMetrics, port: int, stale_s: float = 60.0) -> ThreadingHTTPServer:
-    """/health: 200 while the joiner commits (503 when no commit for `stale_s` or it failed);
+    """/health: 200 while the joiner keeps up (503 when work waited `stale_s` for a commit, or the loop
+    failed; an idle joiner with nothing to commit is healthy);
     /metrics: Prometheus text. Runs in a daemon thread on 127.0.0.1."""
 
     class Handler(BaseHTTPRequestHandler):

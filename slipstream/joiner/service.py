@@ -135,6 +135,8 @@ class Joiner:
         now = time.monotonic()
         if self._txn_open and now - self._txn_started >= self.cfg.commit_interval_s:
             self.commit()
+        elif not self._txn_open:
+            self.metrics.last_commit = now  # nothing waits for a commit: as fresh as a commit (health)
         if now - self._last_lag >= LAG_EVERY_S:
             self._update_lag()
         if now - self._last_report >= REPORT_EVERY_S:
