@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from slipstream.errors import StackError
 from slipstream.joiner.config import JoinerConfig
-from slipstream.joiner.events import US_PER_S, BadEvent, parse_event
+from slipstream.joiner.events import US_PER_S, BadEvent, parse_batch, parse_event
 from slipstream.joiner.metrics import JoinerMetrics, serve_health
 from slipstream.joiner.state_store import encode_changes, read_changelog
 from slipstream.joiner.window import NO_TIME, Closed, TaskState
@@ -146,6 +146,7 @@ class Joiner:
     def _take(self, msgs: list[Message]) -> None:
         now_us = int(time.time() * US_PER_S)
         future_us = int(self.cfg.max_future_s * US_PER_S)
+        parsed = self._parse_batches(msgs)
         for m in msgs:
             err = m.error()
             tp = (m.topic(), m.partition())
@@ -162,7 +163,9 @@ class Joiner:
             task = self.tasks[m.partition()]
             is_click = m.topic() == self.cfg.clicks_topic
             try:
-                row, ts = parse_event(m.value(), self.labels if is_click else self.events)  # type: ignore[arg-type]
+                pre = parsed.get(id(m))
+                row, ts = pre if pre is not None else \
+                    parse_event(m.value(), self.labels if is_click else self.events)  # type: ignore[arg-type]
                 if ts - now_us > future_us:
                     raise BadEvent(f"{'click' if is_click else 'impression'} time is {(ts - now_us) / US_PER_S:.0f} s "
                                    f"ahead of this machine's clock (more than --max-future-s {self.cfg.max_future_s:g})")
@@ -178,6 +181,17 @@ class Joiner:
                 self.metrics.counts["clicks" if is_click else "impressions"] += 1
             if ts is not None and ts > self.stream_time.get(tp, NO_TIME) and not (reason and "ahead" in reason):
                 self.stream_time[tp] = ts
+
+    def _parse_batches(self, msgs: list[Message]) -> dict[int, tuple[dict[str, Any], int]]:
+        """Each topic's records of this consume call parsed in one Arrow call (by message id);
+        a topic whose batch holds a bad record is left to `parse_event`, one by one."""
+        out: dict[int, tuple[dict[str, Any], int]] = {}
+        for topic, source in ((self.cfg.impressions_topic, self.events), (self.cfg.clicks_topic, self.labels)):
+            good = [m for m in msgs if m.error() is None and m.topic() == topic]
+            rows = parse_batch([m.value() or b"" for m in good], source) if good else None  # type: ignore[arg-type]
+            if rows is not None:
+                out.update((id(m), r) for m, r in zip(good, rows))
+        return out
 
     def _sample_id(self, row: dict[str, Any]) -> str:
         rule = self.events.id

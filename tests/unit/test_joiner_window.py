@@ -102,3 +102,16 @@ def test_keyed_sequences_over_time_ordered_batches_equal_one_sorted_pass() -> No
     restored.load(state.take_changes())
     assert {k: (d, v.tolist()) for k, (d, v) in restored.tails.items()} == \
         {k: (d, v.tolist()) for k, (d, v) in state.tails.items()}
+
+
+def test_batch_parsing_gives_the_rows_of_one_by_one_parsing_or_defers_to_it() -> None:
+    from slipstream.joiner.events import parse_batch
+
+    good = [json.dumps({"impression_id": f"i{i}", "ts": f"2026-11-01T00:00:0{i}.25Z", "user_id": i, "item_id": 3,
+                        "device": "ios", "country": "de", "item_category": "c", "price": 1.5, "position": 2,
+                        "item_age_days": 1.0, "user_tenure_days": 2.0, "extra": "ignored"}).encode() for i in range(3)]
+    assert parse_batch(good, SPEC.events) == [parse_event(v, SPEC.events) for v in good]
+    bad = json.dumps({"impression_id": "x", "ts": "2026-11-01T00:00:00Z"}).encode()  # user_id missing
+    nan = good[0].replace(b'"price": 1.5', b'"price": NaN')
+    for batch in (good + [bad], good + [b"{oops"], good + [nan], good + [b""]):
+        assert parse_batch(batch, SPEC.events) is None
