@@ -3,6 +3,10 @@
 `@continuous` with one active run: if the trainer stops, the next run starts the same run folder
 (`stream-<name>`) and the trainer resumes from its newest checkpoint (model, optimizer, offsets)
 with the plan it started with (`plan.json`: snapshot, window, T), also after new days landed.
+
+Depends on a producer of samples on the sample topic: in production the sample joiner
+(`slipstream joiner run`, docs/joiner.md; the compose service `joiner`, a StatefulSet on
+Kubernetes), which this DAG does not start. Without it the trainer waits at the topic's end.
 """
 
 from __future__ import annotations

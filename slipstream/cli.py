@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "slipstream.commands.insight",
     "slipstream.commands.models",
     "slipstream.commands.ui",
+    "slipstream.commands.joiner",
 )
 
 

@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-stream", action="store_true", help="write the raw zone only")
+    p.add_argument("--stream-as", choices=("events", "samples"), default="events",
+                   help="the stream after T as raw impression and click events for the joiner (default; "
+                        "`slipstream stack up --joiner` runs one), or as finished samples straight to the sample topic "
+                        "(a spec whose generator makes no raw stream always gets samples)")
     p.set_defaults(func=run)
 
 
@@ -71,7 +75,15 @@ def run(args: argparse.Namespace) -> int:
         require_broker(settings)
     data = _generate(args, settings, spec)
     manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
-    if not args.no_stream:
+    if not args.no_stream and args.stream_as == "events" and data.stream_events is not None:
+        from slipstream.dev.raw_stream import produce_raw_stream
+        from slipstream.stream.kafka import KafkaAccess
+
+        manifest["produced_raw"] = produce_raw_stream(KafkaAccess.from_settings(settings), spec, data.stream_events,
+                                                      settings.topic_partitions)
+        log.info("raw events produced: the joiner (slipstream stack up --joiner, or slipstream joiner run) turns "
+                 "them into %d samples on %s", data.stream.num_rows, settings.topic)
+    elif not args.no_stream:
         from slipstream.commands.sample_stream import produce_spec_samples
 
         manifest["produced"] = produce_spec_samples(settings, spec, data.stream)

@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--profile", choices=stack.PROFILES, default="local",
                     help="local: broker + SQLite catalog (+ S3 when the warehouse is on s3://); cluster: broker, "
                          "S3, the Iceberg REST catalog over it and a Spark cluster (2 workers unless --spark-workers)")
+    up.add_argument("--joiner", action="store_true",
+                    help="also start the sample joiner (raw impressions + clicks topics -> the sample topic)")
     up.set_defaults(func=_up)
     sp.add_parser("down", help="stop what `up` started, by PID").set_defaults(func=_down)
     sp.add_parser("status", help="what is running and where").set_defaults(func=_status)
@@ -27,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    state = stack.up(settings, airflow=not args.no_airflow, spark_workers=args.spark_workers, profile=args.profile)
+    state = stack.up(settings, airflow=not args.no_airflow, spark_workers=args.spark_workers, profile=args.profile,
+                     joiner=args.joiner)
     for name, svc in state.services.items():
         print(f"{name:14s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
     settings = stack.effective_settings(settings)

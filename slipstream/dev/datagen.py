@@ -325,6 +325,9 @@ class GeneratedData:
     batch: dict[str, pa.Table] = field(default_factory=dict)
     """specgen: each raw day's samples as preprocessing must yield them (the featurizer on the
     day's good events), for tests and benchmarks that fill `samples` without Spark."""
+    stream_events: tuple[pa.Table, pa.Table] | None = None
+    """The raw impressions and clicks `stream` is made of (same time range), in time order: what
+    the joiner's input topics get (`slipstream.dev.raw_stream`)."""
 
 
 def _produce_order(cfg: GeneratorConfig, ts_us: np.ndarray, salt: int) -> np.ndarray:
@@ -343,6 +346,7 @@ def generate(cfg: GeneratorConfig, raw_dir: Path | str) -> GeneratedData:
     rows_per_day: dict[str, int] = {}
     truth_parts: list[pa.Table] = []
     stream_parts: list[pa.Table] = []
+    raw_parts: list[tuple[pa.Table, pa.Table]] = []
     rng = np.random.default_rng([cfg.seed, 1234])
     for d in range(cfg.days):
         day = cfg.start_day + timedelta(days=d)
@@ -364,18 +368,24 @@ def generate(cfg: GeneratorConfig, raw_dir: Path | str) -> GeneratedData:
         overlap = np.flatnonzero(imp.ts_us >= t_us - int(cfg.stream_overlap_s * US_PER_S))
         if len(overlap):
             stream_parts.append(samples_table(world, imp, overlap))
+            raw_parts.append((raw_impressions_table(world, imp, overlap), clicks_table(imp, overlap)))
     n_stream = max(1, int(cfg.impressions_per_day * cfg.stream_minutes / 1440))
     tail = simulate(cfg, world, t_us, t_us + int(cfg.stream_minutes * 60 * US_PER_S), n_stream, salt=10_000)
     # The tail's sequence feature continues the last day only after midnight (same UTC day rule).
     _write_clicks(raw_dir, tail, t_us, cfg.fmt)
     stream_parts.append(samples_table(world, tail, np.arange(len(tail.ts_us))))
+    raw_parts.append((raw_impressions_table(world, tail, np.arange(len(tail.ts_us))),
+                      clicks_table(tail, np.arange(len(tail.ts_us)))))
     truth_parts.append(_truth(tail, np.arange(len(tail.ts_us)), t_us))
     stream = pa.concat_tables(stream_parts)
     stream = stream.take(pa.array(_produce_order(cfg, pc.cast(stream["event_time"], pa.int64()).to_numpy(), 7)))
     truth = pa.concat_tables(truth_parts)
     best = _best_auc(truth, t_us)
     log.info("generated %d raw days, %d stream samples; best AUC %s", cfg.days, stream.num_rows, best)
-    return GeneratedData(cfg, rows_per_day, stream, truth, best)
+    clicks = pa.concat_tables([c for _, c in raw_parts])
+    events = (pa.concat_tables([i for i, _ in raw_parts]),
+              clicks.take(pc.sort_indices(clicks, [("ts", "ascending")])))
+    return GeneratedData(cfg, rows_per_day, stream, truth, best, stream_events=events)
 
 
 def _truth(imp: Impressions, idx: np.ndarray, t_us: int) -> pa.Table:
@@ -399,6 +409,17 @@ def _best_auc(truth: pa.Table, t_us: int) -> dict[str, float]:
         "holdout_before_t": auc(lab[hold & ~after], p[hold & ~after]),
         "holdout_after_t": auc(lab[hold & after], p[hold & after]),
     }
+
+
+def clicks_table(imp: Impressions, idx: np.ndarray) -> pa.Table:
+    """The clicks on impressions `idx` (impression_id, ts), with `user_id`: the key a producer
+    gives a click (the joiner needs an impression and its clicks on one partition)."""
+    sel = idx[imp.clicked[idx]]
+    return pa.table({
+        "impression_id": pa.array(imp.impression_id[sel], pa.string()),
+        "ts": pa.array(imp.ts_us[sel] + (imp.click_delay_s[sel] * US_PER_S).astype(np.int64), pa.timestamp("us", tz="UTC")),
+        "user_id": pa.array(imp.user[sel], pa.int64()),
+    })
 
 
 def _write_clicks(raw_dir: Path, imp: Impressions, start_us: int, fmt: str) -> None:

@@ -112,6 +112,28 @@ def _worth_showing(line: str) -> bool:
     return any(k in line for k in keys)
 
 
+def wait_for_joiner(health_url: str, expected: int, timeout_s: float = 600.0) -> int:
+    """Wait until the joiner has committed `expected` samples (its /health counts them); returns
+    how many it committed (fewer only at the timeout, with a warning)."""
+    import urllib.request
+
+    deadline, last, last_log = time.monotonic() + timeout_s, 0, 0.0
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as r:
+                last = int(json.loads(r.read()).get("samples_committed", 0))
+        except OSError:
+            pass
+        if last >= expected:
+            return last
+        if time.monotonic() - last_log > 10:
+            log.info("waiting for the joiner: %d of %d samples committed", last, expected)
+            last_log = time.monotonic()
+        time.sleep(0.5)
+    log.warning("the joiner committed %d of %d samples within %.0fs; training on what there is", last, expected, timeout_s)
+    return last
+
+
 def newest_run(runs_dir: Path) -> Path:
     runs = sorted(runs_dir.glob("*/metrics.json"), key=lambda p: p.stat().st_mtime)
     if not runs:
@@ -166,14 +188,24 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     settings.home.mkdir(parents=True)
     started = time.monotonic()
     try:
-        state = stack.up(settings, profile=opts.profile)
+        # the synthetic spec's stream goes the way real traffic does: raw impressions and clicks,
+        # joined into samples by the joiner; other specs' generators make finished samples only
+        joined = spec.digest == load_spec(DEFAULT_SPEC).digest
+        state = stack.up(settings, profile=opts.profile, joiner=joined)
         settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
         manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
-        from slipstream.stream.kafka import produce_samples
+        if joined and data.stream_events is not None:
+            from slipstream.dev.raw_stream import produce_raw_stream
 
-        produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream, codec=settings.kafka_codec,
-                                   spec=spec)
+            raw = produce_raw_stream(settings.kafka_bootstrap, spec, data.stream_events, settings.topic_partitions)
+            produced = wait_for_joiner(state.services["joiner"].address, data.stream.num_rows)
+            log.info("the joiner made %d samples of %s raw events", produced, raw)
+        else:
+            from slipstream.stream.kafka import produce_samples
+
+            produced = produce_samples(settings.kafka_bootstrap, settings.topic, data.stream,
+                                       codec=settings.kafka_codec, spec=spec)
         # A manual run at T covers the last complete day before it: the generator's last day, so
         # the window is exactly the generated days and the handoff is the start of the stream.
         conf = {"window_days": opts.days, "epochs": opts.epochs, "stream_stop": "caught_up"}

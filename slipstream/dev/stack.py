@@ -205,9 +205,11 @@ def start_s3_if_wanted(settings: Settings, state: StackState, *, force: bool = F
     return ServiceState("s3", pid, endpoint.url, str(server.log_path))
 
 
-def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, profile: str = "local") -> StackState:
+def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, profile: str = "local",
+       joiner: bool = False) -> StackState:
     """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME); with
-    `spark_workers`, also a Spark standalone master and that many workers. The `cluster` profile
+    `spark_workers`, also a Spark standalone master and that many workers; with `joiner`, also the
+    sample joiner (raw impressions + clicks -> the sample topic). The `cluster` profile
     is the production-like one: S3 (SeaweedFS), its Iceberg REST catalog over the S3 warehouse,
     a Spark cluster (2 workers unless `spark_workers` says otherwise) and the broker. When any step
     fails or the command is interrupted, the servers this call started are stopped again (those
@@ -218,6 +220,14 @@ def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, prof
             raise ConfigError(f"stack profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         _up(settings, state, airflow, spark_workers or (CLUSTER_SPARK_WORKERS if profile == "cluster" else 0),
             profile == "cluster")
+        if joiner:
+            running = state.services.get("joiner")
+            if running and pid_alive(running.pid):
+                log.info("joiner already running (pid %d)", running.pid)
+            else:
+                state.services["joiner"] = start_joiner(settings)
+                state.started.append("joiner")
+                state.save(settings.home)
     except BaseException:
         stop_started(settings.home, state)
         raise
@@ -260,6 +270,38 @@ def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
         state.save(home)
     state.env["SLIPSTREAM_SPARK_MASTER"] = state.services["spark-master"].address
     state.env["SLIPSTREAM_SPARK_EXECUTOR_MEMORY"] = SPARK_EXECUTOR_MEMORY
+
+
+JOINER_IDLE_FLUSH_S = 5
+"""The local stack replays generated events: once the input is read and quiet this long, the
+joiner closes every window (a live deployment leaves this off)."""
+
+
+def start_joiner(settings: Settings) -> ServiceState:
+    """`slipstream joiner run` for the settings' spec, its health on a free 127.0.0.1 port; waits
+    until it answers there (after the settings file names the broker)."""
+    import urllib.request
+
+    port = free_port()
+    argv = [sys.executable, "-m", "slipstream.cli", "joiner", "run", "--spec", settings.spec, "--instance", "local",
+            "--idle-flush-s", str(JOINER_IDLE_FLUSH_S), "--health-port", str(port)]
+    log_path = settings.home / "logs" / "joiner.log"
+    env = {**os.environ, "SLIPSTREAM_HOME": str(settings.home)}
+    pid = start_process("joiner", argv, log_path, env=env)
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                break
+        except OSError:
+            if not pid_alive(pid):
+                raise StackError(f"the joiner exited at start; see {log_path}") from None
+            if time.monotonic() > deadline:
+                stop_process(pid)
+                raise StackError(f"the joiner did not answer on {url} within 60s; see {log_path}") from None
+            time.sleep(0.2)
+    return ServiceState("joiner", pid, url, str(log_path))
 
 
 def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool) -> None:

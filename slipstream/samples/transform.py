@@ -207,6 +207,69 @@ class SequenceHistory:
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(out_values, pa.int64()))
 
 
+class KeyedSequenceState:
+    """`SequenceHistory` for a stream: each key's last `length` values of the current UTC day are
+    kept between batches (the joiner's state), so a batch only needs its own rows sorted by
+    (key, time, sample id) and a key may come back in any later batch. `changed` names the keys
+    written since `take_changes`; `state_dict`/`load` carry the tails across restarts."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.tails: dict[int, tuple[int, np.ndarray]] = {}
+        self.changed: set[int] = set()
+
+    def __call__(self, keys: np.ndarray, days: np.ndarray, values: np.ndarray) -> pa.ListArray:
+        n = len(keys)
+        if n == 0:
+            return pa.ListArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.int64()))
+        starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (days[1:] != days[:-1])])
+        carried = []
+        for s in starts:  # one dict lookup per (key, day) run of the batch
+            day_tail = self.tails.get(int(keys[s]))
+            carried.append(day_tail[1] if day_tail is not None and day_tail[0] == int(days[s]) else values[:0])
+        sizes = np.array([len(c) for c in carried], dtype=np.int64)
+        run_len = np.diff(np.r_[starts, n])
+        # the batch with each run's carried tail inserted before it: [tail0, run0, tail1, run1, ...]
+        run_sizes = sizes + run_len
+        begins = np.cumsum(run_sizes) - run_sizes
+        all_values = np.empty(int(run_sizes.sum()), dtype=np.int64)
+        is_new = np.ones(len(all_values), dtype=bool)
+        carried_at = np.repeat(begins, sizes) + np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        is_new[carried_at] = False
+        all_values[is_new] = values
+        if len(carried_at):
+            all_values[carried_at] = np.concatenate(carried)
+        run_start = np.repeat(begins, run_sizes)
+        idx = np.arange(len(all_values), dtype=np.int64)
+        lengths = np.minimum(idx - run_start, self.length)[is_new]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        first_of = np.repeat(idx[is_new] - lengths, lengths)
+        within = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), lengths)
+        out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_values[first_of + within], pa.int64()))
+        for i, s in enumerate(starts):
+            begin, end = int(begins[i]), int(begins[i] + run_sizes[i])
+            key = int(keys[s])
+            self.tails[key] = (int(days[s]), all_values[max(begin, end - self.length):end].copy())
+            self.changed.add(key)
+        return out
+
+    def take_changes(self) -> dict[int, tuple[int, list[int]] | None]:
+        """The tails written since the last call (key -> (day, values))."""
+        out = {k: (self.tails[k][0], self.tails[k][1].tolist()) for k in self.changed if k in self.tails}
+        self.changed.clear()
+        return out  # type: ignore[return-value]
+
+    def load(self, tails: Mapping[int, tuple[int, list[int]]]) -> None:
+        for key, (day, values) in tails.items():
+            self.tails[int(key)] = (int(day), np.asarray(values, dtype=np.int64))
+
+    def forget_before(self, day: int) -> None:
+        """Drop tails of days before `day` (they can no longer be extended)."""
+        for key in [k for k, (d, _) in self.tails.items() if d < day]:
+            del self.tails[key]
+
+
 def label_values(spec: Spec, events: pa.Table) -> pa.Array:
     """The label of a `column` or `rule` label as int32 (0/1)."""
     lab = spec.label
@@ -227,12 +290,20 @@ class Featurizer:
     """Raw events -> samples, the spec's way (see the module docstring). One per task or joiner:
     it holds the hash cache and the sequences' carried tails."""
 
-    def __init__(self, spec: Spec, tables: Mapping[str, pa.Table] | None = None) -> None:
+    def __init__(self, spec: Spec, tables: Mapping[str, pa.Table] | None = None, *, keyed: bool = False) -> None:
+        """`keyed`: sequences keep every key's tail between batches (`KeyedSequenceState`, the
+        joiner), instead of only the last key's (`SequenceHistory`, Spark's sorted tasks)."""
         self.spec = spec
         self.tables = dict(tables or {})
         self.schema = sample_arrow_schema(spec)
         self._cache: dict[str, int] = {}
-        self._history = {f.name: SequenceHistory(f.length) for f in spec.features if f.kind == "sequence"}
+        kind = KeyedSequenceState if keyed else SequenceHistory
+        self._history = {f.name: kind(f.length) for f in spec.features if f.kind == "sequence"}
+
+    @property
+    def sequences(self) -> dict[str, "SequenceHistory | KeyedSequenceState"]:
+        """Each sequence feature's history (the joiner saves and restores the keyed ones)."""
+        return self._history
 
     def samples(self, events: pa.Table) -> pa.Table:
         """`events`: the events source's fields (required ones present), `sample_id` when already

@@ -65,6 +65,19 @@ def test_services(compose: dict[str, Any]) -> None:
                         "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer"}
 
 
+def test_the_joiner_service_runs_the_joiner_command_on_the_trainer_image(compose: dict[str, Any]) -> None:
+    from slipstream.cli import build_parser
+
+    joiner = compose["services"]["joiner"]
+    assert joiner["image"] == compose["services"]["trainer"]["image"]
+    argv = joiner["command"]
+    assert argv[:3] == ["python", "-m", "slipstream.cli"]
+    args = build_parser().parse_args(argv[3:])  # the command line is one the CLI accepts
+    assert (args.command, args.joiner_command, args.health_port) == ("joiner", "run", 8090)
+    assert "127.0.0.1:8090/health" in " ".join(joiner["healthcheck"]["test"])
+    assert Settings.from_env(env_of(compose, "joiner")).kafka_bootstrap == "kafka:9092"
+
+
 def test_every_setting_is_read_by_the_code_and_parses(compose: dict[str, Any]) -> None:
     env = env_of(compose, "airflow-scheduler")
     known = {f"SLIPSTREAM_{f.name.upper()}" for f in fields(Settings)} | set(cluster_env_names()) | OTHER_SETTINGS

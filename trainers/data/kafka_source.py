@@ -274,8 +274,18 @@ class KafkaSource:
                 if high < self.positions[p]:  # a fresh watermark, not one cached before records arrived
                     self._refuse_lost(p, f"its high watermark is {high}")
             self._high_at = now
-        lag = sum(max(0, self._high.get(p, self.positions[p]) - self.positions[p]) for p in self.partitions)
+        lag = sum(max(0, self._high.get(p, self.positions[p]) - self._read_up_to(p)) for p in self.partitions)
         return max(lag, 1) if self._unknown else lag
+
+    def _read_up_to(self, partition: int) -> int:
+        """Where reading `partition` stands: the next offset after the last record read, or further
+        when the client skipped what holds no record for us (a transactional producer's commit
+        markers, aborted records): the joiner's topic ends with a marker, never "caught up" else."""
+        try:
+            client = self.consumer.position([TopicPartition(self.topic, partition)])[0].offset
+        except KafkaException:
+            client = -1
+        return max(self.positions[partition], client)
 
     def _out_of_range(self, partition: int | None, why: str) -> None:
         """The broker refused a fetch at this run's position: records lost, or deleted unread."""

@@ -1,0 +1,1 @@
+"""The real-time sample joiner: raw impression and click events on Kafka -> labelled samples."""

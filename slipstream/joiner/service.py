@@ -1,0 +1,375 @@
+"""The joiner's loop: consume impressions and clicks, join them per task by event time, featurise
+the closed windows with the spec's Arrow featurizer, produce samples, and commit output, dead
+letters, state changes and input offsets in one Kafka transaction.
+
+A task is partition p of both input topics (they must be co-partitioned: keyed by user, the same
+partition count), so a group of joiners splits the work by partition (range assignment) and a
+user's impressions, clicks and sequence stay on one task. A task's watermark is the smallest
+newest event time among its inputs still reading (an input at its end does not hold it back),
+less `lateness_s`; it never goes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from slipstream.errors import StackError
+from slipstream.joiner.config import JoinerConfig
+from slipstream.joiner.events import US_PER_S, BadEvent, parse_batch, parse_event
+from slipstream.joiner.metrics import JoinerMetrics, serve_health
+from slipstream.joiner.state_store import encode_changes, read_changelog
+from slipstream.joiner.window import NO_TIME, Closed, TaskState
+from slipstream.samples.codec import encode_samples
+from slipstream.samples.schema import source_arrow_schema
+from slipstream.samples.spec import LABEL, SAMPLE_ID, Spec
+from slipstream.samples.transform import Featurizer, KeyedSequenceState, sample_ids
+from slipstream.stream.kafka import Broker, client_config, consumer_config, create_topic
+
+log = logging.getLogger(__name__)
+
+LAG_EVERY_S = 5.0
+REPORT_EVERY_S = 10.0
+
+
+@dataclass
+class Task:
+    state: TaskState
+    featurizer: Featurizer
+    written_watermark: int = NO_TIME
+
+
+class Joiner:
+    """One replica. `run()` until `stop` is set (SIGTERM in the CLI): the open transaction is
+    committed and the group left before it returns."""
+
+    def __init__(self, cfg: JoinerConfig, spec: Spec, broker: Broker, tables: dict[str, pa.Table] | None = None) -> None:
+        self.cfg, self.spec, self.broker = cfg, spec, broker
+        self.tables = tables or {}
+        self.events, self.labels = spec.events, spec.label_source
+        assert self.labels is not None  # JoinerConfig.for_spec refuses other labels
+        self.window_us = spec.label.window_s * US_PER_S
+        self.lateness_us = int(cfg.lateness_s * US_PER_S)
+        self.event_schema = source_arrow_schema(self.events)
+        self.sort_field = next((f.per for f in spec.features if f.kind == "sequence"), None)
+        self.tasks: dict[int, Task] = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.stream_time: dict[tuple[str, int], int] = {}
+        self.at_end: dict[tuple[str, int], float] = {}
+        """Input partitions at their end -> since when (monotonic): one holds the watermark back
+        for `input_idle_s` more (its producer may only be a moment behind the other's)."""
+        self.idle_since: dict[int, float] = {}
+        self.metrics = JoinerMetrics()
+        self.stop = threading.Event()
+        self._txn_open = False
+        self._txn_started = 0.0
+        self._closes_us: list[np.ndarray] = []
+        self._last_lag = self._last_report = 0.0
+        self._reported = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def ensure_topics(self) -> int:
+        """Create what is missing; check that the inputs are co-partitioned. Returns the partitions."""
+        c = self.cfg
+        for topic in (c.impressions_topic, c.clicks_topic):
+            create_topic(self.broker, topic, c.partitions)
+        parts = self._partitions(c.impressions_topic), self._partitions(c.clicks_topic)
+        if parts[0] != parts[1]:
+            raise StackError(f"{c.impressions_topic} has {parts[0]} partitions and {c.clicks_topic} {parts[1]}: the "
+                             "joiner needs them co-partitioned (same count, both keyed by user)")
+        for topic in (c.samples_topic, c.dlq(c.impressions_topic), c.dlq(c.clicks_topic)):
+            create_topic(self.broker, topic, c.partitions)
+        create_topic(self.broker, c.state_topic, parts[0])
+        return parts[0]
+
+    def _partitions(self, topic: str) -> int:
+        from confluent_kafka.admin import AdminClient
+
+        md = AdminClient(client_config(self.broker)).list_topics(topic, timeout=10)
+        return len(md.topics[topic].partitions)
+
+    def run(self) -> None:
+        c = self.cfg
+        self.ensure_topics()
+        self.producer = Producer(client_config(self.broker, **{
+            "transactional.id": f"{c.group}-{c.instance}", "enable.idempotence": True, "linger.ms": 5,
+            "compression.type": "lz4", "transaction.timeout.ms": 60_000, "message.max.bytes": 16_000_000}))
+        self.producer.init_transactions(60)  # fences an older self with this id, aborting what it left open
+        self.consumer = Consumer(consumer_config(self.broker, group=c.group, **{
+            "enable.partition.eof": True, "partition.assignment.strategy": "range", "fetch.wait.max.ms": 50,
+            # static membership: a restarted replica takes its partitions back at once, without
+            # waiting for the group to notice that its previous self died
+            "group.instance.id": c.instance}))
+        self.consumer.subscribe([c.impressions_topic, c.clicks_topic], on_assign=self._assigned,
+                                on_revoke=self._revoked, on_lost=self._lost)
+        health = serve_health(self.metrics, c.health_port) if c.health_port else None
+        log.info("joiner %s/%s: %s + %s -> %s (window %ds, lateness %.0fs)", c.group, c.instance, c.impressions_topic,
+                 c.clicks_topic, c.samples_topic, self.spec.label.window_s, c.lateness_s)
+        try:
+            while not self.stop.is_set():
+                self.step()
+            self.commit()
+            log.info("joiner stopping: last transaction committed, leaving the group")
+        except BaseException:
+            self.metrics.healthy = False
+            raise
+        finally:
+            self.consumer.close()
+            if health is not None:
+                health.shutdown()
+
+    def step(self) -> None:
+        """One round: take a batch, close what the watermark passes, commit when it is time."""
+        msgs = self.consumer.consume(self.cfg.batch, timeout=0.05)
+        if msgs:
+            self._begin()
+            self._take(msgs)
+        self._close_windows()
+        now = time.monotonic()
+        if self._txn_open and now - self._txn_started >= self.cfg.commit_interval_s:
+            self.commit()
+        elif not self._txn_open:
+            self.metrics.last_commit = now  # nothing waits for a commit: as fresh as a commit (health)
+        if now - self._last_lag >= LAG_EVERY_S:
+            self._update_lag()
+        if now - self._last_report >= REPORT_EVERY_S:
+            self._report(now)
+
+    # --- input --------------------------------------------------------------------------------
+    def _take(self, msgs: list[Message]) -> None:
+        now_us = int(time.time() * US_PER_S)
+        future_us = int(self.cfg.max_future_s * US_PER_S)
+        parsed = self._parse_batches(msgs)
+        for m in msgs:
+            err = m.error()
+            tp = (m.topic(), m.partition())
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self.at_end.setdefault(tp, time.monotonic())
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consume error on %s[%s]: %s (retrying)", m.topic(), m.partition(), err)
+                continue
+            self.positions[tp] = m.offset() + 1
+            self.at_end.pop(tp, None)
+            task = self.tasks[m.partition()]
+            is_click = m.topic() == self.cfg.clicks_topic
+            try:
+                pre = parsed.get(id(m))
+                row, ts = pre if pre is not None else \
+                    parse_event(m.value(), self.labels if is_click else self.events)  # type: ignore[arg-type]
+                if ts - now_us > future_us:
+                    raise BadEvent(f"{'click' if is_click else 'impression'} time is {(ts - now_us) / US_PER_S:.0f} s "
+                                   f"ahead of this machine's clock (more than --max-future-s {self.cfg.max_future_s:g})")
+                if is_click:
+                    reason = task.state.click(str(row[self.labels.key or ""]), ts, m.value() or b"")  # type: ignore[union-attr]
+                else:
+                    reason = task.state.impression(self._sample_id(row), row, ts)
+            except BadEvent as e:
+                reason, ts = str(e), None
+            if reason is not None:
+                self._dead(m, reason)
+            else:
+                self.metrics.counts["clicks" if is_click else "impressions"] += 1
+            if ts is not None and ts > self.stream_time.get(tp, NO_TIME) and not (reason and "ahead" in reason):
+                self.stream_time[tp] = ts
+
+    def _parse_batches(self, msgs: list[Message]) -> dict[int, tuple[dict[str, Any], int]]:
+        """Each topic's records of this consume call parsed in one Arrow call (by message id);
+        a topic whose batch holds a bad record is left to `parse_event`, one by one."""
+        out: dict[int, tuple[dict[str, Any], int]] = {}
+        for topic, source in ((self.cfg.impressions_topic, self.events), (self.cfg.clicks_topic, self.labels)):
+            good = [m for m in msgs if m.error() is None and m.topic() == topic]
+            rows = parse_batch([m.value() or b"" for m in good], source) if good else None  # type: ignore[arg-type]
+            if rows is not None:
+                out.update((id(m), r) for m, r in zip(good, rows))
+        return out
+
+    def _sample_id(self, row: dict[str, Any]) -> str:
+        rule = self.events.id
+        if isinstance(rule, str):
+            return str(row[rule])
+        return str(sample_ids(self.spec, pa.Table.from_pylist([row], schema=self.event_schema))[0])
+
+    def _dead(self, m: Message, reason: str) -> None:
+        headers = [("reason", reason.encode()), ("source_topic", m.topic().encode()),
+                   ("source_partition", str(m.partition()).encode()), ("source_offset", str(m.offset()).encode())]
+        self._produce(self.cfg.dlq(m.topic()), m.value(), m.key(), headers=headers)
+        self.metrics.dead(reason)
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, **kw)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    # --- windows ------------------------------------------------------------------------------
+    def _watermark(self, p: int) -> int:
+        inputs = [(self.cfg.impressions_topic, p), (self.cfg.clicks_topic, p)]
+        now = time.monotonic()
+        reading = [self.stream_time.get(tp, NO_TIME) for tp in inputs
+                   if now - self.at_end.get(tp, now) < self.cfg.input_idle_s or tp not in self.at_end]
+        newest = max(self.stream_time.get(tp, NO_TIME) for tp in inputs)
+        if reading:
+            self.idle_since.pop(p, None)
+            return min(reading) - self.lateness_us if min(reading) > NO_TIME else NO_TIME
+        idle = time.monotonic() - self.idle_since.setdefault(p, time.monotonic())
+        if newest == NO_TIME:
+            return NO_TIME
+        if self.cfg.idle_flush_s > 0 and idle >= self.cfg.idle_flush_s:
+            return newest + self.window_us + 1  # the input is finished: close every window
+        if self.cfg.idle_flush_s <= 0 and idle >= max(self.cfg.lateness_s, 1.0):
+            return max(newest, int(time.time() * US_PER_S)) - self.lateness_us  # live: event time is the clock's
+        return newest - self.lateness_us
+
+    def _close_windows(self) -> None:
+        for p, task in self.tasks.items():
+            closed, rejected = task.state.advance(self._watermark(p))
+            if rejected:
+                self._begin()
+                for r in rejected:
+                    self._produce(self.cfg.dlq(self.cfg.clicks_topic), r.raw, None,
+                                  headers=[("reason", r.reason.encode()), ("source_topic", self.cfg.clicks_topic.encode())])
+                    self.metrics.dead(r.reason)
+            if closed:
+                self._begin()
+                self._emit(task, closed)
+        self.metrics.watermark_us = max((t.state.watermark_us for t in self.tasks.values()), default=0)
+
+    def _emit(self, task: Task, closed: list[Closed]) -> None:
+        """Featurise closed impressions (sorted as the spec's sequences need) and produce them."""
+        sort_field = self.sort_field
+        closed.sort(key=lambda c: (c.row[sort_field] if sort_field else 0, c.ts_us, c.sample_id))
+        events = pa.Table.from_pylist([c.row for c in closed], schema=self.event_schema)
+        events = events.append_column(SAMPLE_ID, pa.array([c.sample_id for c in closed], pa.string()))
+        events = events.append_column(LABEL, pa.array([c.label for c in closed], pa.int32()))
+        samples = task.featurizer.samples(events)
+        values = encode_samples(samples, self.cfg.codec, self.spec)
+        keys = samples.column(self.spec.key_column).to_pylist()
+        ts_ms = [c.ts_us // 1000 for c in closed]
+        for k, v, t in zip(keys, values, ts_ms):
+            self._produce(self.cfg.samples_topic, v, str(k).encode(), timestamp=t)
+        n = len(closed)
+        self.metrics.counts["samples"] += n
+        self.metrics.counts["positives"] += sum(c.label for c in closed)
+        self.metrics.counts["clicks_outside_window"] += sum(c.late_clicks for c in closed)
+        self._closes_us.append(np.asarray([c.ts_us for c in closed], dtype=np.int64) + self.window_us)
+
+    # --- transactions -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self._txn_open:
+            self.producer.begin_transaction()
+            self._txn_open, self._txn_started = True, time.monotonic()
+
+    def commit(self) -> None:
+        """Changelog records, input offsets and everything produced since `_begin`, atomically."""
+        if not self._txn_open:
+            return
+        for p, task in self.tasks.items():
+            self._write_changes(p, task)
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self.positions.items()]
+        if offsets:
+            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+        try:
+            self.producer.commit_transaction(60)
+        except KafkaException as e:
+            if e.args[0].txn_requires_abort():
+                self.producer.abort_transaction(60)
+            raise StackError(f"the joiner's transaction failed ({e}); restart it: it resumes from its last commit") from e
+        now_s = time.time()
+        self._txn_open = False
+        self.metrics.counts["transactions"] += 1
+        self.metrics.last_commit = time.monotonic()
+        if self._closes_us:
+            closes = np.concatenate(self._closes_us)
+            self.metrics.add_latencies(now_s - closes / US_PER_S)
+            self.metrics.counts["samples_committed"] += len(closes)
+            self._closes_us = []
+
+    def _write_changes(self, p: int, task: Task) -> None:
+        changes = task.state.changes()
+        for name, seq in task.featurizer.sequences.items():
+            if isinstance(seq, KeyedSequenceState):
+                changes[f"seq:{name}"] = {str(k): v for k, v in seq.take_changes().items()}
+        empty = all(not v for k, v in changes.items() if k != "watermark")
+        if empty and changes["watermark"] == task.written_watermark:
+            return
+        for value in encode_changes(changes):
+            self._produce(self.cfg.state_topic, value, b"changes", partition=p)
+        task.written_watermark = changes["watermark"]
+
+    # --- partitions ---------------------------------------------------------------------------
+    def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        for p in sorted({tp.partition for tp in parts}):
+            if p not in self.tasks:
+                self.tasks[p] = task = self._restore(p)
+                if task.state.watermark_us > NO_TIME:  # the stream time that watermark came from
+                    for topic in (self.cfg.impressions_topic, self.cfg.clicks_topic):
+                        self.stream_time[(topic, p)] = task.state.watermark_us + self.lateness_us
+
+    def _restore(self, p: int) -> Task:
+        state = TaskState(self.window_us)
+        featurizer = Featurizer(self.spec, self.tables, keyed=True)
+        n = 0
+        started = time.monotonic()
+        for delta in read_changelog(self.broker, self.cfg.state_topic, p, f"{self.cfg.group}.restore"):
+            state.apply(delta)
+            for name, seq in featurizer.sequences.items():
+                tails = delta.get(f"seq:{name}")
+                if tails and isinstance(seq, KeyedSequenceState):
+                    seq.load({int(k): v for k, v in tails.items() if v is not None})
+            n += 1
+        state.reschedule()
+        self.metrics.counts["restored_records"] += n
+        if n:
+            log.info("task %d restored from %d changelog records in %.1fs: %d waiting impressions, watermark %d",
+                     p, n, time.monotonic() - started, len(state.pending), state.watermark_us)
+        return Task(state, featurizer, state.watermark_us)
+
+    def _revoked(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        self.commit()
+        self._forget(parts)
+
+    def _lost(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        # another replica owns them now: what this one did since its last commit must not count
+        if self._txn_open:
+            self.producer.abort_transaction(60)
+            self._txn_open = False
+        raise StackError("the joiner lost its partitions (a too-long pause?); restart it: it resumes from its last commit")
+
+    def _forget(self, parts: list[TopicPartition]) -> None:
+        for tp in parts:
+            self.tasks.pop(tp.partition, None)
+            for d in (self.positions, self.stream_time, self.at_end):
+                d.pop((tp.topic, tp.partition), None)
+
+    # --- reporting ----------------------------------------------------------------------------
+    def _update_lag(self) -> None:
+        self._last_lag = time.monotonic()
+        lag = 0
+        for (topic, p), pos in list(self.positions.items()):
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=1, cached=False)
+            except KafkaException:
+                continue
+            lag += max(0, high - pos)
+        self.metrics.lag = lag
+        self.metrics.state_entries = sum(t.state.size for t in self.tasks.values())
+
+    def _report(self, now: float) -> None:
+        done = self.metrics.counts["samples"]
+        rate = (done - self._reported) / max(now - self._last_report, 1e-9) if self._last_report else 0.0
+        self._last_report, self._reported = now, done
+        log.info("joiner: %d samples (%.0f/s), %d dead letters, lag %d records, %d in state, tasks %s",
+                 done, rate, self.metrics.counts["dead_letters"], self.metrics.lag, self.metrics.state_entries,
+                 sorted(self.tasks))

@@ -1,0 +1,156 @@
+"""The sample joiner against a real broker (noida-db): raw impressions and clicks in, samples out.
+
+- Skew: the samples equal, field by field, what the batch path's featurizer makes of the same
+  events (labels by the same window rule, sequences by the same history), while bad records of
+  every kind go to `<topic>.dlq` with their reason and stop nothing.
+- Exactly once: the joiner is killed with SIGKILL mid-stream and restarted; the sample topic
+  (read_committed) holds every expected sample exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from joiner_fixtures import (START_US, US, batch_samples, headers_of, make_events, produce_raw, read_topic,
+                             start_joiner)
+from slipstream.samples.codec import decode_samples
+from slipstream.samples.spec import load_spec
+
+pytestmark = pytest.mark.integration
+
+SPEC = load_spec("synthetic")
+
+
+def assert_same_samples(got: list[dict], expected: list[dict]) -> None:
+    exp = {r["sample_id"]: r for r in expected}
+    assert sorted(r["sample_id"] for r in got) == sorted(exp)
+    for r in got:
+        e = exp[r["sample_id"]]
+        for col, v in e.items():
+            if isinstance(v, float):
+                assert abs(r[col] - v) <= 1e-6 * max(1.0, abs(v)), (r["sample_id"], col, r[col], v)
+            else:
+                assert r[col] == v, (r["sample_id"], col, r[col], v)
+
+
+def _stop(proc) -> int:  # type: ignore[no-untyped-def]
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(60)
+
+
+def test_joined_samples_equal_the_batch_path_and_bad_input_goes_to_dlq(kafka_bootstrap: str, tmp_path: Path) -> None:
+    imp_t, clk_t, out_t = "imp-skew", "clk-skew", "samples-skew"
+    imps, clicks, labels = make_events(3000, seed=11)
+    produce_raw(kafka_bootstrap, imps, clicks, imp_t, clk_t)
+    from slipstream.joiner.raw_topics import produce_events
+
+    late_target = imps[-5]  # its window closes with the flush; a click after that is late
+    bad_imps = [b"{not json", json.dumps({"impression_id": "no-user", "ts": "2026-11-01T00:10:00Z"}).encode()]
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for v in bad_imps:
+        p.produce(imp_t, value=v, key=b"1")
+    p.flush(10)
+    far = dict(imps[0], impression_id="far-future", ts=int((time.time() + 2 * 86400) * US))
+    dup = dict(imps[100])
+    produce_events(kafka_bootstrap, imp_t, [far, dup], [far["user_id"], dup["user_id"]], "ts")
+    orphan = {"impression_id": "never-shown", "ts": START_US + 60 * US}
+    produce_events(kafka_bootstrap, clk_t, [orphan], [0], "ts")
+
+    proc = start_joiner(tmp_path, kafka_bootstrap, out_t, "--impressions-topic", imp_t, "--clicks-topic", clk_t,
+                        "--group", "skew")
+    try:
+        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=120)
+        late = {"impression_id": late_target["impression_id"], "ts": late_target["ts"] + 5 * US}
+        produce_events(kafka_bootstrap, clk_t, [late], [late_target["user_id"]], "ts")
+        dlq = read_topic(kafka_bootstrap, f"{imp_t}.dlq", 4, timeout_s=30, idle_s=1)
+        dlq += read_topic(kafka_bootstrap, f"{clk_t}.dlq", 2, timeout_s=30, idle_s=1)
+    finally:
+        assert _stop(proc) == 0, (tmp_path / "joiner.log").read_text()[-3000:]
+
+    decoded = decode_samples([m.value() for m in msgs], SPEC)
+    assert not decoded.bad
+    assert_same_samples(decoded.table.to_pylist(), batch_samples(SPEC, imps, labels).to_pylist())
+    assert sum(labels.values()) > 100  # the window rule was exercised on both sides of the edge
+    for m, r in zip(msgs, decoded.table.to_pylist()):  # keyed by user, timestamped by event time
+        assert m.key() == str(r["user_id"]).encode()
+        assert m.timestamp()[1] == int(r["event_time"].timestamp() * 1000)
+    kinds = ("not JSON", "missing field user_id", "impression time is", "duplicate impression id",
+             "click without impression", "late click")
+    found = Counter(next((k for k in kinds if headers_of(m)["reason"].startswith(k)), headers_of(m)["reason"]) for m in dlq)
+    assert found == Counter(kinds), found
+
+
+def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    imp_t, clk_t, out_t = "imp-kill", "clk-kill", "samples-kill"
+    imps, clicks, labels = make_events(6000, seed=12, span_s=4 * 3600)
+    chunks = 30
+    produce_raw(kafka_bootstrap, [], [], imp_t, clk_t)  # create the topics
+
+    from slipstream.joiner.raw_topics import raw_producer
+
+    producer = raw_producer(kafka_bootstrap)
+
+    def feed() -> None:
+        for i in range(chunks):  # in event-time order, as a live stream arrives
+            lo, hi = i * len(imps) // chunks, (i + 1) * len(imps) // chunks
+            t_lo = imps[lo]["ts"] if i else 0  # the clicks up to the next chunk's first impression
+            t_hi = imps[hi]["ts"] if i < chunks - 1 else 1 << 62
+            produce_raw(kafka_bootstrap, imps[lo:hi], [c for c in clicks if t_lo <= c["ts"] < t_hi], imp_t, clk_t,
+                        producer=producer)
+            time.sleep(0.2)
+
+    args = ("--impressions-topic", imp_t, "--clicks-topic", clk_t, "--group", "kill", "--idle-flush-s", "6")
+    proc = start_joiner(tmp_path, kafka_bootstrap, out_t, *args)
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        first = read_topic(kafka_bootstrap, out_t, 1, timeout_s=60, idle_s=0)
+        assert first, "the joiner committed nothing before the kill"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        proc = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, name="joiner-restarted")
+        feeder.join()
+        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=180, idle_s=5)
+    finally:
+        feeder.join()
+        code = _stop(proc)
+    log = (tmp_path / "joiner-restarted.log").read_text()
+    assert code == 0, log[-3000:]
+    assert "restored from" in log  # the state came back from the changelog, not from scratch
+    decoded = decode_samples([m.value() for m in msgs], SPEC)
+    counts = Counter(r["sample_id"] for r in decoded.table.to_pylist())
+    assert [k for k, n in counts.items() if n > 1] == []
+    assert_same_samples(decoded.table.to_pylist(), batch_samples(SPEC, imps, labels).to_pylist())
+
+
+def test_two_replicas_share_the_partitions_and_make_each_sample_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    imp_t, clk_t, out_t = "imp-two", "clk-two", "samples-two"
+    imps, clicks, labels = make_events(3000, seed=13)
+    produce_raw(kafka_bootstrap, imps, clicks, imp_t, clk_t)
+    args = ("--impressions-topic", imp_t, "--clicks-topic", clk_t, "--group", "two", "--idle-flush-s", "6")
+    first = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, "--instance", "a", name="a")
+    second = None
+    try:
+        assert read_topic(kafka_bootstrap, out_t, 1, timeout_s=60, idle_s=0)
+        # a second replica joins mid-stream: the group rebalances, the first commits and hands over
+        second = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, "--instance", "b", name="b")
+        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=120, idle_s=8)
+    finally:
+        codes = [_stop(p) for p in (first, second) if p is not None]
+    assert codes == [0, 0]
+    # the second replica took over partitions, with the state the first one committed for them
+    assert "restored from" in (tmp_path / "b.log").read_text()
+    decoded = decode_samples([m.value() for m in msgs], SPEC).table.to_pylist()
+    assert [k for k, n in Counter(r["sample_id"] for r in decoded).items() if n > 1] == []
+    assert_same_samples(decoded, batch_samples(SPEC, imps, labels).to_pylist())

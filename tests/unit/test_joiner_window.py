@@ -1,0 +1,117 @@
+"""The joiner's pure parts: the window join's rules, raw event parsing, keyed sequence state."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from slipstream.joiner.events import BadEvent, parse_event
+from slipstream.joiner.window import TaskState
+from slipstream.samples.spec import load_spec
+from slipstream.samples.transform import KeyedSequenceState, SequenceHistory
+
+US = 1_000_000
+W = 1800 * US
+SPEC = load_spec("synthetic")
+
+
+def test_a_click_within_the_window_labels_its_impression_and_one_after_it_does_not() -> None:
+    s = TaskState(W)
+    assert s.impression("a", {}, 0) is None
+    assert s.impression("b", {}, 10 * US) is None
+    assert s.click("a", W, b"") is None  # exactly at the window's end: counts (Spark's rule)
+    assert s.click("b", 10 * US + W + 1, b"") is None  # one microsecond after: does not
+    closed, rejected = s.advance(W)
+    assert [(c.sample_id, c.label) for c in closed] == [("a", 1)] and not rejected
+    closed, _ = s.advance(10 * US + W)
+    assert [(c.sample_id, c.label, c.late_clicks) for c in closed] == [("b", 0, 1)]
+
+
+def test_duplicates_late_impressions_late_clicks_and_orphans_are_rejected_with_reasons() -> None:
+    s = TaskState(W)
+    s.impression("a", {}, 0)
+    assert s.impression("a", {}, 5).startswith("duplicate impression id a")
+    assert s.click("x", 100 * US, b'{"x":1}') is None  # its impression may still come
+    s.advance(W)
+    assert s.click("a", 60 * US, b"").startswith("late click")
+    assert s.impression("old", {}, 0).startswith("late impression")
+    _, rejected = s.advance(100 * US + W)
+    assert [r.reason.split(":")[0] for r in rejected] == ["click without impression"]
+    assert rejected[0].raw == b'{"x":1}'
+
+
+def test_an_orphan_click_joins_its_impression_when_it_arrives() -> None:
+    s = TaskState(W)
+    s.click("a", 30 * US, b"")
+    s.impression("a", {}, 0)
+    closed, rejected = s.advance(W)
+    assert [(c.sample_id, c.label) for c in closed] == [("a", 1)] and not rejected
+
+
+def test_changes_replayed_give_the_same_state() -> None:
+    s = TaskState(W)
+    for i in range(50):
+        s.impression(f"i{i}", {"n": i}, i * 60 * US)
+    s.click("i3", 200 * US, b"")
+    s.click("zz", 10 * US, b"{}")
+    log = [json.loads(json.dumps(s.changes()))]
+    s.advance(20 * 60 * US + W)
+    log.append(json.loads(json.dumps(s.changes())))
+    r = TaskState(W)
+    for d in log:
+        r.apply(d)
+    r.reschedule()
+    assert (r.pending, r.orphans, r.done, r.watermark_us) == (s.pending, s.orphans, s.done, s.watermark_us)
+    assert [c.sample_id for c in r.advance(40 * 60 * US + W)[0]] == [c.sample_id for c in s.advance(40 * 60 * US + W)[0]]
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b"{oops", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (json.dumps({"impression_id": "a", "ts": "2026-11-01T00:00:00Z"}).encode(), "missing field user_id"),
+    (json.dumps({"impression_id": "a", "ts": "yesterday"}).encode(), "ts 'yesterday' is not an ISO-8601 time"),
+])
+def test_bad_raw_events_name_the_problem(value: bytes, reason: str) -> None:
+    with pytest.raises(BadEvent, match=reason):
+        parse_event(value, SPEC.events)
+
+
+def test_raw_event_times_are_iso_text_or_epoch_milliseconds() -> None:
+    clicks = SPEC.label_source
+    assert clicks is not None
+    _, t1 = parse_event(b'{"impression_id": "a", "ts": "2026-11-01T00:00:01.5Z"}', clicks)
+    _, t2 = parse_event(b'{"impression_id": "a", "ts": 1793491201500}', clicks)
+    assert t1 == t2 == 1_793_491_201_500_000
+
+
+def test_keyed_sequences_over_time_ordered_batches_equal_one_sorted_pass() -> None:
+    rng = np.random.default_rng(0)
+    n = 3000
+    keys, days = rng.integers(0, 50, n), rng.integers(0, 2, n)
+    t, vals = rng.integers(0, 10**6, n), rng.integers(0, 1000, n)
+    order = np.lexsort((t, days, keys))
+    expected = dict(zip(order.tolist(), SequenceHistory(5)(keys[order], days[order], vals[order]).to_pylist()))
+    state, got = KeyedSequenceState(5), {}
+    for chunk in np.array_split(np.lexsort((t, days)), 37):  # batches in time order, as windows close
+        o = chunk[np.lexsort((t[chunk], days[chunk], keys[chunk]))]
+        got.update(zip(o.tolist(), state(keys[o], days[o], vals[o]).to_pylist()))
+    assert got == expected
+    restored = KeyedSequenceState(5)
+    restored.load(state.take_changes())
+    assert {k: (d, v.tolist()) for k, (d, v) in restored.tails.items()} == \
+        {k: (d, v.tolist()) for k, (d, v) in state.tails.items()}
+
+
+def test_batch_parsing_gives_the_rows_of_one_by_one_parsing_or_defers_to_it() -> None:
+    from slipstream.joiner.events import parse_batch
+
+    good = [json.dumps({"impression_id": f"i{i}", "ts": f"2026-11-01T00:00:0{i}.25Z", "user_id": i, "item_id": 3,
+                        "device": "ios", "country": "de", "item_category": "c", "price": 1.5, "position": 2,
+                        "item_age_days": 1.0, "user_tenure_days": 2.0, "extra": "ignored"}).encode() for i in range(3)]
+    assert parse_batch(good, SPEC.events) == [parse_event(v, SPEC.events) for v in good]
+    bad = json.dumps({"impression_id": "x", "ts": "2026-11-01T00:00:00Z"}).encode()  # user_id missing
+    nan = good[0].replace(b'"price": 1.5', b'"price": NaN')
+    for batch in (good + [bad], good + [b"{oops"], good + [nan], good + [b""]):
+        assert parse_batch(batch, SPEC.events) is None
