@@ -102,14 +102,15 @@ def _airflow_retrying(argv: list[str], env: dict[str, str], retryable: tuple[str
         time.sleep(2.0)
 
 
-def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 300.0) -> Any:
+def _create_backfill(env: dict[str, str], *args: str, timeout_s: float = 600.0) -> Any:
     """`airflow backfill create` as docs/airflow.md tells users to run it on the embedded SQLite
     stack: again when SQLite answers `database is locked` (a write of the scheduler's got in
     between; Airflow removes the partial backfill before it exits, for exactly this retry), and
     again while the previous backfill is still running (the scheduler marks it complete on a
     later loop than the one that saw its last run succeed). A create that failed half-way can
     leave a backfill without runs, which the scheduler clears only 2 minutes after its creation
-    (seen once in CI-like load): hence 300 s."""
+    (seen once in CI-like load), and on a machine at load 15 the previous backfill stayed running
+    for over 5 minutes after its last run: hence 600 s."""
     return _airflow_retrying(["backfill", "create", "--dag-id", "preprocess_samples", *args], env,
                              ("database is locked", "Another backfill is running"), timeout_s)
 
