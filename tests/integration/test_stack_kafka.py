@@ -81,7 +81,8 @@ def test_the_stack_port_reaches_every_later_command(tmp_path) -> None:  # type: 
     try:
         assert oct((home / "settings.env").stat().st_mode & 0o777) == "0o600"
         assert Settings.from_env(base).kafka_bootstrap == f"127.0.0.1:{port}"
-        out = subprocess.run([*cli, "generate", "--days", "1", "--impressions-per-day", "500", "--stream-minutes", "30"],
+        out = subprocess.run([*cli, "generate", "--days", "1", "--impressions-per-day", "500", "--stream-minutes", "30",
+                              "--stream-as", "samples"],  # finished samples to the sample topic (default: raw events)
                              env=base, check=True, capture_output=True, text=True, timeout=180)
         produced = json.loads(out.stdout)["produced"]
         assert produced > 0
