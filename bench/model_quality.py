@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.train import fill_samples
-from slipstream.dev.datagen import GeneratorConfig, generate_world, reference_samples, write_manifest
+from slipstream.dev.datagen import GeneratorConfig, generate_world, generates, reference_samples, write_manifest
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log.setLevel(logging.INFO)
     overrides = [f"data.epochs={args.epochs}", *args.set]
     spec = load_spec(args.spec)
-    synthetic = spec.digest == load_spec("synthetic").digest
+    synthetic = generates(spec)
     out: dict[str, Any] = {"benchmark": "model_quality", "spec": spec.name, "epochs": args.epochs, "overrides": args.set}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         root = Path(tmp)

@@ -12,9 +12,9 @@ import json
 import logging
 from datetime import date
 
-from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
+from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, generates, write_manifest
 from slipstream.errors import ConfigError
-from slipstream.samples.spec import DEFAULT_SPEC, Spec, load_spec
+from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> GeneratedData:
-    if spec.digest == load_spec(DEFAULT_SPEC).digest:  # the shipped synthetic spec: its own generator
+    if generates(spec):  # the shipped synthetic spec: its own generator
         if args.empty_days:
             raise ConfigError("--empty-day is for the generic generator: give another --spec, or leave it out")
         cfg = GeneratorConfig(

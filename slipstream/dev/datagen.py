@@ -26,8 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.errors import ConfigError
+from slipstream.samples.spec import Spec
 from slipstream.scoring import auc
 from slipstream.samples.schema import (
+    DEFAULT_SPEC,
     ARROW_SCHEMA,
     ATTRIBUTION_WINDOW_S,
     CATEGORICAL_FEATURES,
@@ -38,6 +40,13 @@ from slipstream.samples.schema import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def generates(spec: Spec) -> bool:
+    """Whether this module generates `spec`'s data: the shipped synthetic spec, unchanged (with
+    drift and the raw events the joiner reads); every other spec goes to `slipstream.dev.specgen`."""
+    return spec.digest == DEFAULT_SPEC.digest
+
 
 DEVICES = ("ios", "android", "web", "tv")
 COUNTRIES = ("us", "de", "fr", "br", "in", "jp", "gb", "mx")

@@ -23,10 +23,10 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from slipstream.dev import stack
+from slipstream.dev import datagen, stack
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
 from slipstream.errors import SlipstreamError
-from slipstream.samples.spec import DEFAULT_SPEC, Spec, load_spec
+from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def rows_per_day(settings: Settings, spec: Spec) -> tuple[int | None, dict[str, 
 def generate_data(spec: Spec, opts: DemoOptions, raw_dir: str) -> tuple[GeneratedData, datetime, bool]:
     """The raw zone and the stream of the demo's spec; returns them, T and whether the hidden model
     drifts at T (only the synthetic spec's generator has drift)."""
-    if spec.digest == load_spec(DEFAULT_SPEC).digest:
+    if datagen.generates(spec):
         cfg = GeneratorConfig(start_day=opts.start_day, days=opts.days, impressions_per_day=opts.impressions_per_day,
                               stream_minutes=opts.stream_minutes, drift=opts.drift, seed=opts.seed)
         return generate(cfg, raw_dir), cfg.t_handoff, opts.drift
@@ -190,7 +190,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     try:
         # the synthetic spec's stream goes the way real traffic does: raw impressions and clicks,
         # joined into samples by the joiner; other specs' generators make finished samples only
-        joined = spec.digest == load_spec(DEFAULT_SPEC).digest
+        joined = datagen.generates(spec)
         state = stack.up(settings, profile=opts.profile, joiner=joined)
         settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
