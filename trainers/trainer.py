@@ -443,7 +443,8 @@ class Trainer:
             "early_stopping": self.early.state_dict(), "time": time.time(),
         }
         self.audit.write_part(st.step)
-        self.stepper.known_users.merge(self.d)  # rank 0 saves the users every rank trained
+        if st.phase == "batch":  # the users every rank trained, for rank 0 to save; fixed from the handoff on
+            self.stepper.known_users.merge(self.d)
         model_state = {**self.stepper.state_dict(), "step": st.step} if self.d.is_main else None
         st.last_checkpoint = str(self.ckpt.save(st.step, model_state, data_state, meta))
         self._last_ckpt_t = time.monotonic()
