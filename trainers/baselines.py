@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.samples.spec import Spec
 from trainers.distributed import Dist
-from trainers.model import table_sizes
+from trainers.models.tables import table_sizes
 from trainers.rows import Features, Rows
 
 STATE_VERSION = 1

@@ -23,6 +23,7 @@ from slipstream.settings import Settings
 from trainers.config_parse import apply_override, build, load_raw, parse_time, require
 
 STOP_MODES = ("caught_up", "duration", "samples", "continuous")
+MODEL_KINDS = ("dlrm", "dcn_v2", "deepfm", "wide_deep")
 
 
 @dataclass(kw_only=True)
@@ -168,8 +169,13 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The CTR model (DLRM-style: bottom MLP, embeddings, dot interactions, top MLP)."""
+    """The CTR model: one of the zoo (`kind`) or a user's class, over the spec's tables."""
 
+    kind: str = "dlrm"
+    """The zoo model: `dlrm`, `dcn_v2`, `deepfm` or `wide_deep` (trainers.models.zoo)."""
+    class_path: str = field(default="", metadata={"key": "class"})
+    """`model.class`: a user's model as `package.module:Class`, a subclass of
+    `trainers.models.RecModel` (replaces `kind`; docs/trainer.md, Models)."""
     embed_dim: int = 16
     """Width of every embedding and of the bottom MLP's output."""
     buckets: dict[str, int] = field(default_factory=dict)
@@ -181,6 +187,8 @@ class ModelConfig:
     """Hidden widths of the MLP over interactions and embeddings (its output is one logit)."""
     dropout: float = 0.0
     """Dropout in the top MLP."""
+    cross_layers: int = 3
+    """dcn_v2: cross layers over the concatenated vectors and dense features."""
 
     def __post_init__(self) -> None:
         require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
@@ -189,6 +197,10 @@ class ModelConfig:
         require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
         require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
         require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
+        require(self.kind in MODEL_KINDS, f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
+        require(not self.class_path or ":" in self.class_path,
+                f"model.class must be package.module:Class, got {self.class_path!r}")
+        require(self.cross_layers >= 1, f"model.cross_layers must be >= 1, got {self.cross_layers}")
 
 
 @dataclass(kw_only=True)

@@ -41,7 +41,7 @@ from trainers.judge import judged, load_champion
 from trainers.validation import EarlyStopping, scores, validation_rows
 from trainers.export import export_model
 from trainers.metrics import MetricsLogger, percentile
-from trainers.model import build_model
+from trainers.models import build_model
 from trainers.rows import RowLayout, Rows
 from trainers.state import Throughput, TrainState
 from trainers import stream_profile

@@ -21,7 +21,8 @@ from trainers.config import TrainConfig
 from trainers.distributed import Dist
 from trainers.baselines import Baselines
 from trainers.drift import KINDS, DriftGauge
-from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
+from trainers.model import build_optimizer, phase_lrs, set_lrs
+from trainers.models import build_model
 from trainers.novelty import KnownUsers
 from trainers.rows import SOURCE_REPLAY, Features, Rows
 

@@ -170,14 +170,14 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
 
     from slipstream.samples.schema import SCHEMA_VERSION
     from trainers.config import ModelConfig
-    from trainers.model import CTRModel
+    from trainers.models import build_model
     from trainers.rows import Features, Rows
 
     blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     assert blob["schema_version"] == SCHEMA_VERSION
     from slipstream.samples.spec import spec_from_dict
 
-    model = CTRModel(spec_from_dict(json.loads(blob["spec"])), ModelConfig(**blob["model_config"]))
+    model = build_model(spec_from_dict(json.loads(blob["spec"])), ModelConfig(**blob["model_config"]), seed=0)
     model.load_state_dict(blob["state_dict"])
     rows = Rows.from_arrow(run.fx.days["2026-11-02"].slice(0, 100), source=0)
     p = torch.sigmoid(model(Features.from_rows(rows)))
