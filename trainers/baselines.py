@@ -38,7 +38,8 @@ class LogisticBaseline(nn.Module):
         sizes = table_sizes(spec, buckets)
         self.sparse_names = [f.name for f in spec.sparse]
         self.list_tables = [spec.table_of(f) for f in spec.lists]
-        self.weights = nn.ModuleDict({name: nn.Embedding(n, 1) for name, n in sizes.items()})
+        # sparse: ranks exchange the rows a batch touched, not the tables (Adagrad takes sparse gradients)
+        self.weights = nn.ModuleDict({name: nn.Embedding(n, 1, sparse=True) for name, n in sizes.items()})
         for emb in self.weights.values():
             nn.init.zeros_(emb.weight)
         n_dense = len(spec.dense)
@@ -56,7 +57,8 @@ class LogisticBaseline(nn.Module):
             out = out + self.weights[name](ids[:, j]).squeeze(1)
         for table, values, offsets in zip(self.list_tables, x.list_values, x.list_offsets):
             w = self.weights[table].weight
-            out = out + F.embedding_bag(torch.remainder(values, w.shape[0]), w, offsets, mode="mean").squeeze(1)
+            out = out + F.embedding_bag(torch.remainder(values, w.shape[0]), w, offsets, mode="mean",
+                                       sparse=True).squeeze(1)
         if self.dense is not None:
             out = out + self.dense((x.dense - self.dense_mean) / self.dense_std).squeeze(1)
         return out

@@ -236,6 +236,11 @@ class OptimConfig:
     """L2 penalty (decoupled for adamw) of the per-id tables (user and item vectors and biases),
     negative: `weight_decay`. With Adam a prior that shrinks rarely seen ids toward 0: +0.001-0.002
     held-out AUC on stationary data at 360k rows (docs/trainer.md, Model quality)."""
+    table_optimizer: str = "dense"
+    """How the embedding tables are stepped (their gradients always travel between ranks as the
+    rows a batch touched): `dense`: with `name`, every row each step (the id L2 prior reaches every
+    row; memory and time grow with the tables); `sparse_adam` (lazy Adam) or `adagrad`: only the
+    touched rows, no weight decay, for tables of millions of rows."""
     grad_clip: float = 0.0
     """Clip the gradient norm to this (0 = no clipping)."""
     baseline_lr: float = 0.05
@@ -249,6 +254,10 @@ class OptimConfig:
         require(0 <= self.drift_low < self.drift_high,
                  f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
         require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
+        require(self.table_optimizer in ("dense", "sparse_adam", "adagrad"),
+                f"optim.table_optimizer must be dense, sparse_adam or adagrad, got {self.table_optimizer!r}")
+        require(not self.grad_clip or self.table_optimizer == "dense",
+                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), got {self.table_optimizer!r}")
         require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
         require(self.baseline_lr > 0, f"optim.baseline_lr must be > 0, got {self.baseline_lr}")
 

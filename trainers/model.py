@@ -7,6 +7,8 @@ rates and the ids their own L2.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from trainers.models import RecModel
@@ -32,13 +34,78 @@ def param_groups(model: RecModel, id_weight_decay: float | None = None) -> list[
     return [id_group, {"params": shared, "name": "shared"}]
 
 
+TABLE_OPTIMIZERS = ("dense", "sparse_adam", "adagrad")
+
+
+def is_table_param(name: str) -> bool:
+    return ".embedding_bags." in name
+
+
+class Optimizers:
+    """Several optimizers stepped as one (the tables' sparse one and the dense parts'): the union
+    of their named groups, one state dict."""
+
+    def __init__(self, *opts: torch.optim.Optimizer) -> None:
+        self.opts = opts
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.opts for g in o.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {k: v for o in self.opts for k, v in o.state.items()}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [o.state_dict() for o in self.opts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for o, s in zip(self.opts, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
 def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
-                    id_weight_decay: float | None = None) -> torch.optim.Optimizer:
+                    id_weight_decay: float | None = None, tables: str = "dense") -> "torch.optim.Optimizer | Optimizers":
     """`id_weight_decay` is the L2 of the per-id tables (None: `weight_decay`). With Adam (coupled)
     it is a Gaussian prior on every user's and item's vectors and bias, applied to all rows each
     step as the mean loss's penalty would be: an id seen a few times stays near 0, a frequent one
-    is set by its data (measured: docs/benchmarks.md, Model quality)."""
-    params = param_groups(model, id_weight_decay)
+    is set by its data (measured: docs/benchmarks.md, Model quality).
+
+    `tables` (`optim.table_optimizer`): `dense` steps the tables with `name` too, on their sparse
+    gradients made dense on each rank after the exchange (every row, so the L2 prior reaches ids
+    a batch did not touch; memory and time grow with the tables). `sparse_adam` (lazy Adam) or
+    `adagrad` step only the rows a batch touched, without weight decay: for tables of millions of
+    rows."""
+    if tables == "dense":
+        opt = _dense_optimizer(name, param_groups(model, id_weight_decay), lr, weight_decay)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        opt.register_step_pre_hook(lambda *_: densify_grads(params))
+        return opt
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids"},
+                    {"params": [p for n, p in named if is_table_param(n) and not is_id_param(model, n)], "name": "shared"}]
+    dense = [{"params": [p for n, p in named if not is_table_param(n)], "name": "shared"}]
+    sparse: torch.optim.Optimizer = (torch.optim.SparseAdam(table_groups, lr=lr) if tables == "sparse_adam"
+                                     else torch.optim.Adagrad(table_groups, lr=lr))
+    return Optimizers(sparse, _dense_optimizer(name, dense, lr, weight_decay))
+
+
+def densify_grads(params: "list[torch.nn.Parameter]") -> None:
+    """Sparse gradients (summed over ranks already) as dense ones, for an optimizer without sparse support."""
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+
+
+def _dense_optimizer(name: str, params: list[dict[str, Any]], lr: float, weight_decay: float) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":

@@ -21,7 +21,7 @@ from trainers.config import TrainConfig
 from trainers.distributed import Dist
 from trainers.baselines import Baselines
 from trainers.drift import KINDS, DriftGauge
-from trainers.model import build_optimizer, phase_lrs, set_lrs
+from trainers.model import build_optimizer, densify_grads, phase_lrs, set_lrs
 from trainers.models import build_model
 from trainers.novelty import KnownUsers
 from trainers.rows import SOURCE_REPLAY, Features, Rows
@@ -35,7 +35,7 @@ class Stepper:
                                      if d.active else self.model)
         o = cfg.optim
         self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
-                                   o.id_weight_decay if o.id_weight_decay >= 0 else None)
+                                   o.id_weight_decay if o.id_weight_decay >= 0 else None, o.table_optimizer)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
         self.known_users = KnownUsers(spec, cfg.model.buckets)
         """Users the batch phase trained: the gauge compares new users' rows with new users' rows."""
@@ -58,9 +58,10 @@ class Stepper:
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss_sum / batch_size).backward()
         if self.cfg.optim.grad_clip:
+            densify_grads(list(self.model.parameters()))  # the tables' arrive sparse
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.scaler.step(self.opt)
+        self.scaler.step(self.opt)  # type: ignore[arg-type]
         self.scaler.update()
         if len(rows):
             self.loss_sum += float(loss_sum.detach())

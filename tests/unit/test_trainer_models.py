@@ -112,3 +112,25 @@ def test_model_class_is_the_config_key_class(tmp_path: Path) -> None:
     assert cfg.model.class_path == f"{__name__}:TinyUserModel"
     with pytest.raises(ConfigError, match="model.kind"):
         load_config(None, [*base, "model.kind=xgboost"], Settings(home=tmp_path))
+
+
+def test_tables_get_sparse_gradients_and_a_sparse_optimizer_moves_only_the_touched_rows(
+        data: tuple[Spec, Rows, Rows, float]) -> None:
+    """What travels between ranks is a table's touched rows (sparse gradients: DDP's sparse
+    all-reduce); `optim.table_optimizer=sparse_adam` steps only those rows."""
+    spec, train, _, _ = data
+    model = build_model(spec, ModelConfig(embed_dim=4, buckets=_small_tables(spec)), seed=0)
+    opt = build_optimizer(model, "adam", 0.01, 0.0, id_weight_decay=None, tables="sparse_adam")
+    f = Features.from_rows(train.slice(0, 64))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if ".embedding_bags." in n}
+    F.binary_cross_entropy_with_logits(model(f), f.label).backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if n in before and p.grad is not None}
+    assert grads and all(g.is_sparse for g in grads.values())
+    touched = {n: torch.zeros(p.shape[0], dtype=torch.bool).index_fill_(0, g.coalesce().indices()[0], True)
+               for n, p, g in ((n, before[n], g) for n, g in grads.items())}
+    opt.step()
+    for n, p in model.named_parameters():
+        if n in touched:
+            moved = (p.detach() != before[n]).any(dim=1)
+            assert bool(moved[~touched[n]].any()) is False, n
+            assert bool(moved[touched[n]].any()), n

@@ -8,6 +8,9 @@ names the feature); a list that `shares` an id's table is one more feature of th
 history item and the same item as a candidate look up one row. Tables pool by mean: a one-value bag
 is that row, an empty history is zeros.
 
+The tables' gradients are sparse (the rows a batch touched): see `trainers.stepper` for how they
+travel between ranks and which optimizer applies them.
+
 Ids are taken modulo their table's rows here, per feature in one tensor op, so ids from any id
 space fit whatever size the spec gives a table.
 """
@@ -69,6 +72,11 @@ class SpecTables(nn.Module):
         self.biases = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=f, embedding_dim=1, num_embeddings=self.sizes[f], feature_names=[f])
             for f in self.sparse_names]) if first_order and self.sparse_names else None
+        # Sparse gradients: a step's table gradient is the rows the batch touched, so data-parallel
+        # ranks exchange those rows (DDP's sparse all-reduce), never whole tables.
+        for bag in self.modules():
+            if isinstance(bag, nn.EmbeddingBag):
+                bag.sparse = True
         self.register_buffer("_key_sizes", torch.tensor([self.sizes[table_of[k]] for k in self.keys], dtype=torch.int64),
                              persistent=False)
         self.reset_parameters()
