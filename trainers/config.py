@@ -167,6 +167,9 @@ class DataConfig:
         return window_bounds(self.t_handoff, self.window_days)[0]
 
 
+SHARDINGS = ("none", "auto", "table_wise", "column_wise", "row_wise", "table_row_wise")
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """The CTR model: one of the zoo (`kind`) or a user's class, over the spec's tables."""
@@ -189,6 +192,12 @@ class ModelConfig:
     """Dropout in the top MLP."""
     cross_layers: int = 3
     """dcn_v2: cross layers over the concatenated vectors and dense features."""
+    sharding: str = "none"
+    """How the embedding tables are spread over ranks: `none` (data parallel: every rank holds every
+    table, sparse gradients), `auto` (TorchRec's planner chooses among the types the device has
+    kernels for), or one of `table_wise`, `column_wise`, `row_wise`, `table_row_wise` (CPU:
+    table_wise and column_wise). Not `none` needs `optim.table_optimizer` adagrad (or sparse_adam
+    on GPUs): tables are then stepped by FBGEMM's fused optimizer (trainers.sharding)."""
 
     def __post_init__(self) -> None:
         require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
@@ -201,6 +210,7 @@ class ModelConfig:
         require(not self.class_path or ":" in self.class_path,
                 f"model.class must be package.module:Class, got {self.class_path!r}")
         require(self.cross_layers >= 1, f"model.cross_layers must be >= 1, got {self.cross_layers}")
+        require(self.sharding in SHARDINGS, f"model.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
 
 
 @dataclass(kw_only=True)

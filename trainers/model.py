@@ -85,7 +85,7 @@ def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
     `adagrad` step only the rows a batch touched, without weight decay: for tables of millions of
     rows."""
     if tables == "dense":
-        opt = _dense_optimizer(name, param_groups(model, id_weight_decay), lr, weight_decay)
+        opt = dense_optimizer(name, param_groups(model, id_weight_decay), lr, weight_decay)
         params = [p for g in opt.param_groups for p in g["params"]]
         opt.register_step_pre_hook(lambda *_: densify_grads(params))
         return opt
@@ -95,7 +95,7 @@ def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
     dense = [{"params": [p for n, p in named if not is_table_param(n)], "name": "shared"}]
     sparse: torch.optim.Optimizer = (torch.optim.SparseAdam(table_groups, lr=lr) if tables == "sparse_adam"
                                      else torch.optim.Adagrad(table_groups, lr=lr))
-    return Optimizers(sparse, _dense_optimizer(name, dense, lr, weight_decay))
+    return Optimizers(sparse, dense_optimizer(name, dense, lr, weight_decay))
 
 
 def densify_grads(params: "list[torch.nn.Parameter]") -> None:
@@ -105,7 +105,7 @@ def densify_grads(params: "list[torch.nn.Parameter]") -> None:
             p.grad = p.grad.to_dense()
 
 
-def _dense_optimizer(name: str, params: list[dict[str, Any]], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def dense_optimizer(name: str, params: list[dict[str, Any]], lr: float, weight_decay: float) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -137,4 +137,4 @@ def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
     """Apply `phase_lrs`: a pure function of the config and the phase, so a resumed run sets the
     same rates whatever its checkpoint's optimizer state says."""
     for group in opt.param_groups:
-        group["lr"] = lrs[group["name"]]
+        group["lr"] = lrs[group.get("name", "ids")]  # a sharded run's fused table groups have no name

@@ -23,7 +23,7 @@ from torch import nn
 
 from slipstream.samples.spec import Spec
 from trainers.config import ModelConfig
-from trainers.models.tables import SpecTables
+from trainers.models.tables import MIN_SHARDED_DIM, SpecTables
 from trainers.rows import Features
 
 
@@ -44,7 +44,8 @@ class RecModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_dense = len(spec.dense)
-        self.tables = SpecTables(spec, cfg.embed_dim, cfg.buckets, first_order)
+        self.tables = SpecTables(spec, cfg.embed_dim, cfg.buckets, first_order,
+                                 bias_dim=1 if cfg.sharding == "none" else MIN_SHARDED_DIM)
         self.wide = nn.Linear(self.n_dense, 1) if first_order and self.n_dense else None
         standardized = torch.tensor([f.standardize for f in spec.dense], dtype=torch.bool)
         self.register_buffer("dense_standardized", standardized, persistent=False)

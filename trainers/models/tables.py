@@ -26,6 +26,9 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from slipstream.samples.spec import Spec
 from trainers.rows import Features
 
+MIN_SHARDED_DIM = 4
+"""FBGEMM's kernels need a sharded table's width (each column shard's) divisible by 4."""
+
 
 def table_sizes(spec: Spec, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
     """Rows of each embedding table: the spec's `buckets`, or `model.buckets` where it names the
@@ -54,10 +57,11 @@ def sparse_kjt(x: Features, keys: list[str], sizes: torch.Tensor) -> KeyedJagged
 
 class SpecTables(nn.Module):
     """The spec's tables (`vectors`: `embed_dim` wide, one per table) and, with `first_order`, a
-    one-wide table per single-valued feature (`biases`: the FM/wide model's per-id weights)."""
+    `bias_dim`-wide table per single-valued feature (`biases`: the FM/wide model's per-id weight,
+    the sum of its row: 1 wide, or 4 where FBGEMM's sharded kernels need 4 columns at least)."""
 
     def __init__(self, spec: Spec, embed_dim: int, buckets: Mapping[str, int] | None = None,
-                 first_order: bool = False) -> None:
+                 first_order: bool = False, bias_dim: int = 1) -> None:
         super().__init__()
         self.sizes = table_sizes(spec, buckets)
         self.sparse_names = [f.name for f in spec.sparse]
@@ -70,7 +74,7 @@ class SpecTables(nn.Module):
                    for t, n in self.sizes.items()]
         self.vectors = EmbeddingBagCollection(tables=configs)
         self.biases = EmbeddingBagCollection(tables=[
-            EmbeddingBagConfig(name=f, embedding_dim=1, num_embeddings=self.sizes[f], feature_names=[f])
+            EmbeddingBagConfig(name=f, embedding_dim=bias_dim, num_embeddings=self.sizes[f], feature_names=[f])
             for f in self.sparse_names]) if first_order and self.sparse_names else None
         # Sparse gradients: a step's table gradient is the rows the batch touched, so data-parallel
         # ranks exchange those rows (DDP's sparse all-reduce), never whole tables.
@@ -87,6 +91,10 @@ class SpecTables(nn.Module):
             nn.init.normal_(p, std=0.05)
         for p in (self.biases.parameters() if self.biases is not None else ()):
             nn.init.zeros_(p)
+
+    def bags(self) -> list[EmbeddingBagCollection]:
+        """The collections of tables (vectors, and first-order weights when the model has them)."""
+        return [self.vectors] + ([self.biases] if self.biases is not None else [])
 
     def kjt(self, x: Features) -> KeyedJaggedTensor:
         return sparse_kjt(x, self.keys, self._key_sizes)
