@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slipstream.errors import ConfigError
-from trainers.config import TrainConfig
+from trainers.config import ModelConfig
 from trainers.distributed import Dist
 from trainers.models.tables import MIN_SHARDED_DIM
 
@@ -41,18 +41,19 @@ DEVICE_TYPES = {"cpu": ("table_wise", "column_wise"), "cuda": SHARDING_TYPES}
 DEVICE_OPTIMIZERS = {"cpu": ("adagrad",), "cuda": ("adagrad", "sparse_adam")}
 
 
-def check_sharding(cfg: TrainConfig, device: torch.device) -> list[str]:
-    """The sharding types the planner may use; a clear error for what the device cannot run."""
-    sharding, tables = cfg.model.sharding, cfg.optim.table_optimizer
+def check_sharding(model_cfg: ModelConfig, tables: str, device: torch.device) -> list[str]:
+    """The sharding types the planner may use with `tables` (`optim.table_optimizer`); a clear
+    error for what the device cannot run."""
+    sharding = model_cfg.sharding
     allowed = DEVICE_TYPES[device.type]
     if tables not in DEVICE_OPTIMIZERS[device.type]:
         raise ConfigError(
             f"model.sharding={sharding} steps the tables with FBGEMM's fused optimizers, which on {device.type} "
             f"support optim.table_optimizer={' or '.join(DEVICE_OPTIMIZERS[device.type])}, got {tables!r}; "
             "or set model.sharding=none (data parallel, sparse gradients)")
-    if cfg.model.embed_dim % MIN_SHARDED_DIM:
+    if model_cfg.embed_dim % MIN_SHARDED_DIM:
         raise ConfigError(f"model.sharding={sharding} needs model.embed_dim divisible by {MIN_SHARDED_DIM} "
-                          f"(FBGEMM's kernels), got {cfg.model.embed_dim}")
+                          f"(FBGEMM's kernels), got {model_cfg.embed_dim}")
     if sharding == "auto":
         return list(allowed)
     if sharding not in allowed:
@@ -68,23 +69,27 @@ def ensure_group(d: Dist) -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def shard_model(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
-    """`model` with its tables sharded (DistributedModelParallel); collective."""
+def shard_model(model: nn.Module, model_cfg: ModelConfig, tables: str, lr: float, d: Dist) -> nn.Module:
+    """`model` with its tables sharded (DistributedModelParallel) and stepped in backward by the
+    fused `tables` optimizer at `lr`; collective."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    types = check_sharding(cfg, d.device)
+    types = check_sharding(model_cfg, tables, d.device)
     ensure_group(d)
-    tables = model.tables  # type: ignore[attr-defined]
-    optimizer = torch.optim.Adagrad if cfg.optim.table_optimizer == "adagrad" else torch.optim.Adam
-    apply_optimizer_in_backward(optimizer, tables.parameters(), {"lr": cfg.optim.lr})
-    names = {c.name for bag in tables.bags() for c in bag.embedding_bag_configs()}
-    constraints = {n: ParameterConstraints(sharding_types=types, compute_kernels=[EmbeddingComputeKernel.FUSED.value])
-                   for n in names}
+    spec_tables = model.tables  # type: ignore[attr-defined]
+    optimizer = torch.optim.Adagrad if tables == "adagrad" else torch.optim.Adam
+    apply_optimizer_in_backward(optimizer, spec_tables.parameters(), {"lr": lr})
+    names = {c.name for bag in spec_tables.bags() for c in bag.embedding_bag_configs()}
     world = dist.get_world_size()
+    # column-wise: one shard per rank (the planner's default shard width would keep a narrow table whole)
+    width = max(MIN_SHARDED_DIM, model_cfg.embed_dim // world // MIN_SHARDED_DIM * MIN_SHARDED_DIM)
+    constraints = {n: ParameterConstraints(sharding_types=types, compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+                                           min_partition=width)
+                   for n in names}
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=d.device.type),
                                        constraints=constraints)
     sharders: list[Any] = [EmbeddingBagCollectionSharder()]

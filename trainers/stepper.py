@@ -38,7 +38,7 @@ class Stepper:
         self.exchange: SparseGradExchange | None = None
         self.opt: Any
         if self.sharded:  # the tables split over ranks (TorchRec), the dense part under DDP
-            self.net: torch.nn.Module = shard_model(self.model, cfg, d)
+            self.net: torch.nn.Module = shard_model(self.model, cfg.model, o.table_optimizer, o.lr, d)
             self.opt = sharded_optimizer(self.net, o.name, o.lr, o.weight_decay)
         else:  # every rank holds every table; their sparse gradients travel outside DDP
             tables = table_params(self.model)

@@ -91,3 +91,48 @@ def test_metadata_that_would_run_code_is_refused(tmp_path: Path) -> None:
     (folder / ".metadata").write_bytes(pickle.dumps(_Boom()))
     with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
         load_tensors(folder, ["w"])
+
+
+def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
+    from trainers.sparse_exchange import SparseGradExchange
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        bag = torch.nn.EmbeddingBag(50, 4, mode="sum", sparse=True)
+        torch.nn.init.ones_(bag.weight)
+        ids = [torch.tensor([[1], [3], [3]]), torch.tensor([[3], [7]])][rank]  # rank 1 touches 3 and 7
+        if rank == 0:
+            bag(ids).sum().backward()
+        else:  # an idle rank (no rows) still joins the exchange
+            bag(ids[:0]).sum().backward()
+        exchange = SparseGradExchange({"weight": bag.weight}, world)
+        exchange()
+        torch.save({"grad": bag.weight.grad.to_dense(), "sent": exchange.sent_bytes}, Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path) -> None:
+    mp.start_processes(_exchange_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2)]
+    want = torch.zeros(50, 4)
+    want[1], want[3] = 0.5, 1.0  # rank 0's rows (1 once, 3 twice) / 2 ranks; rank 1 had none
+    for g in got:
+        assert torch.equal(g["grad"], want)
+    assert 0 < got[0]["sent"] < 50 * 4 * 4  # a few rows, never the whole table
+
+
+def test_sharding_refuses_what_the_cpu_cannot_run() -> None:
+    from slipstream.errors import ConfigError
+    from trainers.config import ModelConfig
+    from trainers.sharding import check_sharding
+
+    cpu = torch.device("cpu")
+    assert check_sharding(ModelConfig(sharding="auto"), "adagrad", cpu) == ["table_wise", "column_wise"]
+    with pytest.raises(ConfigError, match="table_optimizer=adagrad"):
+        check_sharding(ModelConfig(sharding="table_wise"), "sparse_adam", cpu)
+    with pytest.raises(ConfigError, match="row_wise has no kernel on cpu"):
+        check_sharding(ModelConfig(sharding="row_wise"), "adagrad", cpu)
+    with pytest.raises(ConfigError, match="divisible by 4"):
+        check_sharding(ModelConfig(sharding="auto", embed_dim=6), "adagrad", cpu)
