@@ -97,7 +97,7 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
     from trainers.model import build_optimizer
     from trainers.models import build_model
     from trainers.sharding import shard_model, sharded_optimizer
-    from trainers.sparse_exchange import SparseGradExchange, table_params
+    from trainers.sparse_exchange import SparseGradExchange, sparse_params
 
     mc = ModelConfig(embed_dim=16, buckets={"user_id": args.rows}, sharding=args.sharding if name == "sharded" else "none")
     model = build_model(DEFAULT_SPEC, mc, seed=0)
@@ -113,7 +113,7 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
                 if isinstance(m, torch.nn.EmbeddingBag):
                     m.sparse = False
         else:
-            tables = table_params(model)
+            tables = sparse_params(model)
             DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
             exchange = SparseGradExchange(tables, world)
         opt = build_optimizer(model, "adam", 0.003, 0.0, None, "dense" if name == "dense_ddp" else "sparse_adam")

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.samples.spec import Spec
 from trainers.distributed import Dist
 from trainers.models.tables import table_sizes
+from trainers.sparse_exchange import data_parallel
 from trainers.rows import Features, Rows
 
 STATE_VERSION = 1
@@ -100,8 +100,7 @@ class Baselines:
     def __init__(self, spec: Spec, d: Dist, buckets: dict[str, int] | None, lr: float) -> None:
         self.d = d
         self.logistic = LogisticBaseline(spec, buckets).to(d.device)
-        self.net: nn.Module = (DDP(self.logistic, device_ids=[d.device] if d.device.type == "cuda" else None)
-                               if d.active else self.logistic)
+        self.net, self.exchange = data_parallel(self.logistic, d.world, d.device)
         self.opt = torch.optim.Adagrad(self.logistic.parameters(), lr=lr)
         self.popularity = PopularityBaseline(spec, buckets)
         self.count_popularity = True
@@ -119,6 +118,8 @@ class Baselines:
         loss = F.binary_cross_entropy_with_logits(logits, feats.label, reduction="sum") / batch_size
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.exchange is not None:
+            self.exchange()
         self.opt.step()
         if self.count_popularity:
             self.popularity.add(rows if fresh is None else rows.mask(fresh))

@@ -16,9 +16,26 @@ import torch.distributed as dist
 from torch import nn
 
 
-def table_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters of the model's embedding tables by name (their gradients are sparse)."""
-    return {n: p for n, p in model.named_parameters() if ".embedding_bags." in n and p.requires_grad}
+def sparse_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters whose gradients are sparse (embedding tables built with `sparse=True`), by name."""
+    out = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad:
+            out[f"{prefix}.weight" if prefix else "weight"] = m.weight
+    return out
+
+
+def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[nn.Module, "SparseGradExchange | None"]:
+    """`model` under DDP for its dense parameters, and the exchange its sparse ones need after each
+    backward (None for one process: the model itself, nothing to exchange)."""
+    if world <= 1:
+        return model, None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    tables = sparse_params(model)
+    DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
+    net = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+    return net, SparseGradExchange(tables, world)
 
 
 class SparseGradExchange:
@@ -37,7 +54,7 @@ class SparseGradExchange:
         all_counts = [torch.empty_like(counts) for _ in range(self.world)]
         dist.all_gather(all_counts, counts)
         self.sent_bytes += counts.numel() * 8
-        for p, g, j in zip(self.params, grads, range(len(grads))):
+        for j, (p, g) in enumerate(zip(self.params, grads)):
             p.grad = self._summed(p, g, [int(c[j]) for c in all_counts])
 
     @staticmethod

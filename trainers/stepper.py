@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
@@ -26,7 +25,7 @@ from trainers.models import build_model
 from trainers.novelty import KnownUsers
 from trainers.rows import SOURCE_REPLAY, Features, Rows
 from trainers.sharding import gather_state, local_tensors, shard_model, sharded_optimizer
-from trainers.sparse_exchange import SparseGradExchange, table_params
+from trainers.sparse_exchange import SparseGradExchange, data_parallel
 
 
 class Stepper:
@@ -41,12 +40,7 @@ class Stepper:
             self.net: torch.nn.Module = shard_model(self.model, cfg.model, o.table_optimizer, o.lr, d)
             self.opt = sharded_optimizer(self.net, o.name, o.lr, o.weight_decay)
         else:  # every rank holds every table; their sparse gradients travel outside DDP
-            tables = table_params(self.model)
-            if d.active:
-                DDP._set_params_and_buffers_to_ignore_for_model(self.model, list(tables))
-                self.exchange = SparseGradExchange(tables, d.world)
-            self.net = (DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None)
-                        if d.active else self.model)
+            self.net, self.exchange = data_parallel(self.model, d.world, d.device)
             self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
                                        o.id_weight_decay if o.id_weight_decay >= 0 else None, o.table_optimizer)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
