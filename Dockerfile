@@ -17,10 +17,16 @@ COPY slipstream/ slipstream/
 RUN SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native python -m slipstream.samples.native
 
 FROM base AS trainer
-# GPU nodes: swap the torch wheel for a CUDA build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# GPU nodes: the CUDA builds of torch and fbgemm with
+#   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 --build-arg FBGEMM=fbgemm-gpu
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG FBGEMM=fbgemm-gpu-cpu
 RUN pip install --extra-index-url "${TORCH_INDEX}" \
-      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations|pydantic|pydantic-settings)([=<>]|$)' requirements.txt)
+      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations|pydantic|pydantic-settings)([=<>]|$)' requirements.txt) \
+ # torchrec without its fbgemm-gpu dependency: the FBGEMM build arg picks the CPU or the CUDA one
+ && pip install --no-deps $(grep -E '^torchrec==' requirements.txt) \
+      "${FBGEMM}==$(grep -E '^fbgemm-gpu-cpu==' requirements.txt | cut -d= -f3)" \
+ && pip install tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 tqdm==4.70.1
 COPY slipstream/ slipstream/
 COPY trainers/ trainers/
 COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
@@ -33,7 +39,8 @@ FROM base AS airflow
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 AIRFLOW_HOME=/opt/airflow
-RUN pip install -r requirements.txt psycopg2-binary==2.9.10
+RUN pip install -r requirements.txt psycopg2-binary==2.9.10 \
+ && pip uninstall -y fbgemm-gpu && pip install --no-deps --force-reinstall $(grep -E '^fbgemm-gpu-cpu==' requirements.txt)
 COPY slipstream/ slipstream/
 COPY spark_jobs/ spark_jobs/
 COPY trainers/ trainers/

@@ -22,6 +22,11 @@ $(STAMP): requirements.txt pyproject.toml slipstream/samples/native/ragged.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	@# torchrec depends on fbgemm-gpu (the CUDA build), which installs the same `fbgemm_gpu` package as
+	@# fbgemm-gpu-cpu and does not load without NVIDIA's driver: on CPU the CPU build must own it
+	@if ! $(PY) -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then \
+	  $(PY) -m pip uninstall -q -y fbgemm-gpu; \
+	  $(PY) -m pip install -q --no-deps --force-reinstall $$(grep -E '^fbgemm-gpu-cpu==' requirements.txt); fi
 	$(PY) -m pip install -q --no-deps -e .
 	@# the loader's native kernels (optional: without a C compiler the loader uses Arrow's take and numpy)
 	-$(PY) -m slipstream.samples.native

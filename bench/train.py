@@ -31,7 +31,8 @@ from trainers.config import load_config
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import file_opener, plan_units
 from slipstream.samples.schema import DEFAULT_SPEC
-from trainers.model import build_model, build_optimizer
+from trainers.model import build_optimizer
+from trainers.models import build_model
 from trainers.rows import Features, Rows
 
 log = logging.getLogger(__name__)

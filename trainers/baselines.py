@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.samples.spec import Spec
 from trainers.distributed import Dist
-from trainers.model import table_sizes
+from trainers.models.tables import table_sizes
+from trainers.sparse_exchange import data_parallel
 from trainers.rows import Features, Rows
 
 STATE_VERSION = 1
@@ -38,7 +38,8 @@ class LogisticBaseline(nn.Module):
         sizes = table_sizes(spec, buckets)
         self.sparse_names = [f.name for f in spec.sparse]
         self.list_tables = [spec.table_of(f) for f in spec.lists]
-        self.weights = nn.ModuleDict({name: nn.Embedding(n, 1) for name, n in sizes.items()})
+        # sparse: ranks exchange the rows a batch touched, not the tables (Adagrad takes sparse gradients)
+        self.weights = nn.ModuleDict({name: nn.Embedding(n, 1, sparse=True) for name, n in sizes.items()})
         for emb in self.weights.values():
             nn.init.zeros_(emb.weight)
         n_dense = len(spec.dense)
@@ -56,7 +57,8 @@ class LogisticBaseline(nn.Module):
             out = out + self.weights[name](ids[:, j]).squeeze(1)
         for table, values, offsets in zip(self.list_tables, x.list_values, x.list_offsets):
             w = self.weights[table].weight
-            out = out + F.embedding_bag(torch.remainder(values, w.shape[0]), w, offsets, mode="mean").squeeze(1)
+            out = out + F.embedding_bag(torch.remainder(values, w.shape[0]), w, offsets, mode="mean",
+                                       sparse=True).squeeze(1)
         if self.dense is not None:
             out = out + self.dense((x.dense - self.dense_mean) / self.dense_std).squeeze(1)
         return out
@@ -98,8 +100,7 @@ class Baselines:
     def __init__(self, spec: Spec, d: Dist, buckets: dict[str, int] | None, lr: float) -> None:
         self.d = d
         self.logistic = LogisticBaseline(spec, buckets).to(d.device)
-        self.net: nn.Module = (DDP(self.logistic, device_ids=[d.device] if d.device.type == "cuda" else None)
-                               if d.active else self.logistic)
+        self.net, self.exchange = data_parallel(self.logistic, d.world, d.device)
         self.opt = torch.optim.Adagrad(self.logistic.parameters(), lr=lr)
         self.popularity = PopularityBaseline(spec, buckets)
         self.count_popularity = True
@@ -117,6 +118,8 @@ class Baselines:
         loss = F.binary_cross_entropy_with_logits(logits, feats.label, reduction="sum") / batch_size
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.exchange is not None:
+            self.exchange()
         self.opt.step()
         if self.count_popularity:
             self.popularity.add(rows if fresh is None else rows.mask(fresh))

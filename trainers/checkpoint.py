@@ -1,7 +1,10 @@
 """Atomic checkpoints: model, optimizer and every rank's data progress, committed together.
 
 Layout under `<run>/checkpoint/`:
-    step-000000123/model.pt          rank 0: model, optimizer, grad scaler, step (tensors only)
+    step-000000123/model/            model, optimizer, grad scaler, baselines: their tensors, a
+                                     sharded torch.distributed.checkpoint written by all ranks
+                                     (trainers.sharded); loads at any world size
+    step-000000123/model.pt          rank 0: the rest of that state (rates, param groups, step)
     step-000000123/data-rank-R.npz   each rank: its data progress (cursor, buffers, offsets, rng)
     step-000000123/meta.json         rank 0: step, phase, world size, snapshot, offsets, counters
     step-000000123.r1/               the same step committed again with changed data (e.g. at the
@@ -16,8 +19,9 @@ successor is committed, so a kill at any moment leaves `latest` naming a complet
 A save whose content equals the committed one (same step, same data state, same metadata but
 for the clock) commits nothing; files that did not change are hard links to the committed ones.
 
-Nothing in a checkpoint runs code when loaded: weights load with `torch.load(weights_only=True)`
-and data state is `.npz` + JSON (`trainers.statefile`). Ranks must share the run folder (one node,
+Nothing in a checkpoint runs code when loaded: `model.pt` loads with `torch.load(weights_only=True)`,
+the sharded tensors through an allow-listed metadata reader (`trainers.sharded`), and data state
+is `.npz` + JSON (`trainers.statefile`). Ranks must share the run folder (one node,
 or a shared volume).
 """
 
@@ -34,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from slipstream.errors import ResumeError
+from trainers.sharded import SHARDS, join, load_tensors, refs, save_tensors, split
 from trainers.statefile import decode_state, encode_state
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,20 @@ def data_file(rank: int) -> str:
     return f"data-rank-{rank}.npz"
 
 
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder`, as sorted relative paths."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def _missing(path: Path) -> list[str]:
+    """What a committed checkpoint folder lacks (nothing: it is complete). A folder written before
+    the model state was sharded has no `model/`: its `model.pt` holds the tensors too."""
+    missing = [f for f in (META_FILE, MODEL_FILE) if not (path / f).is_file()]
+    if (path / SHARDS).is_dir() and not (path / SHARDS / ".metadata").is_file():
+        missing.append(f"{SHARDS}/.metadata")
+    return missing
+
+
 def _stable_meta(meta: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in meta.items() if k not in VOLATILE_META}, sort_keys=True, default=str)
 
@@ -107,7 +126,7 @@ class Checkpointer:
             return None
         name = pointer.read_text().strip()
         path = self.root / name
-        missing = [f for f in (META_FILE, MODEL_FILE) if not (path / f).is_file()]
+        missing = _missing(path)
         if missing:
             older = self._complete_folders(before=name)
             advice = (f"point it at the newest complete one, {older[-1]} (`echo {older[-1]} > {pointer}`): the "
@@ -126,7 +145,7 @@ class Checkpointer:
     def _complete_folders(self, before: str | None = None) -> list[str]:
         limit = folder_order(before) if before else None
         names = [p.name for p in self.root.iterdir() if p.is_dir() and folder_order(p.name) is not None
-                 and (p / META_FILE).is_file() and (p / MODEL_FILE).is_file()] if self.root.is_dir() else []
+                 and not _missing(p)] if self.root.is_dir() else []
         return sorted((n for n in names if limit is None or folder_order(n) < limit), key=folder_order)  # type: ignore[operator]
 
     @staticmethod
@@ -134,12 +153,21 @@ class Checkpointer:
         return json.loads((path / META_FILE).read_text())
 
     @staticmethod
-    def load_model(path: Path) -> dict[str, Any]:
+    def load_model(path: Path, into: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The model state of a checkpoint, whole, on the CPU. Collective when a process group is up
+        (every rank reads the tensors it needs from the sharded part, whichever rank wrote them).
+        `into`: a live state (a sharded model's and optimizer's) whose tensors are loaded in place,
+        each rank its own shards."""
         try:
-            return torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+            rest = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+            into = into or {}
+            rest = {k: v for k, v in rest.items() if k not in into}  # those parts come from `into`
+            live = split(into)[1]
+            loaded = load_tensors(path / SHARDS, refs(rest), live) if (path / SHARDS).is_dir() else {}
+            return {**join(rest, loaded), **into}
         except Exception as e:  # an unpickler refusing a global: an old or foreign file
-            raise ResumeError(f"{path / MODEL_FILE} holds more than tensors and plain values ({e}); it is not "
-                              "loaded, since unpickling it could run code. Start a new run.run_id.") from e
+            raise ResumeError(f"{path / MODEL_FILE} or {path / SHARDS} holds more than tensors and plain values "
+                              f"({e}); it is not loaded, since unpickling it could run code. Start a new run.run_id.") from e
 
     @staticmethod
     def load_data(path: Path, rank: int) -> dict[str, Any]:
@@ -153,10 +181,11 @@ class Checkpointer:
         return decode_state(target)
 
     # --- writing ------------------------------------------------------------------------------
-    def save(self, step: int, model_state: dict[str, Any] | None, data_state: dict[str, Any],
+    def save(self, step: int, model_state: dict[str, Any], data_state: dict[str, Any],
              meta: dict[str, Any] | None) -> Path:
-        """Collective: every rank calls it; model_state/meta are used on rank 0 only. Returns the
-        committed folder (the previous one when nothing changed)."""
+        """Collective: every rank calls it with its model state (the ranks write its tensors
+        together); meta is used on rank 0 only. Returns the committed folder (the previous one when
+        nothing changed)."""
         if self._committed is None:
             self.latest()  # which folder is committed, if any (a fresh process)
         name = self._next_name(step)
@@ -172,10 +201,7 @@ class Checkpointer:
         reused = self._reuse(data_file(self.rank), tmp) if digest == self._data_digest else False
         if not reused:
             _write_synced(tmp / data_file(self.rank), lambda fh: fh.write(blob))
-        if self.rank == 0:
-            assert model_state is not None and meta is not None
-            if not (step == self._model_step and self._reuse(MODEL_FILE, tmp)):
-                atomic_torch_save(model_state, tmp / MODEL_FILE)
+        self._save_model(step, model_state, tmp)
         self.barrier()
         if self.rank == 0:
             assert meta is not None
@@ -185,6 +211,22 @@ class Checkpointer:
         self._data_digest = digest
         self._model_step = step
         return self.root / self._committed
+
+    def _save_model(self, step: int, model_state: dict[str, Any], tmp: Path) -> None:
+        """The model state into `tmp`: hard links to the committed one when the step is the same
+        (every rank decides alike: they share step and committed folder), else written anew."""
+        if step == self._model_step and self._committed is not None and not _missing(self.root / self._committed):
+            if self.rank == 0:
+                for name in _files(self.root / self._committed):
+                    if name.startswith(SHARDS + "/") or name == MODEL_FILE:
+                        if not self._reuse(name, tmp):
+                            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                            shutil.copy2(self.root / self._committed / name, tmp / name)
+            return
+        rest, tensors = split(model_state)
+        if self.rank == 0:
+            atomic_torch_save(rest, tmp / MODEL_FILE)
+        save_tensors(tensors, tmp / SHARDS)
 
     def _next_name(self, step: int) -> str:
         """A folder name after the committed one's: `step-N`, or `step-N.rK` when step N is committed."""
@@ -198,6 +240,7 @@ class Checkpointer:
         if self._committed is None:
             return False
         try:
+            (tmp / file).parent.mkdir(parents=True, exist_ok=True)
             os.link(self.root / self._committed / file, tmp / file)
             return True
         except OSError:  # gone, or a file system without hard links: write it again
@@ -210,8 +253,8 @@ class Checkpointer:
         try:
             if _stable_meta(self.load_meta(old)) != _stable_meta(meta):
                 return False
-            files = [p.name for p in tmp.iterdir()]
-            return sorted(files) == sorted(p.name for p in old.iterdir() if p.name != META_FILE) and all(
+            files = _files(tmp)
+            return files == [f for f in _files(old) if f != META_FILE] and all(
                 os.path.samefile(tmp / f, old / f) for f in files)
         except (OSError, ValueError):
             return False

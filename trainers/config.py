@@ -23,6 +23,7 @@ from slipstream.settings import Settings
 from trainers.config_parse import apply_override, build, load_raw, parse_time, require
 
 STOP_MODES = ("caught_up", "duration", "samples", "continuous")
+MODEL_KINDS = ("dlrm", "dcn_v2", "deepfm", "wide_deep")
 
 
 @dataclass(kw_only=True)
@@ -166,10 +167,18 @@ class DataConfig:
         return window_bounds(self.t_handoff, self.window_days)[0]
 
 
+SHARDINGS = ("none", "auto", "table_wise", "column_wise", "row_wise", "table_row_wise")
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The CTR model (DLRM-style: bottom MLP, embeddings, dot interactions, top MLP)."""
+    """The CTR model: one of the zoo (`kind`) or a user's class, over the spec's tables."""
 
+    kind: str = "dlrm"
+    """The zoo model: `dlrm`, `dcn_v2`, `deepfm` or `wide_deep` (trainers.models.zoo)."""
+    class_path: str = field(default="", metadata={"key": "class"})
+    """`model.class`: a user's model as `package.module:Class`, a subclass of
+    `trainers.models.RecModel` (replaces `kind`; docs/trainer.md, Models)."""
     embed_dim: int = 16
     """Width of every embedding and of the bottom MLP's output."""
     buckets: dict[str, int] = field(default_factory=dict)
@@ -181,6 +190,14 @@ class ModelConfig:
     """Hidden widths of the MLP over interactions and embeddings (its output is one logit)."""
     dropout: float = 0.0
     """Dropout in the top MLP."""
+    cross_layers: int = 3
+    """dcn_v2: cross layers over the concatenated vectors and dense features."""
+    sharding: str = "none"
+    """How the embedding tables are spread over ranks: `none` (data parallel: every rank holds every
+    table, sparse gradients), `auto` (TorchRec's planner chooses among the types the device has
+    kernels for), or one of `table_wise`, `column_wise`, `row_wise`, `table_row_wise` (CPU:
+    table_wise and column_wise). Not `none` needs `optim.table_optimizer` adagrad (or sparse_adam
+    on GPUs): tables are then stepped by FBGEMM's fused optimizer (trainers.sharding)."""
 
     def __post_init__(self) -> None:
         require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
@@ -189,6 +206,11 @@ class ModelConfig:
         require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
         require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
         require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
+        require(self.kind in MODEL_KINDS, f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
+        require(not self.class_path or ":" in self.class_path,
+                f"model.class must be package.module:Class, got {self.class_path!r}")
+        require(self.cross_layers >= 1, f"model.cross_layers must be >= 1, got {self.cross_layers}")
+        require(self.sharding in SHARDINGS, f"model.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
 
 
 @dataclass(kw_only=True)
@@ -224,6 +246,11 @@ class OptimConfig:
     """L2 penalty (decoupled for adamw) of the per-id tables (user and item vectors and biases),
     negative: `weight_decay`. With Adam a prior that shrinks rarely seen ids toward 0: +0.001-0.002
     held-out AUC on stationary data at 360k rows (docs/trainer.md, Model quality)."""
+    table_optimizer: str = "dense"
+    """How the embedding tables are stepped (their gradients always travel between ranks as the
+    rows a batch touched): `dense`: with `name`, every row each step (the id L2 prior reaches every
+    row; memory and time grow with the tables); `sparse_adam` (lazy Adam) or `adagrad`: only the
+    touched rows, no weight decay, for tables of millions of rows."""
     grad_clip: float = 0.0
     """Clip the gradient norm to this (0 = no clipping)."""
     baseline_lr: float = 0.05
@@ -237,6 +264,10 @@ class OptimConfig:
         require(0 <= self.drift_low < self.drift_high,
                  f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
         require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
+        require(self.table_optimizer in ("dense", "sparse_adam", "adagrad"),
+                f"optim.table_optimizer must be dense, sparse_adam or adagrad, got {self.table_optimizer!r}")
+        require(not self.grad_clip or self.table_optimizer == "dense",
+                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), got {self.table_optimizer!r}")
         require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
         require(self.baseline_lr > 0, f"optim.baseline_lr must be > 0, got {self.baseline_lr}")
 

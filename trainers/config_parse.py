@@ -43,19 +43,23 @@ def build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(known))
+    # a field's key is its name, or `metadata["key"]` where the name is a Python keyword (model.class)
+    # (`to_dict` writes the name: both are accepted)
+    known = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)}
+    aliases = {f.name: f for f in dataclasses.fields(cls) if "key" in f.metadata}
+    unknown = sorted(set(raw) - set(known) - set(aliases))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)}; valid: {', '.join(sorted(known))}")
     missing = [
         where + n for n, f in known.items()
-        if n not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if n not in raw and f.name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
         raise ConfigError(f"missing required key(s) {', '.join(missing)}")
     kwargs: dict[str, Any] = {}
-    for name, value in raw.items():
-        kwargs[name] = coerce(hints[name], value, where + name)
+    for key, value in raw.items():
+        name = (known.get(key) or aliases[key]).name
+        kwargs[name] = coerce(hints[name], value, where + key)
     return cls(**kwargs)
 
 

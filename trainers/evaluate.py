@@ -20,14 +20,21 @@ from trainers.rows import Features, Rows
 log = logging.getLogger(__name__)
 
 
+SCORE_BATCH = 8192
+
+
 @torch.no_grad()
-def score(model: nn.Module, rows: Rows, device: torch.device, batch: int = 8192) -> np.ndarray:
+def score(model: nn.Module, rows: Rows, device: torch.device, batch: int = SCORE_BATCH, passes: int = 0) -> np.ndarray:
+    """The model's probabilities for `rows`, in batches; at least `passes` forward passes (empty
+    ones after the rows): a sharded model's forward is collective, so every rank runs as many."""
     was_training = model.training
     model.eval()
     out = []
     for s in range(0, len(rows), batch):
         feats = Features.from_rows(rows.slice(s, s + batch)).to(device)
         out.append(torch.sigmoid(model(feats).float()).cpu().numpy())
+    for _ in range(passes - len(out)):
+        model(Features.from_rows(rows.slice(0, 0)).to(device))
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 

@@ -14,6 +14,7 @@ from slipstream.samples.schema import SCHEMA_VERSION
 from trainers.checkpoint import atomic_torch_save, atomic_write_text
 from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
+from trainers.models.zoo import ZOO
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def export_model(model: torch.nn.Module, cfg: TrainConfig, spec: Spec, run_dir: 
     cpu_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loadable without a GPU
     atomic_torch_save({"state_dict": cpu_state, "model_config": cfg.to_dict()["model"],
                        "schema_version": SCHEMA_VERSION, "spec": spec.to_json()}, d / "model.pt")
-    info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": "trainers.model.CTRModel",
+    info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": cfg.model.class_path or f"trainers.models.zoo:{ZOO[cfg.model.kind].__name__}",
             "model_config": cfg.to_dict()["model"], "snapshot_id": cfg.data.snapshot_id,
             "spec": {"name": spec.name, "version": spec.version, "digest": spec.digest},
             "t_handoff": cfg.data.t_handoff.isoformat(), "step": step, "phase": phase,

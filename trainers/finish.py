@@ -41,7 +41,7 @@ from trainers.judge import judged, load_champion
 from trainers.validation import EarlyStopping, scores, validation_rows
 from trainers.export import export_model
 from trainers.metrics import MetricsLogger, percentile
-from trainers.model import build_model
+from trainers.models import build_model
 from trainers.rows import RowLayout, Rows
 from trainers.state import Throughput, TrainState
 from trainers import stream_profile
@@ -59,6 +59,9 @@ class RunOutcome:
     broker: Any
     """The run's broker and its security settings (`slipstream.stream.kafka.KafkaAccess`)."""
     model: torch.nn.Module
+    """The trained model (a sharded one's forward is collective: every rank scores)."""
+    whole: torch.nn.Module | None
+    """On rank 0, the model with every table whole, to export (the model itself when not sharded)."""
     units: list[WorkUnit]
     """The planned window's work units (the held-out rows before T are read from them)."""
     open_file: Opener
@@ -244,7 +247,8 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "checkpoint": st.last_checkpoint,
         "cache": run.cache,
     }
-    summary["export"] = str(export_model(run.model, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
+    assert run.whole is not None
+    summary["export"] = str(export_model(run.whole, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                          positions=st.positions, metrics=summary))
     metrics.summary(summary)
     for k in ("auc", "baseline_auc", "auc_after_t", "auc_after_t_batch_only"):

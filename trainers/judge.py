@@ -61,7 +61,7 @@ def load_champion(settings: Settings, spec: Spec, model_cfg: ModelConfig, run_id
     """(champion run id, its model on `device`, why not) — the model is None when there is no
     champion, it is this run, its package cannot be read, or it was trained on another feature
     spec (its inputs would not match these rows)."""
-    from trainers.model import build_model
+    from trainers.models import build_model
 
     try:
         registry = ModelRegistry(RegistryConfig.from_env(settings).location)
@@ -84,8 +84,11 @@ def load_champion(settings: Settings, spec: Spec, model_cfg: ModelConfig, run_id
     if champ_spec.digest != spec.digest:
         return champ_id, None, (f"the champion was trained on spec {champ_spec.name} v{champ_spec.version} "
                                 f"({champ_spec.digest}), this run on {spec.name} v{spec.version} ({spec.digest})")
-    model = build_model(champ_spec, ModelConfig(**blob["model_config"]), 0)
-    model.load_state_dict(blob["state_dict"])
+    try:
+        model = build_model(champ_spec, ModelConfig(**blob["model_config"]), 0)
+        model.load_state_dict(blob["state_dict"])
+    except Exception as e:  # noqa: BLE001  (a champion of an older model layout must not fail the run)
+        return champ_id, None, f"the champion's model could not be rebuilt ({e})"
     return champ_id, model.to(device), ""
 
 

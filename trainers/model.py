@@ -1,134 +1,28 @@
-"""The CTR model: DLRM-style with DeepFM's first-order terms, its inputs and tables from the
-feature spec.
+"""Optimizer groups and learning rates of the trainer's models (`trainers.models`).
 
-- dense features -> (standardised where the spec says so, with the training window's statistics)
-  -> bottom MLP -> one `embed_dim` vector;
-- each id and categorical feature -> an embedding of its own table (value mod buckets: hashing
-  keeps tables bounded whatever the id space);
-- each list or sequence feature -> `embedding_bag` (mean) through offsets, so a variable-length
-  list costs no padding; a list that `shares` an id's table (a history of item ids) looks its
-  values up in that table, so a history item shares its vector with the same item as a candidate;
-- pairwise dot products of all those vectors (the FM/DLRM interaction) plus the dense vector
-  -> top MLP -> logit, plus first-order biases per id/category and a linear term on the dense
-  features (the "wide" part).
+The per-id tables (user, item and their first-order weights) and everything shared by all samples
+(MLPs, wide part, categorical tables) are two named groups, so a phase can give them different
+rates and the ids their own L2.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from slipstream.samples.spec import Spec
-from trainers.config import ModelConfig
-from trainers.rows import Features
+from trainers.models import RecModel
 
 
-def _mlp(widths: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        layers.append(nn.Linear(a, b))
-        last = i == len(widths) - 2
-        if not last or final_activation:
-            layers.append(nn.ReLU())
-            if dropout and not last:
-                layers.append(nn.Dropout(dropout))
-    return nn.Sequential(*layers)
-
-
-def table_sizes(spec: Spec, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Rows of each embedding table: the spec's `buckets`, or `model.buckets` where it names the
-    feature (an experiment, a benchmark with a large table). Lists that share a table have none."""
-    sizes = {}
-    for f in spec.features:
-        if f.is_sparse or (f.is_list and f.shares is None):
-            sizes[f.name] = int((overrides or {}).get(f.name) or f.buckets or 1)
-    return sizes
-
-
-class CTRModel(nn.Module):
-    def __init__(self, spec: Spec, cfg: ModelConfig) -> None:
-        super().__init__()
-        d = cfg.embed_dim
-        self.cfg = cfg
-        self.sizes = table_sizes(spec, cfg.buckets)
-        self.sparse_names = [f.name for f in spec.sparse]
-        self.list_tables = [spec.table_of(f) for f in spec.lists]
-        self.id_features = {f.name for f in spec.features if f.kind == "id"}
-        n_dense = len(spec.dense)
-        self.tables = nn.ModuleDict({name: nn.Embedding(n, d) for name, n in self.sizes.items()})
-        self.biases = nn.ModuleDict({name: nn.Embedding(self.sizes[name], 1) for name in self.sparse_names})
-        self.bottom = _mlp([n_dense, *cfg.bottom_mlp, d], final_activation=True) if n_dense else None
-        self.wide = nn.Linear(n_dense, 1) if n_dense else None
-        n_vec = (1 if n_dense else 0) + len(self.sparse_names) + len(self.list_tables)
-        self.n_inter = n_vec * (n_vec - 1) // 2
-        self.top = _mlp([(d if n_dense else 0) + self.n_inter, *cfg.top_mlp, 1], final_activation=False, dropout=cfg.dropout)
-        rows, cols = torch.triu_indices(n_vec, n_vec, offset=1)
-        self.register_buffer("_iu_rows", rows, persistent=False)
-        self.register_buffer("_iu_cols", cols, persistent=False)
-        standardized = torch.tensor([f.standardize for f in spec.dense], dtype=torch.bool)
-        self.register_buffer("dense_standardized", standardized, persistent=False)
-        self.register_buffer("dense_mean", torch.zeros(n_dense))
-        self.register_buffer("dense_std", torch.ones(n_dense))
-        self.register_buffer("_sizes", torch.tensor([self.sizes[n] for n in self.sparse_names], dtype=torch.int64),
-                             persistent=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        # Small embeddings: dot products of N(0, 1) vectors would start the interactions saturated.
-        for emb in self.tables.values():
-            nn.init.normal_(emb.weight, std=0.05)
-        for emb in self.biases.values():
-            nn.init.zeros_(emb.weight)
-
-    def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        """The training window's mean and standard deviation of each dense feature; applied to the
-        standardised ones (`standardize: true` in the spec), stored with the model's weights."""
-        std = torch.where(std > 1e-12, std, torch.ones_like(std))
-        self.dense_mean.copy_(torch.where(self.dense_standardized, mean, torch.zeros_like(mean)))
-        self.dense_std.copy_(torch.where(self.dense_standardized, std, torch.ones_like(std)))
-
-    def forward(self, x: Features) -> torch.Tensor:
-        ids = torch.remainder(x.sparse, self._sizes)
-        vecs = []
-        first_order = torch.zeros(ids.shape[0], 1, device=ids.device)
-        dense_vec = None
-        if self.bottom is not None:
-            dense = (x.dense - self.dense_mean) / self.dense_std
-            dense_vec = self.bottom(dense)
-            vecs.append(dense_vec)
-            first_order = first_order + self.wide(dense)  # type: ignore[misc]
-        for j, name in enumerate(self.sparse_names):
-            vecs.append(self.tables[name](ids[:, j]))
-            first_order = first_order + self.biases[name](ids[:, j])
-        for table, values, offsets in zip(self.list_tables, x.list_values, x.list_offsets):
-            weight = self.tables[table].weight
-            vecs.append(F.embedding_bag(torch.remainder(values, weight.shape[0]), weight, offsets, mode="mean"))
-        stacked = torch.stack(vecs, dim=1)  # (n, n_vec, d)
-        inter = torch.bmm(stacked, stacked.transpose(1, 2))[:, self._iu_rows, self._iu_cols]
-        top_in = torch.cat([dense_vec, inter], dim=1) if dense_vec is not None else inter
-        return self.top(top_in).squeeze(1) + first_order.squeeze(1)
-
-
-def build_model(spec: Spec, cfg: ModelConfig, seed: int) -> CTRModel:
-    # Same init on every rank (DDP also broadcasts rank 0's weights, this keeps runs reproducible).
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    model = CTRModel(spec, cfg)
-    torch.random.set_rng_state(gen_state)
-    return model
-
-
-def is_id_param(model: CTRModel, name: str) -> bool:
-    """Per-id parameters: the tables and biases of id features, each row trained only by its own
-    samples (a user's, an item's). Everything else is shared by all samples."""
+def is_id_param(model: RecModel, name: str) -> bool:
+    """Per-id parameters: the tables (vectors and first-order weights) of id features, each row
+    trained only by its own samples (a user's, an item's). Everything else is shared by all samples.
+    TorchRec names a table's weight `...embedding_bags.<table>.weight`."""
     parts = name.split(".")
-    return parts[0] in ("tables", "biases") and len(parts) > 1 and parts[1] in model.id_features
+    return len(parts) >= 3 and parts[-3] == "embedding_bags" and parts[-2] in model.tables.id_tables
 
 
-def param_groups(model: CTRModel, id_weight_decay: float | None = None) -> list[dict[str, object]]:
+def param_groups(model: RecModel, id_weight_decay: float | None = None) -> list[dict[str, object]]:
     """Two optimizer groups, named so a phase can give them different learning rates: the per-id
     tables (`ids`) and everything shared by all samples (`shared`: MLPs, wide part, categoricals).
     `id_weight_decay` (None: the optimizer's `weight_decay`) is the ids group's own L2."""
@@ -140,13 +34,78 @@ def param_groups(model: CTRModel, id_weight_decay: float | None = None) -> list[
     return [id_group, {"params": shared, "name": "shared"}]
 
 
-def build_optimizer(model: CTRModel, name: str, lr: float, weight_decay: float,
-                    id_weight_decay: float | None = None) -> torch.optim.Optimizer:
+TABLE_OPTIMIZERS = ("dense", "sparse_adam", "adagrad")
+
+
+def is_table_param(name: str) -> bool:
+    return ".embedding_bags." in name
+
+
+class Optimizers:
+    """Several optimizers stepped as one (the tables' sparse one and the dense parts'): the union
+    of their named groups, one state dict."""
+
+    def __init__(self, *opts: torch.optim.Optimizer) -> None:
+        self.opts = opts
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.opts for g in o.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {k: v for o in self.opts for k, v in o.state.items()}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [o.state_dict() for o in self.opts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for o, s in zip(self.opts, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
+def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
+                    id_weight_decay: float | None = None, tables: str = "dense") -> "torch.optim.Optimizer | Optimizers":
     """`id_weight_decay` is the L2 of the per-id tables (None: `weight_decay`). With Adam (coupled)
     it is a Gaussian prior on every user's and item's vectors and bias, applied to all rows each
     step as the mean loss's penalty would be: an id seen a few times stays near 0, a frequent one
-    is set by its data (measured: docs/benchmarks.md, Model quality)."""
-    params = param_groups(model, id_weight_decay)
+    is set by its data (measured: docs/benchmarks.md, Model quality).
+
+    `tables` (`optim.table_optimizer`): `dense` steps the tables with `name` too, on their sparse
+    gradients made dense on each rank after the exchange (every row, so the L2 prior reaches ids
+    a batch did not touch; memory and time grow with the tables). `sparse_adam` (lazy Adam) or
+    `adagrad` step only the rows a batch touched, without weight decay: for tables of millions of
+    rows."""
+    if tables == "dense":
+        opt = dense_optimizer(name, param_groups(model, id_weight_decay), lr, weight_decay)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        opt.register_step_pre_hook(lambda *_: densify_grads(params))
+        return opt
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids"},
+                    {"params": [p for n, p in named if is_table_param(n) and not is_id_param(model, n)], "name": "shared"}]
+    dense = [{"params": [p for n, p in named if not is_table_param(n)], "name": "shared"}]
+    sparse: torch.optim.Optimizer = (torch.optim.SparseAdam(table_groups, lr=lr) if tables == "sparse_adam"
+                                     else torch.optim.Adagrad(table_groups, lr=lr))
+    return Optimizers(sparse, dense_optimizer(name, dense, lr, weight_decay))
+
+
+def densify_grads(params: "list[torch.nn.Parameter]") -> None:
+    """Sparse gradients (summed over ranks already) as dense ones, for an optimizer without sparse support."""
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+
+
+def dense_optimizer(name: str, params: list[dict[str, Any]], lr: float, weight_decay: float) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -178,4 +137,4 @@ def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
     """Apply `phase_lrs`: a pure function of the config and the phase, so a resumed run sets the
     same rates whatever its checkpoint's optimizer state says."""
     for group in opt.param_groups:
-        group["lr"] = lrs[group["name"]]
+        group["lr"] = lrs[group.get("name", "ids")]  # a sharded run's fused table groups have no name

@@ -20,7 +20,7 @@ import torch
 
 from slipstream.samples.spec import Spec
 from trainers.distributed import Dist
-from trainers.model import table_sizes
+from trainers.models.tables import table_sizes
 
 KNOWN = 0
 NEW = 1

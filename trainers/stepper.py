@@ -14,27 +14,35 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slipstream.samples.spec import Spec
 from trainers.config import TrainConfig
 from trainers.distributed import Dist
 from trainers.baselines import Baselines
 from trainers.drift import KINDS, DriftGauge
-from trainers.model import build_model, build_optimizer, phase_lrs, set_lrs
+from trainers.model import build_optimizer, densify_grads, phase_lrs, set_lrs
+from trainers.models import build_model
 from trainers.novelty import KnownUsers
 from trainers.rows import SOURCE_REPLAY, Features, Rows
+from trainers.sharding import gather_state, local_tensors, shard_model, sharded_optimizer
+from trainers.sparse_exchange import SparseGradExchange, data_parallel
 
 
 class Stepper:
     def __init__(self, cfg: TrainConfig, d: Dist, spec: Spec) -> None:
-        self.cfg, self.d = cfg, d
+        self.cfg, self.d, self.spec = cfg, d, spec
         self.model = build_model(spec, cfg.model, cfg.data.seed).to(d.device)
-        self.net: torch.nn.Module = (DDP(self.model, device_ids=[d.device] if d.device.type == "cuda" else None)
-                                     if d.active else self.model)
         o = cfg.optim
-        self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
-                                   o.id_weight_decay if o.id_weight_decay >= 0 else None)
+        self.sharded = cfg.model.sharding != "none"
+        self.exchange: SparseGradExchange | None = None
+        self.opt: Any
+        if self.sharded:  # the tables split over ranks (TorchRec), the dense part under DDP
+            self.net: torch.nn.Module = shard_model(self.model, cfg.model, o.table_optimizer, o.lr, d)
+            self.opt = sharded_optimizer(self.net, o.name, o.lr, o.weight_decay)
+        else:  # every rank holds every table; their sparse gradients travel outside DDP
+            self.net, self.exchange = data_parallel(self.model, d.world, d.device)
+            self.opt = build_optimizer(self.model, o.name, o.lr, o.weight_decay,
+                                       o.id_weight_decay if o.id_weight_decay >= 0 else None, o.table_optimizer)
         self.drift = DriftGauge(window_rows=o.drift_window_rows, low=o.drift_low, high=o.drift_high)
         self.known_users = KnownUsers(spec, cfg.model.buckets)
         """Users the batch phase trained: the gauge compares new users' rows with new users' rows."""
@@ -56,10 +64,13 @@ class Stepper:
         loss_sum = losses.sum()
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss_sum / batch_size).backward()
+        if self.exchange is not None:
+            self.exchange()
         if self.cfg.optim.grad_clip:
+            densify_grads(list(self.model.parameters()))  # the tables' arrive sparse
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.scaler.step(self.opt)
+        self.scaler.step(self.opt)  # type: ignore[arg-type]
         self.scaler.update()
         if len(rows):
             self.loss_sum += float(loss_sum.detach())
@@ -106,12 +117,38 @@ class Stepper:
 
     # --- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer and grad scaler (the drift gauge travels in the meta: it is a few floats)."""
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
-                "baselines": self.baselines.state_dict(), "known_users": self.known_users.state_dict()}
+        """Model, optimizer and grad scaler (the drift gauge travels in the meta: it is a few floats).
+        A sharded run's model and optimizer state hold its tables as ShardedTensors (this rank's shards)."""
+        return {"model": (self.net if self.sharded else self.model).state_dict(), "optimizer": self.opt.state_dict(),
+                "scaler": self.scaler.state_dict(), "baselines": self.baselines.state_dict(),
+                "known_users": self.known_users.state_dict()}
+
+    def whole_model(self) -> torch.nn.Module | None:
+        """Collective for a sharded run: the model with every table whole, on rank 0 (None on the
+        others), to export or to keep; the model itself when every rank holds every table."""
+        if not self.sharded:
+            return self.model
+        state = gather_state(self.net, self.d.rank)
+        if state is None:
+            return None
+        whole = build_model(self.spec, self.cfg.model, self.cfg.data.seed)
+        whole.load_state_dict(state)
+        return whole
+
+    def local_tensors(self) -> list[torch.Tensor]:
+        """This rank's tensors of the model and optimizer state (its shards of sharded tables)."""
+        return local_tensors({"model": self.net.state_dict(), "optimizer": self.opt.state_dict()})
+
+    def live_state(self) -> dict[str, Any] | None:
+        """A sharded run's model and optimizer state, every lazy optimizer state created, for a
+        checkpoint to be loaded into in place (each rank its own shards); None when not sharded."""
+        if not self.sharded:
+            return None
+        self.opt.init_state()
+        return {"model": self.net.state_dict(), "optimizer": self.opt.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        (self.net if self.sharded else self.model).load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         if "baselines" in state:

@@ -44,7 +44,7 @@ from trainers.plan import plan_for_config
 from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
 from trainers.state import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
 from trainers.stepper import Stepper
-from trainers.validation import EarlyStopping, load_best, save_best, scores, validation_rows
+from trainers.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,11 @@ class Trainer:
         meta = self.ckpt.load_meta(latest)
         plan = self._plan()
         for key, mine in (("snapshot_id", plan.snapshot_id), ("t_handoff", plan.t_handoff.isoformat()),
-                          ("window_days", plan.window_days), ("topic", plan.topic)):
-            if meta.get(key) != mine:
+                          ("window_days", plan.window_days), ("topic", plan.topic), ("sharding", self.cfg.model.sharding)):
+            if meta.get(key, "none" if key == "sharding" else None) != mine:
                 raise ResumeError(f"checkpoint {latest} has {key}={meta.get(key)!r} but the plan says {mine!r}: "
-                                  "a run resumes only with the data it started with; use a new run.run_id")
-        self.stepper.load_state_dict(self.ckpt.load_model(latest))
+                                  "a run resumes only with the data and table layout it started with; use a new run.run_id")
+        self.stepper.load_state_dict(self.ckpt.load_model(latest, into=self.stepper.live_state()))
         states = [self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))]
         parts = None
         if meta["phase"] != "batch":
@@ -245,8 +245,10 @@ class Trainer:
         b_auc, b_loss, _, _ = scores(self.d.gather, b.logistic, self.val_rows, device)
         improved, base_improved = self.early.record(epoch, loss, auc, b_loss, b_auc)
         ckpt = self.run_dir / "checkpoint"
+        if improved and self.stepper.sharded:  # every rank keeps its own shards
+            save_best(ckpt, epoch, self._best_shards(), {"tensors": self.stepper.local_tensors()})
         if self.d.is_main:
-            if improved:
+            if improved and not self.stepper.sharded:
                 save_best(ckpt, epoch, "model", self.stepper.state_dict())
             if base_improved:
                 save_best(ckpt, epoch, "baseline", {"logistic": b.logistic.state_dict()})
@@ -258,7 +260,9 @@ class Trainer:
         """Every rank: continue with the best epoch's model (and the baseline's own best)."""
         ckpt, e = self.run_dir / "checkpoint", self.early
         last = self.state.epoch - 1
-        if e.best_epoch >= 0 and e.best_epoch != last:
+        if e.best_epoch >= 0 and e.best_epoch != last and self.stepper.sharded:
+            self._restore_best_shards(ckpt, e.best_epoch)
+        elif e.best_epoch >= 0 and e.best_epoch != last:
             best = load_best(ckpt, e.best_epoch, "model")
             best.pop("known_users", None)  # the users every epoch trained, not rank 0's at that epoch
             self.stepper.load_state_dict(best)
@@ -267,14 +271,30 @@ class Trainer:
         if e.baseline_best_epoch >= 0 and e.baseline_best_epoch != last:
             self.stepper.baselines.logistic.load_state_dict(load_best(ckpt, e.baseline_best_epoch, "baseline")["logistic"])
 
+    def _best_shards(self) -> str:
+        return f"model-rank{self.d.rank}of{self.d.world}"
+
+    def _restore_best_shards(self, ckpt: Any, epoch: int) -> None:
+        """A sharded run: each rank puts back its shards of the best epoch (saved at this world size)."""
+        found = float(best_path(ckpt, epoch, self._best_shards()).exists())
+        if self.d.sum([found])[0] < self.d.world:  # resumed at another world size: the shards do not fit
+            log.warning("the best epoch's shards (epoch %d) were saved at another world size: the batch phase keeps "
+                        "its last epoch", epoch)
+            return
+        for dst, src in zip(self.stepper.local_tensors(), load_best(ckpt, epoch, self._best_shards())["tensors"], strict=True):
+            dst.copy_(src)
+        log.info("the batch phase keeps epoch %d (validation loss %.4f)", epoch, self.early.best_loss)
+
     # --- handoff ----------------------------------------------------------------------------
     def handoff(self) -> None:
         dc, plan = self.cfg.data, self._plan()
         found: Any = None
+        whole = self.stepper.whole_model()
         if self.d.is_main:
+            assert whole is not None
             h = find_handoff(self.broker, dc.topic, plan.t_handoff, dc.max_lateness_s)
             create_topic(self.broker, dc.dlq_topic, 1)
-            atomic_torch_save({"model": self.stepper.model.state_dict()}, self._batch_only_path())
+            atomic_torch_save({"model": whole.state_dict()}, self._batch_only_path())
             found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()})
         offsets, methods = self.d.broadcast(found)
         st = self.state
@@ -438,14 +458,15 @@ class Trainer:
         meta = {
             **st.state_dict(counters=dict(zip(COUNTERS, totals))),
             "world": self.d.world, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
-            "window_days": plan.window_days, "topic": plan.topic, "positions": positions or st.handoff_offsets or {},
+            "window_days": plan.window_days, "topic": plan.topic, "sharding": self.cfg.model.sharding,
+            "positions": positions or st.handoff_offsets or {},
             "profile": stream_profile.merge(profiles, self.spec).to_dict(), "drift": self.stepper.drift.state_dict(),
             "early_stopping": self.early.state_dict(), "time": time.time(),
         }
         self.audit.write_part(st.step)
         if st.phase == "batch":  # the users every rank trained, for rank 0 to save; fixed from the handoff on
             self.stepper.known_users.merge(self.d)
-        model_state = {**self.stepper.state_dict(), "step": st.step} if self.d.is_main else None
+        model_state = {**self.stepper.state_dict(), "step": st.step}  # every rank: they write its tensors together
         st.last_checkpoint = str(self.ckpt.save(st.step, model_state, data_state, meta))
         self._last_ckpt_t = time.monotonic()
 
@@ -463,15 +484,19 @@ class Trainer:
         self.progress.log(st.step, self.stepper.take_loss(), tp.trained_global, tp.train_s, tp.wait_s, values)
 
     def export(self) -> None:
+        """Collective (a sharded model is gathered): rank 0 exports the model."""
+        whole = self.stepper.whole_model()
         if self.d.is_main:
-            export_model(self.stepper.model, self.cfg, self.spec, self.run_dir, step=self.state.step, phase=self.state.phase,
+            assert whole is not None
+            export_model(whole, self.cfg, self.spec, self.run_dir, step=self.state.step, phase=self.state.phase,
                          positions=self.state.positions)
 
     def outcome(self, units: list[WorkUnit]) -> RunOutcome:
         """Collective (it gathers the final positions): what `finish` evaluates and reports."""
         self.global_positions()
         return RunOutcome(
-            cfg=self.cfg, plan=self._plan(), run_dir=self.run_dir, broker=self.broker, model=self.stepper.model, units=units,
+            cfg=self.cfg, plan=self._plan(), run_dir=self.run_dir, broker=self.broker, model=self.stepper.model,
+            whole=self.stepper.whole_model(), units=units,
             open_file=self.open_file, state=self.state, throughput=self.tp, profile=self.profile,
             drift=self.stepper.drift, newest_event_us=self.kafka.counters.newest_event_us if self.kafka else -1,
             cache=self.cache_reader.stats() if self.cache_reader is not None else None, amp=self.stepper.amp,

@@ -31,7 +31,7 @@ from slipstream.samples.spec import EVENT_TIME
 
 from trainers.checkpoint import atomic_torch_save
 from trainers.data.units import Opener, WorkUnit
-from trainers.evaluate import auc_logloss, score
+from trainers.evaluate import SCORE_BATCH, auc_logloss, score
 from trainers.rows import RowLayout, Rows
 from trainers.stateful import check_version
 
@@ -149,7 +149,8 @@ def load_best(checkpoint_dir: Path, epoch: int, what: str) -> dict[str, Any]:
 def scores(gather: Callable[[Any], list[Any]], model: torch.nn.Module, rows: Rows,
            device: torch.device) -> tuple[float, float, np.ndarray, np.ndarray]:
     """Collective: (AUC, logloss, labels, probabilities) of `model` on every rank's `rows`."""
-    probs = score(model, rows, device)
+    passes = max(gather(-(-len(rows) // SCORE_BATCH)))  # every rank as many forward passes
+    probs = score(model, rows, device, passes=passes)
     everything = gather((rows.label, probs))
     labels = np.concatenate([e[0] for e in everything]) if everything else np.zeros(0)
     p = np.concatenate([e[1] for e in everything]) if everything else np.zeros(0)

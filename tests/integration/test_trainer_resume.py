@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import torch
 
 from slipstream.stream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import (
@@ -78,7 +79,12 @@ def test_kill_in_the_batch_phase_then_resume(tmp_path: Path, kafka_bootstrap: st
     assert _batch_order(read_audit(tmp_path / "runs" / "straight")) == _batch_order(audit)
 
 
-def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Path, kafka_bootstrap: str) -> None:
+@pytest.mark.parametrize("sharding", ["none", "auto"])
+def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Path, kafka_bootstrap: str,
+                                                                   sharding: str) -> None:
+    """Two processes killed with SIGKILL in the stream phase, resumed with one from the sharded
+    checkpoint: data parallel (`none`), and with the tables sharded by TorchRec (`auto`: on CPU
+    table-wise or column-wise, stepped by the fused Adagrad)."""
     fx = make_samples(tmp_path, days=1, per_day=2000, row_group_rows=500, stream_minutes=240.0)
     data = generated(tmp_path, fx)
     topic = f"resume-stream-{tmp_path.name}"
@@ -88,12 +94,19 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     cfg = train_config(fx, run_id="ks", bootstrap=kafka_bootstrap, topic=topic, dlq_topic=topic + ".dlq", window_days=1,
                        data={"batch_size": 64, "stream_shuffle_buffer": 200,
                              "stop": {"mode": "duration", "duration_s": 120, "timeout_s": 150}},
-                       run={"checkpoint_every_steps": 3, "checkpoint_every_s": 0.3})
+                       run={"checkpoint_every_steps": 3, "checkpoint_every_s": 0.3},
+                       model={"sharding": sharding},
+                       optim={"table_optimizer": "adagrad", "lr": 0.01} if sharding != "none" else {})
     cfg_path = tmp_path / "train.json"
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "ks"
 
     start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)
+    killed = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
+    # a sharded checkpoint: both ranks wrote model tensors (torch.distributed.checkpoint), and the
+    # 1-process resume below reads them all
+    assert sorted(p.name for p in (killed / "model").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert all(p.stat().st_size > 0 for p in (killed / "model").glob("*.distcp"))
     produce_samples(kafka_bootstrap, topic, data.stream.slice(half))  # the stream went on meanwhile
 
     done = run_torchrun(tmp_path, cfg_path, nproc=1, overrides=("data.stop.mode=caught_up",))
@@ -103,6 +116,10 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
+    assert summary["auc_before_t"] > 0.55, summary  # the resumed model is the trained one, not a fresh one
+    exported = torch.load(run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
+    table = next(v for k, v in exported["state_dict"].items() if k.endswith("embedding_bags.user_id.weight"))
+    assert table.shape[0] > 1 and table.abs().sum() > 0  # the whole table, gathered
 
 
 def test_broker_restart_during_the_tail_loses_and_repeats_nothing(tmp_path: Path) -> None:

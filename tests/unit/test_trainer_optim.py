@@ -22,7 +22,8 @@ from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.settings import Settings
 from trainers.config import DataConfig, ModelConfig, OptimConfig, load_config
 from trainers.drift import DriftGauge
-from trainers.model import build_model, build_optimizer, is_id_param, param_groups, phase_lrs, set_lrs
+from trainers.model import build_optimizer, is_id_param, param_groups, phase_lrs, set_lrs
+from trainers.models import build_model
 from tests.trainer_fixtures import SMALL_BUCKETS
 from trainers.rows import Features, Rows
 
@@ -53,7 +54,8 @@ def test_every_parameter_is_in_exactly_one_named_group() -> None:
     assert sorted(seen) == sorted(id(p) for p in model.parameters())
     ids = {id(p) for n, p in model.named_parameters() if is_id_param(model, n)}  # type: ignore[arg-type]
     names = sorted(n for n, p in model.named_parameters() if is_id_param(model, n))  # type: ignore[arg-type]
-    assert names == ["biases.item_id.weight", "biases.user_id.weight", "tables.item_id.weight", "tables.user_id.weight"]
+    assert names == ["tables.biases.embedding_bags.item_id.weight", "tables.biases.embedding_bags.user_id.weight",
+                     "tables.vectors.embedding_bags.item_id.weight", "tables.vectors.embedding_bags.user_id.weight"]
     assert {id(p) for p in groups[0]["params"]} == ids and len(ids) == 4  # type: ignore[attr-defined]
 
 
@@ -161,7 +163,7 @@ def test_the_id_tables_have_their_own_weight_decay_and_it_shrinks_unseen_rows(fe
     assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"ids": 1e-4, "shared": 0.0}
     assert {g["name"]: g["weight_decay"] for g in build_optimizer(_model(), "adam", 0.003, 0.01).param_groups} == \
         {"ids": 0.01, "shared": 0.01}  # type: ignore[arg-type]
-    user = model.tables["user_id"].weight  # type: ignore[index]
+    user = model.tables.vectors.embedding_bags["user_id"].weight  # type: ignore[index,union-attr]
     unseen = torch.ones(user.shape[0], dtype=torch.bool)
     unseen[torch.remainder(feats.sparse[:, 0], user.shape[0])] = False
     start = user.detach()[unseen].norm()

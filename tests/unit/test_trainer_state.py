@@ -20,7 +20,7 @@ from trainers.audit import AuditWriter, drop_uncommitted, read_audit
 from trainers.checkpoint import Checkpointer
 from trainers.config import ModelConfig, load_config
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
-from trainers.model import build_model
+from trainers.models import build_model
 from tests.trainer_fixtures import SMALL_BUCKETS
 from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, Features, Rows, rows_from_state, rows_to_state
 from trainers.state import resume_point

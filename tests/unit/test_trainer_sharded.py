@@ -1,0 +1,138 @@
+"""Sharded model checkpoints (trainers.sharded): written by two gloo processes, each rank writes
+part of the tensors, and one process reads the whole state back; a checkpoint's metadata that
+would run code is refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainers.checkpoint import Checkpointer
+from trainers.sharded import SHARDS, join, load_tensors, refs, split
+
+
+def _state() -> dict:
+    g = torch.Generator().manual_seed(7)
+    return {"model": {"tables.user.weight": torch.randn(1000, 8, generator=g), "mlp.0.bias": torch.randn(16, generator=g)},
+            "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(16, generator=g)}},
+                          "param_groups": [{"lr": 0.01, "name": "ids", "params": [0]}]},
+            "step": 12, "betas": (0.9, 0.999)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _save_rank(rank: int, world: int, root: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ck = Checkpointer(Path(root), rank, dist.barrier)
+        meta = {"step": 12, "phase": "stream", "world": world} if rank == 0 else None
+        ck.save(12, _state(), {"rank": rank}, meta)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_write_one_reads(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoint"
+    mp.start_processes(_save_rank, args=(2, str(root), _free_port()), nprocs=2, join=True, start_method="spawn")
+    ck = Checkpointer(root, 0, lambda: None)
+    latest = ck.latest()
+    assert latest is not None and latest.name == "step-000000012"
+    files = {p.name: p.stat().st_size for p in (latest / SHARDS).glob("*.distcp")}
+    assert set(files) == {"__0_0.distcp", "__1_0.distcp"} and all(files.values()), files  # both ranks wrote tensors
+    # the big table is written once, not once per rank
+    assert sum(files.values()) < 1.5 * 1000 * 8 * 4
+    back = ck.load_model(latest)  # one process, no process group
+    want = _state()
+    assert torch.equal(back["model"]["tables.user.weight"], want["model"]["tables.user.weight"])
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], want["optimizer"]["state"][0]["exp_avg"])
+    assert back["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert back["step"] == 12 and back["betas"] == (0.9, 0.999)
+
+
+def test_split_and_join_round_trip() -> None:
+    rest, tensors = split(_state())
+    assert sorted(refs(rest)) == sorted(tensors) and "optimizer.state.0.exp_avg" in tensors
+    assert not any(isinstance(v, torch.Tensor) for v in _leaves(rest))
+    back = join(rest, tensors)
+    assert torch.equal(back["model"]["mlp.0.bias"], _state()["model"]["mlp.0.bias"]) and back["step"] == 12
+
+
+def _leaves(tree: object) -> list[object]:
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [x for v in tree for x in _leaves(v)]
+    return [tree]
+
+
+class _Boom:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_metadata_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    from trainers.sharded import save_tensors
+
+    folder = tmp_path / SHARDS
+    save_tensors({"w": torch.ones(3)}, folder)
+    assert torch.equal(load_tensors(folder, ["w"])["w"], torch.ones(3))
+    (folder / ".metadata").write_bytes(pickle.dumps(_Boom()))
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        load_tensors(folder, ["w"])
+
+
+def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
+    from trainers.sparse_exchange import SparseGradExchange
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        bag = torch.nn.EmbeddingBag(50, 4, mode="sum", sparse=True)
+        torch.nn.init.ones_(bag.weight)
+        ids = [torch.tensor([[1], [3], [3]]), torch.tensor([[3], [7]])][rank]  # rank 1 touches 3 and 7
+        if rank == 0:
+            bag(ids).sum().backward()
+        else:  # an idle rank (no rows) still joins the exchange
+            bag(ids[:0]).sum().backward()
+        exchange = SparseGradExchange({"weight": bag.weight}, world)
+        exchange()
+        torch.save({"grad": bag.weight.grad.to_dense(), "sent": exchange.sent_bytes}, Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path) -> None:
+    mp.start_processes(_exchange_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2)]
+    want = torch.zeros(50, 4)
+    want[1], want[3] = 0.5, 1.0  # rank 0's rows (1 once, 3 twice) / 2 ranks; rank 1 had none
+    for g in got:
+        assert torch.equal(g["grad"], want)
+    assert 0 < got[0]["sent"] < 50 * 4 * 4  # a few rows, never the whole table
+
+
+def test_sharding_refuses_what_the_cpu_cannot_run() -> None:
+    from slipstream.errors import ConfigError
+    from trainers.config import ModelConfig
+    from trainers.sharding import check_sharding
+
+    cpu = torch.device("cpu")
+    assert check_sharding(ModelConfig(sharding="auto"), "adagrad", cpu) == ["table_wise", "column_wise"]
+    with pytest.raises(ConfigError, match="table_optimizer=adagrad"):
+        check_sharding(ModelConfig(sharding="table_wise"), "sparse_adam", cpu)
+    with pytest.raises(ConfigError, match="row_wise has no kernel on cpu"):
+        check_sharding(ModelConfig(sharding="row_wise"), "adagrad", cpu)
+    with pytest.raises(ConfigError, match="divisible by 4"):
+        check_sharding(ModelConfig(sharding="auto", embed_dim=6), "adagrad", cpu)
