@@ -26,7 +26,7 @@ from slipstream.errors import StackError
 from slipstream.joiner.config import JoinerConfig
 from slipstream.joiner.events import US_PER_S, parse_records
 from slipstream.joiner.metrics import JoinerMetrics, serve_health
-from slipstream.joiner.state_store import encode_changes, encode_rows, read_changelog
+from slipstream.joiner.state_store import encode_changes, encode_table, read_changelog, table_kind
 from slipstream.joiner.window import NO_TIME, Closed, TaskState
 from slipstream.samples.codec import encode_samples
 from slipstream.samples.spec import LABEL, SAMPLE_ID, Spec
@@ -35,6 +35,8 @@ from slipstream.stream.kafka import Broker, client_config, consumer_config, crea
 
 log = logging.getLogger(__name__)
 
+ROWS, SEQ = "impressions", "sequence:"
+"""Kinds of the changelog's Arrow records: a task's new impressions, a sequence feature's tails."""
 LAG_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
 
@@ -297,13 +299,14 @@ class Joiner:
 
     def _write_changes(self, p: int, task: Task) -> None:
         rows, changes = task.state.changes()
+        tables = [(rows, ROWS)] if rows is not None else []
         for name, seq in task.featurizer.sequences.items():
-            if isinstance(seq, KeyedSequenceState):
-                changes[f"seq:{name}"] = {str(k): v for k, v in seq.take_changes().items()}
-        empty = rows is None and all(not v for k, v in changes.items() if k != "watermark")
+            if isinstance(seq, KeyedSequenceState) and seq.changed:
+                tables.append((seq.take_changes(), f"{SEQ}{name}"))
+        empty = not tables and all(not v for k, v in changes.items() if k != "watermark")
         if empty and changes["watermark"] == task.written_watermark:
             return
-        for value in [*(encode_rows(rows) if rows is not None else ()), *encode_changes(changes)]:
+        for value in [*(v for t, kind in tables for v in encode_table(t, kind)), *encode_changes(changes)]:
             self._produce(self.cfg.state_topic, value, b"changes", partition=p)
         task.written_watermark = changes["watermark"]
 
@@ -323,18 +326,19 @@ class Joiner:
         started = time.monotonic()
         for delta in read_changelog(self.broker, self.cfg.state_topic, p, f"{self.cfg.group}.restore"):
             n += 1
-            if isinstance(delta, pa.Table):
-                state.apply_rows(delta)
-                continue
-            if "pending" in delta:
+            if isinstance(delta, dict) and any(k in ("pending", "done") or k.startswith("seq:") for k in delta):
                 raise StackError(f"{self.cfg.state_topic}[{p}] holds state in the joiner's first format (JSON rows): "
                                  "drain it with the joiner version that wrote it, or delete the state topic and "
                                  "the group's offsets to join the inputs again from their start")
-            state.apply(delta)
-            for name, seq in featurizer.sequences.items():
-                tails = delta.get(f"seq:{name}")
-                if tails and isinstance(seq, KeyedSequenceState):
-                    seq.load({int(k): v for k, v in tails.items() if v is not None})
+            if isinstance(delta, dict):
+                state.apply(delta)
+                continue
+            kind = table_kind(delta)
+            seq = featurizer.sequences.get(kind[len(SEQ):]) if kind.startswith(SEQ) else None
+            if kind == ROWS:
+                state.apply_rows(delta)
+            elif isinstance(seq, KeyedSequenceState):
+                seq.load(delta)
         self.metrics.counts["restored_records"] += n
         if n:
             log.info("task %d restored from %d changelog records in %.1fs: %d waiting impressions, watermark %d",

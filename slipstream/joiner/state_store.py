@@ -1,7 +1,8 @@
 """The join state's changelog: one Kafka partition per task, written inside the same transaction
 as the samples and the input offsets, so after a crash the state, the offsets and the output all
 stand at the last commit (exactly once). One commit of one task writes the impressions it took
-(Arrow IPC records) and then its other changes with the watermark (JSON records)."""
+and the sequence tails it wrote (Arrow IPC records), then its other changes with the watermark
+(JSON records)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,25 @@ log = logging.getLogger(__name__)
 CHUNK_ENTRIES = 2_000
 """Entries per JSON changelog record (a record stays well under the broker's size limits)."""
 CHUNK_ROWS = 5_000
-"""Impression rows per Arrow changelog record."""
+"""Rows per Arrow changelog record."""
+KIND = "slipstream.changes"
 
 
-def encode_rows(rows: pa.Table) -> Iterator[bytes]:
-    """The impressions a task took, as Arrow IPC streams of at most CHUNK_ROWS rows: written before
-    the JSON record of the same commit, and replayed before it."""
-    for batch in rows.combine_chunks().to_batches(max_chunksize=CHUNK_ROWS):
+def encode_table(table: pa.Table, kind: str) -> Iterator[bytes]:
+    """A table of changes (a task's new impressions, a sequence feature's tails) as Arrow IPC
+    streams of at most CHUNK_ROWS rows each, labelled `kind` in their schema's metadata
+    (`table_kind` reads it back): written before the JSON record of the same commit, and replayed
+    before it."""
+    table = table.replace_schema_metadata({KIND: kind})
+    for batch in table.combine_chunks().to_batches(max_chunksize=CHUNK_ROWS):
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_batch(batch)
         yield sink.getvalue().to_pybytes()
+
+
+def table_kind(table: pa.Table) -> str:
+    return (table.schema.metadata or {}).get(KIND.encode(), b"").decode()
 
 
 def encode_changes(changes: dict[str, Any]) -> Iterator[bytes]:

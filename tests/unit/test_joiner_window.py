@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from slipstream.joiner.events import BadEvent, parse_event
-from slipstream.joiner.state_store import encode_rows
+from slipstream.joiner.state_store import encode_table, table_kind
 from slipstream.joiner.window import KEEP_DONE_WINDOWS, TaskState
 from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import load_spec
@@ -73,8 +73,10 @@ def test_changes_replayed_give_the_same_state() -> None:
     log.append(s.changes())
     r = TaskState(W)
     for rows, delta in log:  # as the changelog stores them: Arrow IPC, then JSON
-        for value in encode_rows(rows) if rows is not None else ():
-            r.apply_rows(pa.ipc.open_stream(value).read_all())
+        for value in encode_table(rows, "impressions") if rows is not None else ():
+            table = pa.ipc.open_stream(value).read_all()
+            assert table_kind(table) == "impressions"
+            r.apply_rows(table)
         r.apply(json.loads(json.dumps(delta)))
     assert (r.waiting, r.clicks, r.orphans, r.done, r.watermark_us) == (s.waiting, s.clicks, s.orphans, s.done, s.watermark_us)
     got, want = r.advance(40 * 60 * US + W)[0], s.advance(40 * 60 * US + W)[0]
