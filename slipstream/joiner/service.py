@@ -98,6 +98,9 @@ class Joiner:
 
     def run(self) -> None:
         c = self.cfg
+        # pyarrow imports pandas the first time it builds an array from Python or numpy data
+        # (0.3-0.8 s here): at start-up, not inside the first batch's transaction
+        pa.array(np.zeros(1))
         self.ensure_topics()
         self.producer = Producer(client_config(self.broker, **{
             "transactional.id": f"{c.group}-{c.instance}", "enable.idempotence": True, "linger.ms": 5,
