@@ -32,6 +32,8 @@ NO_TIME = -(1 << 62)
 KEEP_DONE_WINDOWS = 3
 """An emitted id is remembered until the watermark passes its time + this many windows (two
 windows after its own closed), to tell a late click or a re-sent impression from a stranger."""
+MAX_ARROW_CHUNKS = 32
+"""A merged chunk made of more Arrow chunks than this is copied into one (reads stay fast)."""
 TS_COLUMN = "__ts_us"
 """The event time column of the changelog's row tables."""
 
@@ -61,7 +63,7 @@ class Rejected:
 class PendingRows:
     """Waiting impressions as Arrow chunks, each sorted by event time; closing a window cuts a
     prefix of each chunk. Neighbouring chunks of similar size are merged (as in a log-structured
-    merge), so there are O(log n) chunks and each row is copied O(log n) times."""
+    merge), so there are O(log n) chunks; in-order input merges without copying."""
 
     def __init__(self) -> None:
         self.chunks: list[tuple[pa.Table, np.ndarray]] = []
@@ -72,7 +74,10 @@ class PendingRows:
         self.chunks.append(_sorted(rows, ts))
         while len(self.chunks) >= 2 and len(self.chunks[-2][1]) <= 2 * len(self.chunks[-1][1]):
             (a, ta), (b, tb) = self.chunks.pop(), self.chunks.pop()
-            self.chunks.append(_sorted(pa.concat_tables([b, a]), np.concatenate([tb, ta])))
+            merged = pa.concat_tables([b, a])
+            if merged.num_columns and merged.column(0).num_chunks > MAX_ARROW_CHUNKS:
+                merged = merged.combine_chunks()
+            self.chunks.append(_sorted(merged, np.concatenate([tb, ta])))
 
     def take_until(self, ts_max: int) -> tuple[pa.Table, np.ndarray] | None:
         """Remove and return the rows with time <= ts_max (None when there are none)."""

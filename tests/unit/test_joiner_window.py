@@ -146,3 +146,22 @@ def test_a_batch_with_bad_records_keeps_the_good_ones_and_names_each_bad_one() -
     rows, ts, bad = parse_records([good, b"{oops", huge, good], SPEC.events)
     assert rows.num_rows == 2 and ts.tolist() == [1_793_491_200_000_000] * 2
     assert [(i, r.split(":")[0]) for i, r in bad] == [(1, "not JSON"), (2, "wrong type")]
+
+
+def test_pending_rows_close_exactly_the_rows_the_watermark_passes_in_any_arrival_order() -> None:
+    from slipstream.joiner.window import PendingRows
+
+    rng = np.random.default_rng(3)
+    pending, waiting = PendingRows(), set()
+    for step in range(300):  # batches of out-of-order times, the cut moving forward now and then
+        ts = rng.integers(step * 100, step * 100 + 5000, int(rng.integers(0, 40)))
+        ids = [f"{step}-{i}" for i in range(len(ts))]
+        pending.add(pa.table({"sample_id": ids}), ts)
+        waiting |= {(s, int(t)) for s, t in zip(ids, ts.tolist())}
+        if step % 7 == 0:
+            cut = step * 100 - 2000
+            taken = pending.take_until(cut)
+            got = set() if taken is None else set(zip(taken[0].column("sample_id").to_pylist(), taken[1].tolist()))
+            assert got == {(s, t) for s, t in waiting if t <= cut}
+            waiting -= got
+    assert len(pending) == len(waiting) and len(pending.chunks) <= 2 * int(np.log2(len(waiting) + 1)) + 2
