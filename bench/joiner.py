@@ -150,6 +150,41 @@ def _run_joiner(cfg: JoinerConfig, spec: Any, bootstrap: str, until: Any, timeou
     return joiner, took - first, first - t0
 
 
+def _profile(spec: Any, impressions: int, codec: str) -> dict[str, Any]:
+    """The joiner alone on a fixed input, run in this thread under cProfile until every sample is
+    committed: CPU time moves less with the machine's load than wall time."""
+    import cProfile
+    import pstats
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="bench-joiner-") as tmp:
+        svc = start_kafka(Path(tmp), free_port())
+        try:
+            for t in ("imp", "clk"):
+                create_topic(svc.address, t, 4)
+            imps, clicks = _history(impressions, spec.label.window_s)
+            _produce(svc.address, "imp", "clk", imps, clicks)
+            cfg = JoinerConfig.for_spec(spec, "samples", impressions_topic="imp", clicks_topic="clk", group="bench-p",
+                                        instance="bench", idle_flush_s=0.05, input_idle_s=0.05, codec=codec)
+            joiner = Joiner(cfg, spec, svc.address)
+
+            def stop_when_done() -> None:
+                while joiner.metrics.counts["samples_committed"] < len(imps):
+                    time.sleep(0.01)
+                joiner.stop.set()
+
+            threading.Thread(target=stop_when_done, daemon=True).start()
+            prof = cProfile.Profile()
+            wall, cpu = time.perf_counter(), time.process_time()
+            prof.runcall(joiner.run)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        finally:
+            stop_process(svc.pid)
+    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return {"profile_wall_s": round(wall, 2), "profile_cpu_s": round(cpu, 2), "impressions": len(imps),
+            "clicks": len(clicks), "codec": codec, "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+
+
 def _live_producer(bootstrap: str, imp_t: str, clk_t: str, rate: float, seconds: float, window_s: float) -> None:
     rng = np.random.default_rng(9)
     producer = raw_producer(bootstrap)
@@ -183,9 +218,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--window-s", type=int, default=2, help="attribution window of the latency run")
     ap.add_argument("--lateness-s", type=float, default=0.2)
     ap.add_argument("--codec", choices=CODECS, default="json", help="sample value format (SLIPSTREAM_KAFKA_CODEC)")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the joiner on the throughput input, under cProfile: wall and CPU seconds (start-up "
+                         "included), the top functions on stderr")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     spec = load_spec("synthetic")
+    if args.profile:
+        return _profile(spec, args.impressions, args.codec)
     with tempfile.TemporaryDirectory(prefix="bench-joiner-") as tmp:
         svc = start_kafka(Path(tmp), free_port())
         bs = svc.address
