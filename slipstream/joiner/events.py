@@ -8,8 +8,15 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+import io
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from slipstream.samples.schema import field_arrow_type, source_arrow_schema
 from slipstream.samples.spec import SourceSpec
 
 US_PER_S = 1_000_000
@@ -72,21 +79,13 @@ def parse_event(value: bytes | None, source: SourceSpec) -> tuple[dict[str, Any]
     return row, row[source.time or ""]
 
 
-def parse_batch(values: list[bytes], source: SourceSpec) -> list[tuple[dict[str, Any], int]] | None:
-    """`parse_event` of every value at once with Arrow's JSON reader (the hot path), or None when
-    any record is not a clean, complete event with ISO times (then the caller parses one by one,
-    which names the bad records). Same rows as `parse_event` for the records it accepts."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
-    from slipstream.samples.schema import field_arrow_type
-
+def parse_batch(values: list[bytes], source: SourceSpec) -> pa.Table | None:
+    """`parse_event` of every value at once with Arrow's JSON reader (the hot path): the source's
+    fields in its Arrow schema (times as UTC timestamps, a missing optional field null), or None
+    when any record is not a clean, complete event with ISO times (then the caller parses one by
+    one, which names the bad records). The same rows as `parse_event` for the records it accepts."""
     if not values or any(not v or b"\n" in v for v in values):
         return None
-    time_field = source.time or ""
     schema = pa.schema([pa.field(f.name, pa.string() if f.type == "timestamp" else field_arrow_type(f.type))
                         for f in source.fields])
     try:
@@ -101,15 +100,34 @@ def parse_batch(values: list[bytes], source: SourceSpec) -> list[tuple[dict[str,
             if f.type == "double" and len(col) and not pc.all(pc.is_finite(pc.fill_null(col, 0.0))).as_py():
                 return None
             if f.type == "timestamp":
-                us = pc.cast(pc.cast(col, pa.timestamp("us", tz="UTC")), pa.int64())
-                table = table.set_column(table.column_names.index(f.name), f.name, us)
+                table = table.set_column(table.column_names.index(f.name), f.name, pc.cast(col, pa.timestamp("us", tz="UTC")))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
-    optional = [f.name for f in source.fields if f.optional]
-    rows = table.to_pylist()
-    if optional:  # parse_event leaves a missing optional field out (the featurizer fills its default)
-        for r in rows:
-            for name in optional:
-                if r[name] is None:
-                    del r[name]
-    return [(r, r[time_field]) for r in rows]
+    return table.select([f.name for f in source.fields]).combine_chunks()
+
+
+def parse_records(values: list[bytes], source: SourceSpec) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]]:
+    """A batch of raw records as (rows of the good ones in the source's Arrow schema, their event
+    times in epoch microseconds, (index, reason) of each bad one): one Arrow call when the batch is
+    clean, else one `parse_event` per record, which names the bad ones."""
+    table = parse_batch(values, source)
+    if table is not None:
+        return table, event_times(table, source), []
+    schema = source_arrow_schema(source)
+    rows, bad = [], []
+    for i, v in enumerate(values):
+        try:
+            row = parse_event(v, source)[0]
+            rows.append(pa.Table.from_pylist([row], schema=schema))
+        except BadEvent as e:
+            bad.append((i, str(e)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:  # e.g. a list of the wrong items
+            bad.append((i, f"wrong type: {str(e)[:80]}"))
+    table = pa.concat_tables(rows) if rows else schema.empty_table()
+    return table, event_times(table, source), bad
+
+
+def event_times(table: pa.Table, source: SourceSpec) -> np.ndarray:
+    """The source's event time column as int64 epoch microseconds."""
+    col = pc.cast(table.column(source.time or ""), pa.timestamp("us", tz="UTC"))
+    return pc.cast(col, pa.int64()).to_numpy()  # type: ignore[no-any-return]

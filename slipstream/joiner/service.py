@@ -19,22 +19,24 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from slipstream.errors import StackError
 from slipstream.joiner.config import JoinerConfig
-from slipstream.joiner.events import US_PER_S, BadEvent, parse_batch, parse_event
+from slipstream.joiner.events import US_PER_S, parse_records
 from slipstream.joiner.metrics import JoinerMetrics, serve_health
-from slipstream.joiner.state_store import encode_changes, read_changelog
+from slipstream.joiner.state_store import encode_changes, encode_table, read_changelog, table_kind
 from slipstream.joiner.window import NO_TIME, Closed, TaskState
 from slipstream.samples.codec import encode_samples
-from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import LABEL, SAMPLE_ID, Spec
 from slipstream.samples.transform import Featurizer, KeyedSequenceState, sample_ids
 from slipstream.stream.kafka import Broker, client_config, consumer_config, create_topic
 
 log = logging.getLogger(__name__)
 
+ROWS, SEQ = "impressions", "sequence:"
+"""Kinds of the changelog's Arrow records: a task's new impressions, a sequence feature's tails."""
 LAG_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
 
@@ -57,7 +59,6 @@ class Joiner:
         assert self.labels is not None  # JoinerConfig.for_spec refuses other labels
         self.window_us = spec.label.window_s * US_PER_S
         self.lateness_us = int(cfg.lateness_s * US_PER_S)
-        self.event_schema = source_arrow_schema(self.events)
         self.sort_field = next((f.per for f in spec.features if f.kind == "sequence"), None)
         self.tasks: dict[int, Task] = {}
         self.positions: dict[tuple[str, int], int] = {}
@@ -97,6 +98,9 @@ class Joiner:
 
     def run(self) -> None:
         c = self.cfg
+        # pyarrow imports pandas the first time it builds an array from Python or numpy data
+        # (0.3-0.8 s here): at start-up, not inside the first batch's transaction
+        pa.array(np.zeros(1))
         self.ensure_topics()
         self.producer = Producer(client_config(self.broker, **{
             "transactional.id": f"{c.group}-{c.instance}", "enable.idempotence": True, "linger.ms": 5,
@@ -144,9 +148,7 @@ class Joiner:
 
     # --- input --------------------------------------------------------------------------------
     def _take(self, msgs: list[Message]) -> None:
-        now_us = int(time.time() * US_PER_S)
-        future_us = int(self.cfg.max_future_s * US_PER_S)
-        parsed = self._parse_batches(msgs)
+        by_input: dict[tuple[str, int], list[Message]] = {}
         for m in msgs:
             err = m.error()
             tp = (m.topic(), m.partition())
@@ -158,46 +160,45 @@ class Joiner:
                     raise KafkaException(err)
                 log.warning("consume error on %s[%s]: %s (retrying)", m.topic(), m.partition(), err)
                 continue
-            self.positions[tp] = m.offset() + 1
             self.at_end.pop(tp, None)
-            task = self.tasks[m.partition()]
-            is_click = m.topic() == self.cfg.clicks_topic
-            try:
-                pre = parsed.get(id(m))
-                row, ts = pre if pre is not None else \
-                    parse_event(m.value(), self.labels if is_click else self.events)  # type: ignore[arg-type]
-                if ts - now_us > future_us:
-                    raise BadEvent(f"{'click' if is_click else 'impression'} time is {(ts - now_us) / US_PER_S:.0f} s "
-                                   f"ahead of this machine's clock (more than --max-future-s {self.cfg.max_future_s:g})")
-                if is_click:
-                    reason = task.state.click(str(row[self.labels.key or ""]), ts, m.value() or b"")  # type: ignore[union-attr]
-                else:
-                    reason = task.state.impression(self._sample_id(row), row, ts)
-            except BadEvent as e:
-                reason, ts = str(e), None
-            if reason is not None:
-                self._dead(m, reason)
-            else:
-                self.metrics.counts["clicks" if is_click else "impressions"] += 1
-            if ts is not None and ts > self.stream_time.get(tp, NO_TIME) and not (reason and "ahead" in reason):
-                self.stream_time[tp] = ts
+            by_input.setdefault(tp, []).append(m)
+        # impressions first: a click in the same batch as its impression joins it (as an orphan would)
+        for tp, group in sorted(by_input.items(), key=lambda kv: kv[0][0] == self.cfg.clicks_topic):
+            self.positions[tp] = group[-1].offset() + 1
+            self._take_input(self.tasks[tp[1]], tp, group)
 
-    def _parse_batches(self, msgs: list[Message]) -> dict[int, tuple[dict[str, Any], int]]:
-        """Each topic's records of this consume call parsed in one Arrow call (by message id);
-        a topic whose batch holds a bad record is left to `parse_event`, one by one."""
-        out: dict[int, tuple[dict[str, Any], int]] = {}
-        for topic, source in ((self.cfg.impressions_topic, self.events), (self.cfg.clicks_topic, self.labels)):
-            good = [m for m in msgs if m.error() is None and m.topic() == topic]
-            rows = parse_batch([m.value() or b"" for m in good], source) if good else None  # type: ignore[arg-type]
-            if rows is not None:
-                out.update((id(m), r) for m, r in zip(good, rows))
-        return out
-
-    def _sample_id(self, row: dict[str, Any]) -> str:
-        rule = self.events.id
-        if isinstance(rule, str):
-            return str(row[rule])
-        return str(sample_ids(self.spec, pa.Table.from_pylist([row], schema=self.event_schema))[0])
+    def _take_input(self, task: Task, tp: tuple[str, int], msgs: list[Message]) -> None:
+        """One input partition's records of this batch: parsed in one Arrow call, checked against
+        the clock, joined; each record the join cannot use goes to the dead letters with its reason."""
+        is_click = tp[0] == self.cfg.clicks_topic
+        source = self.labels if is_click else self.events
+        rows, ts, bad = parse_records([m.value() or b"" for m in msgs], source)  # type: ignore[arg-type]
+        for i, reason in bad:
+            self._dead(msgs[i], reason)
+        if bad:
+            failed = {i for i, _ in bad}
+            msgs = [m for i, m in enumerate(msgs) if i not in failed]
+        ahead = ts - int(time.time() * US_PER_S) > int(self.cfg.max_future_s * US_PER_S)
+        if ahead.any():
+            for i in np.flatnonzero(ahead).tolist():
+                self._dead(msgs[i], f"{'click' if is_click else 'impression'} time is "
+                                    f"{(int(ts[i]) - int(time.time() * US_PER_S)) / US_PER_S:.0f} s ahead of this "
+                                    f"machine's clock (more than --max-future-s {self.cfg.max_future_s:g})")
+            msgs = [m for m, a in zip(msgs, ahead.tolist()) if not a]
+            rows, ts = rows.filter(pa.array(~ahead)), ts[~ahead]
+        if not len(ts):
+            return
+        self.stream_time[tp] = max(self.stream_time.get(tp, NO_TIME), int(ts.max()))
+        if is_click:
+            keys = pc.cast(rows.column(self.labels.key or ""), pa.string()).to_pylist()  # type: ignore[union-attr]
+            rejected = [(i, r) for i, (k, t, m) in enumerate(zip(keys, ts.tolist(), msgs))
+                        if (r := task.state.click(k, t, m.value() or b"")) is not None]
+        else:
+            ids = sample_ids(self.spec, rows)
+            rejected = task.state.impressions(ids.to_pylist(), ts, rows.append_column(SAMPLE_ID, ids))
+        for i, reason in rejected:
+            self._dead(msgs[i], reason)
+        self.metrics.counts["clicks" if is_click else "impressions"] += len(ts) - len(rejected)
 
     def _dead(self, m: Message, reason: str) -> None:
         headers = [("reason", reason.encode()), ("source_topic", m.topic().encode()),
@@ -241,29 +242,32 @@ class Joiner:
                     self._produce(self.cfg.dlq(self.cfg.clicks_topic), r.raw, None,
                                   headers=[("reason", r.reason.encode()), ("source_topic", self.cfg.clicks_topic.encode())])
                     self.metrics.dead(r.reason)
-            if closed:
+            if closed is not None:
                 self._begin()
                 self._emit(task, closed)
         self.metrics.watermark_us = max((t.state.watermark_us for t in self.tasks.values()), default=0)
 
-    def _emit(self, task: Task, closed: list[Closed]) -> None:
+    def _emit(self, task: Task, closed: Closed) -> None:
         """Featurise closed impressions (sorted as the spec's sequences need) and produce them."""
-        sort_field = self.sort_field
-        closed.sort(key=lambda c: (c.row[sort_field] if sort_field else 0, c.ts_us, c.sample_id))
-        events = pa.Table.from_pylist([c.row for c in closed], schema=self.event_schema)
-        events = events.append_column(SAMPLE_ID, pa.array([c.sample_id for c in closed], pa.string()))
-        events = events.append_column(LABEL, pa.array([c.label for c in closed], pa.int32()))
-        samples = task.featurizer.samples(events)
+        order_by = [self.events.time or "", SAMPLE_ID]
+        if self.sort_field:
+            order_by.insert(0, self.sort_field)
+        events = closed.rows.append_column(LABEL, pa.array(closed.label, pa.int32()))
+        order = pc.sort_indices(events, sort_keys=[(name, "ascending") for name in order_by])
+        samples = task.featurizer.samples(events.take(order))
         values = encode_samples(samples, self.cfg.codec, self.spec)
-        keys = samples.column(self.spec.key_column).to_pylist()
-        ts_ms = [c.ts_us // 1000 for c in closed]
-        for k, v, t in zip(keys, values, ts_ms):
-            self._produce(self.cfg.samples_topic, v, str(k).encode(), timestamp=t)
-        n = len(closed)
-        self.metrics.counts["samples"] += n
-        self.metrics.counts["positives"] += sum(c.label for c in closed)
-        self.metrics.counts["clicks_outside_window"] += sum(c.late_clicks for c in closed)
-        self._closes_us.append(np.asarray([c.ts_us for c in closed], dtype=np.int64) + self.window_us)
+        keys = pc.cast(pc.cast(samples.column(self.spec.key_column), pa.string()), pa.binary()).to_pylist()
+        ts_us = closed.ts_us[order.to_numpy()]
+        topic, produce = self.cfg.samples_topic, self.producer.produce
+        for k, v, t in zip(keys, values, (ts_us // 1000).tolist()):
+            try:
+                produce(topic, value=v, key=k, timestamp=t)
+            except BufferError:
+                self._produce(topic, v, k, timestamp=t)
+        self.metrics.counts["samples"] += len(ts_us)
+        self.metrics.counts["positives"] += int(closed.label.sum())
+        self.metrics.counts["clicks_outside_window"] += closed.late_clicks
+        self._closes_us.append(ts_us + self.window_us)
 
     # --- transactions -------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -297,14 +301,15 @@ class Joiner:
             self._closes_us = []
 
     def _write_changes(self, p: int, task: Task) -> None:
-        changes = task.state.changes()
+        rows, changes = task.state.changes()
+        tables = [(rows, ROWS)] if rows is not None else []
         for name, seq in task.featurizer.sequences.items():
-            if isinstance(seq, KeyedSequenceState):
-                changes[f"seq:{name}"] = {str(k): v for k, v in seq.take_changes().items()}
-        empty = all(not v for k, v in changes.items() if k != "watermark")
+            if isinstance(seq, KeyedSequenceState) and seq.changed:
+                tables.append((seq.take_changes(), f"{SEQ}{name}"))
+        empty = not tables and all(not v for k, v in changes.items() if k != "watermark")
         if empty and changes["watermark"] == task.written_watermark:
             return
-        for value in encode_changes(changes):
+        for value in [*(v for t, kind in tables for v in encode_table(t, kind)), *encode_changes(changes)]:
             self._produce(self.cfg.state_topic, value, b"changes", partition=p)
         task.written_watermark = changes["watermark"]
 
@@ -323,13 +328,20 @@ class Joiner:
         n = 0
         started = time.monotonic()
         for delta in read_changelog(self.broker, self.cfg.state_topic, p, f"{self.cfg.group}.restore"):
-            state.apply(delta)
-            for name, seq in featurizer.sequences.items():
-                tails = delta.get(f"seq:{name}")
-                if tails and isinstance(seq, KeyedSequenceState):
-                    seq.load({int(k): v for k, v in tails.items() if v is not None})
             n += 1
-        state.reschedule()
+            if isinstance(delta, dict) and any(k in ("pending", "done") or k.startswith("seq:") for k in delta):
+                raise StackError(f"{self.cfg.state_topic}[{p}] holds state in the joiner's first format (JSON rows): "
+                                 "drain it with the joiner version that wrote it, or delete the state topic and "
+                                 "the group's offsets to join the inputs again from their start")
+            if isinstance(delta, dict):
+                state.apply(delta)
+                continue
+            kind = table_kind(delta)
+            seq = featurizer.sequences.get(kind[len(SEQ):]) if kind.startswith(SEQ) else None
+            if kind == ROWS:
+                state.apply_rows(delta)
+            elif isinstance(seq, KeyedSequenceState):
+                seq.load(delta)
         self.metrics.counts["restored_records"] += n
         if n:
             log.info("task %d restored from %d changelog records in %.1fs: %d waiting impressions, watermark %d",

@@ -1,6 +1,8 @@
 """The join state's changelog: one Kafka partition per task, written inside the same transaction
 as the samples and the input offsets, so after a crash the state, the offsets and the output all
-stand at the last commit (exactly once). Each record is one commit's changes of one task."""
+stand at the last commit (exactly once). One commit of one task writes the impressions it took
+and the sequence tails it wrote (Arrow IPC records), then its other changes with the watermark
+(JSON records)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import time
 from typing import Any, Iterator
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from slipstream.errors import StackError
@@ -17,23 +20,44 @@ from slipstream.stream.kafka import Broker, consumer_config
 log = logging.getLogger(__name__)
 
 CHUNK_ENTRIES = 2_000
-"""Entries per changelog record (a record stays well under the broker's size limits)."""
+"""Entries per JSON changelog record (a record stays well under the broker's size limits)."""
+CHUNK_ROWS = 5_000
+"""Rows per Arrow changelog record."""
+KIND = "slipstream.changes"
+
+
+def encode_table(table: pa.Table, kind: str) -> Iterator[bytes]:
+    """A table of changes (a task's new impressions, a sequence feature's tails) as Arrow IPC
+    streams of at most CHUNK_ROWS rows each, labelled `kind` in their schema's metadata
+    (`table_kind` reads it back): written before the JSON record of the same commit, and replayed
+    before it."""
+    table = table.replace_schema_metadata({KIND: kind})
+    for batch in table.combine_chunks().to_batches(max_chunksize=CHUNK_ROWS):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_batch(batch)
+        yield sink.getvalue().to_pybytes()
+
+
+def table_kind(table: pa.Table) -> str:
+    return (table.schema.metadata or {}).get(KIND.encode(), b"").decode()
 
 
 def encode_changes(changes: dict[str, Any]) -> Iterator[bytes]:
-    """One task's changes as one or more records (big tables split; applied in order, each key
-    appears in one record only)."""
-    small = {k: v for k, v in changes.items() if not isinstance(v, dict) or len(v) <= CHUNK_ENTRIES}
-    yield json.dumps(small, separators=(",", ":")).encode()
+    """One task's changes as one or more JSON records (big tables split, each key in one record
+    only); the record with the watermark comes last, so a replay moves time after the rest."""
     for name, table in changes.items():
         if isinstance(table, dict) and len(table) > CHUNK_ENTRIES:
             items = list(table.items())
             for i in range(0, len(items), CHUNK_ENTRIES):
                 yield json.dumps({name: dict(items[i:i + CHUNK_ENTRIES])}, separators=(",", ":")).encode()
+    small = {k: v for k, v in changes.items() if not isinstance(v, dict) or len(v) <= CHUNK_ENTRIES}
+    yield json.dumps(small, separators=(",", ":")).encode()
 
 
-def read_changelog(broker: Broker, topic: str, partition: int, group: str, timeout_s: float = 60.0) -> Iterator[dict[str, Any]]:
-    """Every committed change record of one task, oldest first (read_committed, up to the end the
+def read_changelog(broker: Broker, topic: str, partition: int, group: str,
+                   timeout_s: float = 60.0) -> Iterator[dict[str, Any] | pa.Table]:
+    """Every committed change record of one task (JSON changes, or a table of rows), oldest first (read_committed, up to the end the
     partition had when called; records of aborted transactions are skipped by the client)."""
     consumer = Consumer(consumer_config(broker, group=group, **{"enable.partition.eof": True}))
     tp = TopicPartition(topic, partition)
@@ -50,7 +74,8 @@ def read_changelog(broker: Broker, topic: str, partition: int, group: str, timeo
                     if err.code() == KafkaError._PARTITION_EOF:
                         return
                     raise KafkaException(err)
-                yield json.loads(m.value())
+                value = m.value()
+                yield json.loads(value) if value[:1] == b"{" else pa.ipc.open_stream(value).read_all()
                 if m.offset() + 1 >= high:
                     return
             position = consumer.position([tp])[0].offset

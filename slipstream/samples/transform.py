@@ -28,6 +28,7 @@ from slipstream.samples.schema import field_arrow_type, hash_category, id_hash, 
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, FeatureSpec, Spec
 
 US_PER_DAY = 86_400_000_000
+NO_DAY = -(1 << 62)
 ID_SEPARATOR = "\x1f"
 
 
@@ -211,7 +212,7 @@ class KeyedSequenceState:
     """`SequenceHistory` for a stream: each key's last `length` values of the current UTC day are
     kept between batches (the joiner's state), so a batch only needs its own rows sorted by
     (key, time, sample id) and a key may come back in any later batch. `changed` names the keys
-    written since `take_changes`; `state_dict`/`load` carry the tails across restarts."""
+    written since `take_changes`; `take_changes`/`load` carry the tails across restarts (as Arrow)."""
 
     def __init__(self, length: int) -> None:
         self.length = length
@@ -223,11 +224,10 @@ class KeyedSequenceState:
         if n == 0:
             return pa.ListArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.int64()))
         starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (days[1:] != days[:-1])])
-        carried = []
-        for s in starts:  # one dict lookup per (key, day) run of the batch
-            day_tail = self.tails.get(int(keys[s]))
-            carried.append(day_tail[1] if day_tail is not None and day_tail[0] == int(days[s]) else values[:0])
-        sizes = np.array([len(c) for c in carried], dtype=np.int64)
+        run_keys, run_days = keys[starts].tolist(), days[starts].tolist()
+        none = (NO_DAY, values[:0])
+        carried = [t[1] if (t := self.tails.get(k, none))[0] == d else none[1] for k, d in zip(run_keys, run_days)]
+        sizes = np.fromiter(map(len, carried), dtype=np.int64, count=len(carried))
         run_len = np.diff(np.r_[starts, n])
         # the batch with each run's carried tail inserted before it: [tail0, run0, tail1, run1, ...]
         run_sizes = sizes + run_len
@@ -247,22 +247,36 @@ class KeyedSequenceState:
         first_of = np.repeat(idx[is_new] - lengths, lengths)
         within = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), lengths)
         out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_values[first_of + within], pa.int64()))
-        for i, s in enumerate(starts):
-            begin, end = int(begins[i]), int(begins[i] + run_sizes[i])
-            key = int(keys[s])
-            self.tails[key] = (int(days[s]), all_values[max(begin, end - self.length):end].copy())
-            self.changed.add(key)
+        # each run's new tail: its last `length` values, copied out of the batch into one small array
+        ends = begins + run_sizes
+        tail_len = np.minimum(run_sizes, self.length)
+        tail_at = np.repeat(ends - tail_len, tail_len) + np.arange(int(tail_len.sum())) - \
+            np.repeat(np.cumsum(tail_len) - tail_len, tail_len)
+        compact, cut = all_values[tail_at], np.cumsum(tail_len).tolist()
+        tails = [compact[a:b] for a, b in zip([0, *cut[:-1]], cut)]
+        self.tails.update(zip(run_keys, zip(run_days, tails)))
+        self.changed.update(run_keys)
         return out
 
-    def take_changes(self) -> dict[int, tuple[int, list[int]] | None]:
-        """The tails written since the last call (key -> (day, values))."""
-        out = {k: (self.tails[k][0], self.tails[k][1].tolist()) for k in self.changed if k in self.tails}
+    def take_changes(self) -> pa.Table:
+        """The tails written since the last call: key, day, values (most recent last)."""
+        keys = [k for k in self.changed if k in self.tails]
         self.changed.clear()
-        return out  # type: ignore[return-value]
+        tails = [self.tails[k] for k in keys]
+        lengths = np.fromiter((len(v) for _, v in tails), dtype=np.int32, count=len(tails))
+        offsets = np.zeros(len(tails) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([v for _, v in tails]) if tails else np.zeros(0, dtype=np.int64)
+        return pa.table({"key": pa.array(keys, pa.int64()), "day": pa.array([d for d, _ in tails], pa.int64()),
+                         "values": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64()))})
 
-    def load(self, tails: Mapping[int, tuple[int, list[int]]]) -> None:
-        for key, (day, values) in tails.items():
-            self.tails[int(key)] = (int(day), np.asarray(values, dtype=np.int64))
+    def load(self, changes: pa.Table) -> None:
+        """Apply a `take_changes()` table (restore)."""
+        col = changes.column("values").combine_chunks()
+        offsets = col.offsets.to_numpy()
+        flat = col.values.to_numpy()
+        tails = [flat[offsets[i]:offsets[i + 1]].copy() for i in range(len(col))]
+        self.tails.update(zip(changes.column("key").to_pylist(), zip(changes.column("day").to_pylist(), tails)))
 
     def forget_before(self, day: int) -> None:
         """Drop tails of days before `day` (they can no longer be extended)."""

@@ -211,3 +211,22 @@ def test_a_record_of_another_spec_or_layout_is_a_dead_letter(day: pa.Table) -> N
     assert json_other.bad and "missing required field" in json_other.bad[0][1]
     old = codec.decode_samples([b"\xb1" + mine[0][1:], mine[1]])
     assert old.good_index.tolist() == [1] and "before feature specs" in old.bad[0][1]
+
+
+def test_json_values_built_by_column_read_as_json_dumps_of_each_row(day: pa.Table) -> None:
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    odd = day.slice(0, 6)
+    ids = ["plain", 'quote"d', "back\\slash", "new\nline", "ünï", "tab\t"]
+    odd = odd.set_column(odd.schema.get_field_index("sample_id"), "sample_id", pa.array(ids))
+    dense = next(f.name for f in odd.schema if f.type == pa.float32())
+    extremes = pa.array(np.array([1e-38, 3.4e38, -0.0, 1e-7, 0.1, 12345678.0], dtype=np.float32))
+    odd = odd.set_column(odd.schema.get_field_index(dense), dense, extremes)
+    for table in (day, odd, odd.slice(4)):  # with strings only json.dumps escapes, and without
+        rows = table.to_pylist()
+        for value, row in zip(codec.encode_samples(table), rows):
+            row["event_time"] = (row["event_time"] - EPOCH) // timedelta(microseconds=1)
+            assert json.loads(value) == json.loads(json.dumps(row, default=str))
+        assert codec.decode_samples(codec.encode_samples(table)).table.equals(table)
