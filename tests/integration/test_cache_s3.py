@@ -237,21 +237,23 @@ def test_small_file_get_verifies_etag_and_reuses_connections(tmp_path: Path, s3_
             os.close(fd)
         assert size == 20 * 1024 and etag_matches(etag, md5) is True
         getter._local.conns[getter.netloc].sock.shutdown(2)
-    # a missing object is a FileNotFoundError (reported at once, not retried); a wrong body is refused
+    # a missing object is a FileNotFoundError (reported at once, not retried); with
+    # SLIPSTREAM_CACHE_VERIFY=etag a body that does not match its ETag is refused
+    by_etag = WarmKnobs(verify="etag")
     with pytest.raises(CacheWarmError, match="HTTP 404"):
         warm_files(tmp_path / "cache_c", [CacheItem(uris[0] + ".missing", 10)], props, table_name="t")
     monkeypatch.setattr(copy_mod, "etag_matches", lambda etag, md5: False)
     with pytest.raises(CacheWarmError, match="does not match its ETag"):
-        warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t")
+        warm_files(tmp_path / "cache_d", [CacheItem(uris[1], 20 * 1024)], props, table_name="t", knobs=by_etag)
     assert not list((tmp_path / "cache_d" / "files").rglob("*.bin"))
     assert not list((tmp_path / "cache_d" / "tmp").iterdir())
-    # packed files are checked the same way; SLIPSTREAM_CACHE_VERIFY=size computes no MD5, so the
-    # (patched) ETag check is not consulted, for a file of its own and for packed ones alike
+    # packed files are checked the same way; by default (SLIPSTREAM_CACHE_VERIFY=size) no MD5 is
+    # computed, so the (patched) ETag check is not consulted, for a file of its own and packed ones
     monkeypatch.setattr("slipstream.cache.pack.etag_matches", lambda etag, md5: False)
     many = [CacheItem(u, 4096) for u in upload_files(s3_endpoint, "get-size-only", 40, 4096)]
     with pytest.raises(CacheWarmError, match="does not match its ETag"):
-        warm_files(tmp_path / "cache_e", many, props, table_name="t")
-    size_only = WarmKnobs(verify="size")
+        warm_files(tmp_path / "cache_e", many, props, table_name="t", knobs=by_etag)
+    size_only = WarmKnobs()
     assert warm_files(tmp_path / "cache_f", many, props, table_name="t", knobs=size_only).packed == 40
     assert warm_files(tmp_path / "cache_g", [CacheItem(uris[1], 20 * 1024)], props, table_name="t",
                       knobs=size_only).copied == 1
