@@ -46,13 +46,15 @@ def make_events(n: int, users: int = 40, seed: int = 3, span_s: float = 7200.0, 
     return imps, clicks, labels
 
 
-def batch_samples(spec: Spec, imps: list[dict[str, Any]], labels: dict[str, int]) -> pa.Table:
-    """What the batch path makes of the same impressions: one sorted pass of the shared featurizer."""
+def batch_samples(spec: Spec, imps: list[dict[str, Any]], labels: dict[str, int],
+                  tables: dict[str, pa.Table] | None = None) -> pa.Table:
+    """What the batch path makes of the same impressions (and side `tables`): one sorted pass of
+    the shared featurizer."""
     rows = sorted(imps, key=lambda r: (r["user_id"], r["ts"], r["impression_id"]))
     table = pa.Table.from_pylist(rows, schema=source_arrow_schema(spec.events))
     table = table.append_column(SAMPLE_ID, pa.array([r["impression_id"] for r in rows], pa.string()))
     table = table.append_column(LABEL, pa.array([labels[r["impression_id"]] for r in rows], pa.int32()))
-    return Featurizer(spec).samples(table)
+    return Featurizer(spec, tables).samples(table)
 
 
 def produce_raw(bootstrap: str, imps: list[dict[str, Any]], clicks: list[dict[str, Any]],

@@ -53,6 +53,13 @@ def time_us(value: Any, name: str) -> int:
 def parse_event(value: bytes | None, source: SourceSpec) -> tuple[dict[str, Any], int]:
     """A record's fields (the source's, others dropped) and its event time in epoch microseconds;
     the time field is replaced by the microseconds."""
+    row = parse_fields(value, source)
+    return row, row[source.time or ""]
+
+
+def parse_fields(value: bytes | None, source: SourceSpec) -> dict[str, Any]:
+    """A record's fields (the source's, others dropped; times as epoch microseconds), checked
+    against the source's types; BadEvent names what is wrong."""
     if not value:
         raise BadEvent("empty record")
     try:
@@ -76,7 +83,7 @@ def parse_event(value: bytes | None, source: SourceSpec) -> tuple[dict[str, Any]
         elif not _CHECKS[f.type](v):
             raise BadEvent(f"wrong type: {f.name}={str(v)[:40]} is not a {f.type}")
         row[f.name] = v
-    return row, row[source.time or ""]
+    return row
 
 
 def parse_batch(values: list[bytes], source: SourceSpec) -> pa.Table | None:

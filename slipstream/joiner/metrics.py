@@ -16,7 +16,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 COUNTERS = ("impressions", "clicks", "samples", "samples_committed", "positives", "dead_letters", "late_clicks",
-            "clicks_outside_window", "transactions", "restored_records")
+            "clicks_outside_window", "transactions", "restored_records", "side_table_rows", "side_table_skipped")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from slipstream.errors import StackError
 from slipstream.joiner.config import JoinerConfig
 from slipstream.joiner.events import US_PER_S, parse_records
 from slipstream.joiner.metrics import JoinerMetrics, serve_health
+from slipstream.joiner.side_tables import SideTables
 from slipstream.joiner.state_store import encode_changes, encode_table, read_changelog, table_kind
 from slipstream.joiner.window import NO_TIME, Closed, TaskState
 from slipstream.samples.codec import encode_samples
@@ -54,7 +55,9 @@ class Joiner:
 
     def __init__(self, cfg: JoinerConfig, spec: Spec, broker: Broker, tables: dict[str, pa.Table] | None = None) -> None:
         self.cfg, self.spec, self.broker = cfg, spec, broker
-        self.tables = tables or {}
+        self.tables = dict(tables or {})
+        self.side: SideTables | None = None
+        """The spec's side tables read from their topics (None: `tables` were given, or none yet)."""
         self.events, self.labels = spec.events, spec.label_source
         assert self.labels is not None  # JoinerConfig.for_spec refuses other labels
         self.window_us = spec.label.window_s * US_PER_S
@@ -102,6 +105,10 @@ class Joiner:
         # (0.3-0.8 s here): at start-up, not inside the first batch's transaction
         pa.array(np.zeros(1))
         self.ensure_topics()
+        if self.spec.tables and not self.tables:  # side tables: read whole before the first window closes
+            self.side = SideTables(self.spec, self.broker, partitions=c.partitions)
+            self.tables.update(self.side.load())
+            self._count_side()
         self.producer = Producer(client_config(self.broker, **{
             "transactional.id": f"{c.group}-{c.instance}", "enable.idempotence": True, "linger.ms": 5,
             "compression.type": "lz4", "transaction.timeout.ms": 60_000, "message.max.bytes": 16_000_000}))
@@ -126,11 +133,18 @@ class Joiner:
             raise
         finally:
             self.consumer.close()
+            if self.side is not None:
+                self.side.close()
             if health is not None:
                 health.shutdown()
 
     def step(self) -> None:
         """One round: take a batch, close what the watermark passes, commit when it is time."""
+        if self.side is not None and self.side.poll():  # a side table changed: features join its new rows
+            self.tables.update(self.side.tables)
+            for task in self.tasks.values():
+                task.featurizer.tables.update(self.side.tables)
+            self._count_side()
         msgs = self.consumer.consume(self.cfg.batch, timeout=0.05)
         if msgs:
             self._begin()
@@ -145,6 +159,12 @@ class Joiner:
             self._update_lag()
         if now - self._last_report >= REPORT_EVERY_S:
             self._report(now)
+
+    def _count_side(self) -> None:
+        assert self.side is not None
+        with self.metrics.lock:
+            self.metrics.counts["side_table_rows"] = sum(t.num_rows for t in self.side.tables.values())
+            self.metrics.counts["side_table_skipped"] = self.side.bad
 
     # --- input --------------------------------------------------------------------------------
     def _take(self, msgs: list[Message]) -> None:
@@ -315,6 +335,7 @@ class Joiner:
 
     # --- partitions ---------------------------------------------------------------------------
     def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        log.info("joiner: tasks %s assigned", sorted({tp.partition for tp in parts}))
         for p in sorted({tp.partition for tp in parts}):
             if p not in self.tasks:
                 self.tasks[p] = task = self._restore(p)

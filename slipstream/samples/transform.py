@@ -102,7 +102,7 @@ def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table]) ->
             side = pa.table({c: pa.array([], field_arrow_type(src.field(c).type)) for c in (key, *cols)})
         side = fill_defaults(spec, name, side).select([key, *cols])
         side = side.rename_columns([key, *(f"{name}.{c}" for c in cols)])
-        side = _last_per_key(side, key)
+        side = last_per_key(side, key)
         keys = events.column(key)
         idx = pc.index_in(keys, value_set=side.column(key))
         for c in cols:
@@ -114,7 +114,7 @@ def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table]) ->
     return events
 
 
-def _last_per_key(side: pa.Table, key: str) -> pa.Table:
+def last_per_key(side: pa.Table, key: str) -> pa.Table:
     """One row per key (the last one in the table: a side table appended to keeps its newest row)."""
     keys = side.column(key)
     if pc.count_distinct(keys).as_py() == side.num_rows:

@@ -17,12 +17,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from joiner_fixtures import (START_US, US, batch_samples, headers_of, make_events, produce_raw, read_topic,
                              start_joiner)
 from slipstream.samples.codec import decode_samples
 from slipstream.samples.spec import load_spec
+
+REPO_SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +157,52 @@ def test_two_replicas_share_the_partitions_and_make_each_sample_once(kafka_boots
     decoded = decode_samples([m.value() for m in msgs], SPEC).table.to_pylist()
     assert [k for k, n in Counter(r["sample_id"] for r in decoded).items() if n > 1] == []
     assert_same_samples(decoded, batch_samples(SPEC, imps, labels).to_pylist())
+
+
+def test_side_tables_come_from_their_topic_newest_row_per_key(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A spec with a `users` side table: the joiner reads the `users` topic whole before joining
+    (the newest row of a key wins; a bad row is skipped and counted) and the samples equal the
+    batch path's with the same table."""
+    import yaml
+    from confluent_kafka import Producer
+
+    from slipstream.samples.schema import source_arrow_schema
+    from slipstream.stream.kafka import create_topic
+
+    doc = yaml.safe_load((REPO_SPECS / "synthetic.yaml").read_text())
+    doc["name"] = "synthetic-users"
+    doc["sources"]["users"] = {"kind": "table", "key": "user_id", "fields": {
+        "user_id": {"type": "long"}, "segment": {"type": "string", "optional": True, "default": "none"},
+        "score": {"type": "double", "optional": True, "default": 0.0}}}
+    doc["features"]["user_segment"] = {"kind": "categorical", "field": "users.segment", "buckets": 101}
+    doc["features"]["user_score"] = {"kind": "dense", "field": "users.score", "clip": [0, 1], "scale": 1}
+    spec_path = tmp_path / "synthetic-users.yaml"
+    spec_path.write_text(yaml.safe_dump(doc))
+    spec = load_spec(str(spec_path))
+
+    rows = [{"user_id": u, "segment": f"seg-{u % 3}", "score": u / 40} for u in range(30)]  # users 30+ have none
+    create_topic(kafka_bootstrap, "users", 1)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p.produce("users", key=b"5", value=json.dumps({"user_id": 5, "segment": "old", "score": 0.9}).encode())
+    p.produce("users", key=b"7", value=b"{not json")
+    for r in rows:
+        p.produce("users", key=str(r["user_id"]).encode(), value=json.dumps(r).encode())
+    p.flush(10)
+
+    imp_t, clk_t, out_t = "imp-side", "clk-side", "samples-side"
+    imps, clicks, labels = make_events(1500, seed=14)
+    produce_raw(kafka_bootstrap, imps, clicks, imp_t, clk_t)
+    proc = start_joiner(tmp_path, kafka_bootstrap, out_t, "--spec", str(spec_path), "--impressions-topic", imp_t,
+                        "--clicks-topic", clk_t, "--group", "side")
+    try:
+        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=120)
+    finally:
+        assert _stop(proc) == 0, (tmp_path / "joiner.log").read_text()[-3000:]
+    log = (tmp_path / "joiner.log").read_text()
+    assert "side tables loaded: {'users': 30}" in log and "skipped users[0]@1" in log
+
+    got = decode_samples([m.value() for m in msgs], spec).table.to_pylist()
+    users = pa.Table.from_pylist(rows, schema=source_arrow_schema(spec.source("users")))
+    assert_same_samples(got, batch_samples(spec, imps, labels, {"users": users}).to_pylist())
+    scores = {r["user_id"]: r["user_score"] for r in got}
+    assert scores[5] == pytest.approx(5 / 40) and scores[35] == 0.0  # the newest row; no row: the default
