@@ -95,6 +95,8 @@ def test_joined_samples_equal_the_batch_path_and_bad_input_goes_to_dlq(kafka_boo
 
 
 def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The joiner is killed while input is still arriving (its transaction open), restarted, and
+    reads on from its committed offsets: every sample once on a read_committed reader."""
     imp_t, clk_t, out_t = "imp-kill", "clk-kill", "samples-kill"
     imps, clicks, labels = make_events(6000, seed=12, span_s=4 * 3600)
     chunks = 30
@@ -103,6 +105,7 @@ def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_boo
     from slipstream.joiner.raw_topics import raw_producer
 
     producer = raw_producer(kafka_bootstrap)
+    fed = {"chunks": 0}
 
     def feed() -> None:
         for i in range(chunks):  # in event-time order, as a live stream arrives
@@ -111,23 +114,34 @@ def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_boo
             t_hi = imps[hi]["ts"] if i < chunks - 1 else 1 << 62
             produce_raw(kafka_bootstrap, imps[lo:hi], [c for c in clicks if t_lo <= c["ts"] < t_hi], imp_t, clk_t,
                         producer=producer)
-            time.sleep(0.2)
+            fed["chunks"] = i + 1
+            time.sleep(0.6)  # slower than a reader's start-up: the kill lands mid-input
 
     args = ("--impressions-topic", imp_t, "--clicks-topic", clk_t, "--group", "kill", "--idle-flush-s", "6")
     proc = start_joiner(tmp_path, kafka_bootstrap, out_t, *args)
     feeder = threading.Thread(target=feed)
-    feeder.start()
     try:
+        _wait_assigned(tmp_path / "joiner.log", proc)  # the stream starts once the joiner reads
+        feeder.start()
         first = read_topic(kafka_bootstrap, out_t, 1, timeout_s=60, idle_s=0)
         assert first, "the joiner committed nothing before the kill"
         os.kill(proc.pid, signal.SIGKILL)
+        killed_at = fed["chunks"]
         proc.wait(30)
         proc = start_joiner(tmp_path, kafka_bootstrap, out_t, *args, name="joiner-restarted")
+        # it fenced its killed self (aborting the open transaction) before it joined the group
+        _wait_assigned(tmp_path / "joiner-restarted.log", proc)
         feeder.join()
-        msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=180, idle_s=5)
+        # what the topic holds, each read by a reader started anew: noida-db leaves a read_committed
+        # consumer that was fetching across the aborted transaction short of later commits
+        deadline = time.monotonic() + 180
+        while len(msgs := read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=15, idle_s=3)) < len(imps):
+            assert time.monotonic() < deadline, f"{len(msgs)} of {len(imps)} samples committed"
     finally:
-        feeder.join()
+        if feeder.is_alive():
+            feeder.join()
         code = _stop(proc)
+    assert killed_at < chunks - 2, killed_at  # input kept arriving: the restart read what the first never saw
     log = (tmp_path / "joiner-restarted.log").read_text()
     assert code == 0, log[-3000:]
     assert "restored from" in log  # the state came back from the changelog, not from scratch
@@ -135,6 +149,15 @@ def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_boo
     counts = Counter(r["sample_id"] for r in decoded.table.to_pylist())
     assert [k for k, n in counts.items() if n > 1] == []
     assert_same_samples(decoded.table.to_pylist(), batch_samples(SPEC, imps, labels).to_pylist())
+
+
+def _wait_assigned(log: Path, proc, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Until the joiner holds its partitions (its log says so)."""
+    deadline = time.monotonic() + timeout_s
+    while "assigned" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the joiner did not start"
+        time.sleep(0.1)
 
 
 def test_two_replicas_share_the_partitions_and_make_each_sample_once(kafka_bootstrap: str, tmp_path: Path) -> None:
