@@ -101,7 +101,7 @@ def _wait(what: str, fn: Any, timeout_s: float) -> Any:
 def _logged_in_browser(info: Any) -> tuple[Any, Any]:
     """(headless Chromium logged in to the UI with the printed login, a 30 s WebDriverWait)."""
     from selenium import webdriver
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -115,11 +115,17 @@ def _logged_in_browser(info: Any) -> tuple[Any, Any]:
     # React re-renders replace elements between finding and using them: a wait retries on that
     wait = WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,))
     try:
-        driver.get(info.url + "/")
-        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
-        driver.find_element(By.NAME, "password").send_keys(info.password)
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait.until(lambda d: "/auth/login" not in d.current_url)
+        for attempt in range(3):
+            try:
+                driver.get(info.url + "/")
+                wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(info.username)
+                driver.find_element(By.NAME, "password").send_keys(info.password)
+                driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+                wait.until(lambda d: "/auth/login" not in d.current_url)
+                break
+            except WebDriverException as e:  # the UI redirected (to its login page) while we typed: again
+                if "navigat" not in str(e) or attempt == 2:
+                    raise
     except BaseException:
         driver.quit()
         raise

@@ -44,11 +44,15 @@ def test_demo_runs_another_specs_data_end_to_end(tmp_path: Path, spec_name: str)
     assert [f.name for f in table.schema().fields] == sample_arrow_schema(spec).names
 
     # it trained on both sources and learned the hidden model: top-level auc and best_auc, the
-    # model above chance and not above the best achievable on the same slice
+    # model above chance and not above the best achievable on the same slice. The bar is on the
+    # held-out rows before T (~1,200); after T holds ~100 rows (a tenth of the stream), where an
+    # AUC moves by several hundredths with the model's initial weights: above chance there
     assert summary["samples_iceberg"] > 0 and 0 < summary["samples_kafka"] <= summary["produced_to_kafka"]
     auc, best = summary["auc"], summary["best_auc"]
     assert isinstance(auc, float) and isinstance(best, float) and math.isfinite(auc), summary
-    assert 0.55 < auc <= best + 0.03, (auc, best)
+    assert 0.5 < auc <= best + 0.03, (auc, best)
+    before, best_before = summary["auc_before_t"], summary["best_auc_before_t"]
+    assert 0.55 < before <= best_before + 0.03, (before, best_before)
     assert summary["baseline_auc"] is not None and summary["publish"]["reason"]
     assert summary["quality_passed"] is True
     assert "exactly once: 0 lost, 0 duplicated" in Path(summary["report"]).read_text()
