@@ -46,16 +46,39 @@ class SparseGradExchange:
         """Bytes this rank handed to the collectives since construction (ids, values and counts)."""
 
     def __call__(self) -> None:
-        """Collective: replace each table's local gradient by the sum over ranks / world size."""
+        """Collective: replace each table's local gradient by the sum over ranks / world size.
+        Three all-gathers per step whatever the number of tables (counts, ids, values: every
+        table's rows end to end), as a step's latency is the round trips on small batches."""
         if self.world <= 1:
             return
         grads = [self._local(p) for p in self.params]
-        counts = torch.tensor([g.indices().shape[1] for g in grads], dtype=torch.int64)
-        all_counts = [torch.empty_like(counts) for _ in range(self.world)]
-        dist.all_gather(all_counts, counts)
-        self.sent_bytes += counts.numel() * 8
-        for j, (p, g) in enumerate(zip(self.params, grads)):
-            p.grad = self._summed(p, g, [int(c[j]) for c in all_counts])
+        ids = [g.indices()[0] for g in grads]
+        values = [g.values().reshape(-1) for g in grads]
+        counts = torch.tensor([len(i) for i in ids] + [len(v) for v in values], dtype=torch.int64)
+        all_counts = self._gather(counts)
+        n = len(self.params)
+        all_ids = self._gather(torch.cat(ids), max(int(c[:n].sum()) for c in all_counts))
+        all_values = self._gather(torch.cat(values), max(int(c[n:].sum()) for c in all_counts))
+        per_ids: list[list[torch.Tensor]] = [[] for _ in self.params]
+        per_values: list[list[torch.Tensor]] = [[] for _ in self.params]
+        for c, flat_ids, flat_values in zip(all_counts, all_ids, all_values):
+            for j, (a, b) in enumerate(zip(flat_ids[:int(c[:n].sum())].split(c[:n].tolist()),
+                                           flat_values[:int(c[n:].sum())].split(c[n:].tolist()))):
+                per_ids[j].append(a)
+                per_values[j].append(b)
+        for j, p in enumerate(self.params):
+            rows = torch.cat(per_values[j]).reshape(-1, *p.shape[1:]) / self.world
+            p.grad = torch.sparse_coo_tensor(torch.cat(per_ids[j]).unsqueeze(0), rows, p.shape).coalesce()
+
+    def _gather(self, t: torch.Tensor, size: int | None = None) -> list[torch.Tensor]:
+        """All ranks' `t`, each padded to `size` elements (every rank's tensor must be as long)."""
+        size = max(size, 1) if size is not None else None  # no zero-length collectives
+        if size is not None and size > len(t):
+            t = torch.cat([t, t.new_zeros(size - len(t))])
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t)
+        self.sent_bytes += t.numel() * t.element_size()
+        return out
 
     @staticmethod
     def _local(p: nn.Parameter) -> torch.Tensor:
@@ -64,19 +87,3 @@ class SparseGradExchange:
                                            torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape)
         g = p.grad if p.grad.is_sparse else p.grad.to_sparse(1)
         return g.coalesce()
-
-    def _summed(self, p: nn.Parameter, g: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        top = max(counts)
-        ids, values = g.indices()[0], g.values()
-        pad = top - ids.shape[0]
-        if pad:
-            ids = torch.cat([ids, ids.new_zeros(pad)])
-            values = torch.cat([values, values.new_zeros((pad, *values.shape[1:]))])
-        all_ids = [torch.empty_like(ids) for _ in range(self.world)]
-        all_values = [torch.empty_like(values) for _ in range(self.world)]
-        dist.all_gather(all_ids, ids)
-        dist.all_gather(all_values, values)
-        self.sent_bytes += ids.numel() * ids.element_size() + values.numel() * values.element_size()
-        ids = torch.cat([a[:n] for a, n in zip(all_ids, counts)])
-        values = torch.cat([v[:n] for v, n in zip(all_values, counts)]) / self.world
-        return torch.sparse_coo_tensor(ids.unsqueeze(0), values, p.shape).coalesce()
