@@ -97,7 +97,7 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
     from trainers.model import build_optimizer
     from trainers.models import build_model
     from trainers.sharding import shard_model, sharded_optimizer
-    from trainers.sparse_exchange import SparseGradExchange, sparse_params
+    from trainers.sparse_exchange import data_parallel
 
     mc = ModelConfig(embed_dim=16, buckets={"user_id": args.rows}, sharding=args.sharding if name == "sharded" else "none")
     model = build_model(DEFAULT_SPEC, mc, seed=0)
@@ -107,17 +107,16 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
         net: torch.nn.Module = shard_model(model, mc, "adagrad", 0.01, Dist(rank, world, rank, torch.device("cpu"), "gloo"))
         opt: Any = sharded_optimizer(net, "adam", 0.003, 0.0)
         ddp = next(m for m in net.modules() if isinstance(m, DDP))
-    else:
-        if name == "dense_ddp":
-            for m in model.modules():
-                if isinstance(m, torch.nn.EmbeddingBag):
-                    m.sparse = False
-        else:
-            tables = sparse_params(model)
-            DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
-            exchange = SparseGradExchange(tables, world)
-        opt = build_optimizer(model, "adam", 0.003, 0.0, None, "dense" if name == "dense_ddp" else "sparse_adam")
+    elif name == "dense_ddp":
+        for m in model.modules():
+            if isinstance(m, torch.nn.EmbeddingBag):
+                m.sparse = False
+        opt = build_optimizer(model, "adam", 0.003, 0.0, None, "dense")
         net = ddp = DDP(model)
+    else:  # the trainer's data-parallel path: DDP for the dense part, the exchange for the tables
+        net, exchange = data_parallel(model, world, torch.device("cpu"))
+        opt = build_optimizer(model, "adam", 0.003, 0.0, None, "sparse_adam")
+        ddp = net
     ddp.register_comm_hook(None, _count_hook(counter, world))
     t0 = 0.0
     for i, f in enumerate(batches):

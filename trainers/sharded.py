@@ -40,7 +40,7 @@ def split(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
-            tensors[path] = node if _is_sharded(node) else node.detach()
+            tensors[path] = node if is_sharded(node) else node.detach()
             return {_REF: path}
         if isinstance(node, dict):
             return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
@@ -100,7 +100,8 @@ def load_tensors(folder: Path, keys: list[str], into: dict[str, torch.Tensor] | 
     return template
 
 
-def _is_sharded(t: torch.Tensor) -> bool:
+def is_sharded(t: Any) -> bool:
+    """Whether `t` is a table sharded over ranks (TorchRec's ShardedTensor)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     return isinstance(t, ShardedTensor)

@@ -32,6 +32,7 @@ from slipstream.errors import ConfigError
 from trainers.config import ModelConfig
 from trainers.distributed import Dist
 from trainers.models.tables import MIN_SHARDED_DIM
+from trainers.sharded import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,9 @@ def sharded_optimizer(sharded: nn.Module, name: str, lr: float, weight_decay: fl
 
 def gather_state(model: nn.Module, rank: int) -> dict[str, torch.Tensor] | None:
     """Collective: the model's state with every sharded table whole, on rank 0 (None elsewhere)."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
     out: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
-        if isinstance(value, ShardedTensor):
+        if is_sharded(value):
             whole = torch.empty(value.size(), dtype=value.dtype) if rank == 0 else None
             value.gather(dst=0, out=whole)
             if whole is not None:
@@ -143,9 +142,7 @@ def gather_state(model: nn.Module, rank: int) -> dict[str, torch.Tensor] | None:
 def local_tensors(state: Any) -> list[torch.Tensor]:
     """Every tensor of a state tree that lives on this rank, in a fixed order (a sharded table:
     its local shards), for a copy kept in memory or on disk per rank."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    if isinstance(state, ShardedTensor):
+    if is_sharded(state):
         return [s.tensor for s in state.local_shards()]
     if isinstance(state, torch.Tensor):
         return [state]
