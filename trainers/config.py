@@ -251,6 +251,11 @@ class OptimConfig:
     rows a batch touched): `dense`: with `name`, every row each step (the id L2 prior reaches every
     row; memory and time grow with the tables); `sparse_adam` (lazy Adam) or `adagrad`: only the
     touched rows, no weight decay, for tables of millions of rows."""
+    table_lr: float = 0.0
+    """Learning rate of the tables' own optimizer (`table_optimizer` `sparse_adam` or `adagrad`, and
+    the fused ones of a sharded run) in the batch phase; the stream phase scales it as it scales
+    `lr` for the per-id tables. 0: `lr`. Adagrad's steps shrink as squared gradients add up, so it
+    wants a larger rate than Adam (0.01-0.1 are usual)."""
     grad_clip: float = 0.0
     """Clip the gradient norm to this (0 = no clipping)."""
     baseline_lr: float = 0.05
@@ -268,6 +273,10 @@ class OptimConfig:
                 f"optim.table_optimizer must be dense, sparse_adam or adagrad, got {self.table_optimizer!r}")
         require(not self.grad_clip or self.table_optimizer == "dense",
                 f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), got {self.table_optimizer!r}")
+        require(self.table_lr >= 0, f"optim.table_lr must be >= 0 (0: optim.lr), got {self.table_lr}")
+        require(not self.table_lr or self.table_optimizer != "dense",
+                "optim.table_lr is the rate of the tables' own optimizer: set optim.table_optimizer to sparse_adam or "
+                "adagrad, or leave optim.table_lr at 0 (with table_optimizer=dense the tables step with optim.lr)")
         require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
         require(self.baseline_lr > 0, f"optim.baseline_lr must be > 0, got {self.baseline_lr}")
 

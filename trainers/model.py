@@ -90,8 +90,9 @@ def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
         opt.register_step_pre_hook(lambda *_: densify_grads(params))
         return opt
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids"},
-                    {"params": [p for n, p in named if is_table_param(n) and not is_id_param(model, n)], "name": "shared"}]
+    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids", "tables": True},
+                    {"params": [p for n, p in named if is_table_param(n) and not is_id_param(model, n)], "name": "shared",
+                     "tables": True}]
     dense = [{"params": [p for n, p in named if not is_table_param(n)], "name": "shared"}]
     sparse: torch.optim.Optimizer = (torch.optim.SparseAdam(table_groups, lr=lr) if tables == "sparse_adam"
                                      else torch.optim.Adagrad(table_groups, lr=lr))
@@ -133,8 +134,11 @@ def phase_lrs(lr: float, stream_lr: float, batch_size: int, stream_batch_size: i
     return {"ids": per_sample, "shared": per_sample + min(1.0, max(0.0, drift)) * (high - per_sample)}
 
 
-def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float]) -> None:
+def set_lrs(opt: torch.optim.Optimizer, lrs: dict[str, float], table_scale: float = 1.0) -> None:
     """Apply `phase_lrs`: a pure function of the config and the phase, so a resumed run sets the
-    same rates whatever its checkpoint's optimizer state says."""
+    same rates whatever its checkpoint's optimizer state says. The groups of the tables' own
+    optimizer (sparse, or a sharded run's fused ones) run at `table_scale` times their group's rate
+    (`optim.table_lr / optim.lr`)."""
     for group in opt.param_groups:
-        group["lr"] = lrs[group.get("name", "ids")]  # a sharded run's fused table groups have no name
+        fused = "name" not in group  # a sharded run's fused table groups have no name: per-id tables
+        group["lr"] = lrs[group.get("name", "ids")] * (table_scale if fused or group.get("tables") else 1.0)

@@ -37,7 +37,7 @@ class Stepper:
         self.exchange: SparseGradExchange | None = None
         self.opt: Any
         if self.sharded:  # the tables split over ranks (TorchRec), the dense part under DDP
-            self.net: torch.nn.Module = shard_model(self.model, cfg.model, o.table_optimizer, o.lr, d)
+            self.net: torch.nn.Module = shard_model(self.model, cfg.model, o.table_optimizer, o.table_lr or o.lr, d)
             self.opt = sharded_optimizer(self.net, o.name, o.lr, o.weight_decay)
         else:  # every rank holds every table; their sparse gradients travel outside DDP
             self.net, self.exchange = data_parallel(self.model, d.world, d.device)
@@ -97,7 +97,8 @@ class Stepper:
     def set_lr(self, phase: str) -> None:
         o, dc = self.cfg.optim, self.cfg.data
         drift = self.drift.level if self.adaptive else 1.0
-        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift))
+        set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift),
+                o.table_lr / o.lr if o.table_lr else 1.0)
 
     def gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
         """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums

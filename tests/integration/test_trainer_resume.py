@@ -96,7 +96,7 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
                              "stop": {"mode": "duration", "duration_s": 120, "timeout_s": 150}},
                        run={"checkpoint_every_steps": 3, "checkpoint_every_s": 0.3},
                        model={"sharding": sharding},
-                       optim={"table_optimizer": "adagrad", "lr": 0.01} if sharding != "none" else {})
+                       optim={"table_optimizer": "adagrad", "table_lr": 0.05} if sharding != "none" else {})
     cfg_path = tmp_path / "train.json"
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "ks"
@@ -116,7 +116,9 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
-    assert summary["auc_before_t"] > 0.52, summary  # above chance: the resumed model is the trained one (0.55-0.66 seen)
+    # above chance: the resumed model is the trained one (0.66-0.71 seen with both shardings on 189
+    # rows; test_trainer_sharded checks a sharded restore tensor by tensor)
+    assert summary["auc_before_t"] > 0.55, summary
     exported = torch.load(run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     table = next(v for k, v in exported["state_dict"].items() if k.endswith("embedding_bags.user_id.weight"))
     assert table.shape[0] > 1 and table.abs().sum() > 0  # the whole table, gathered

@@ -91,6 +91,23 @@ def test_a_resumed_optimizer_takes_exactly_the_same_steps(feats: Features) -> No
         assert torch.equal(a, b), name
 
 
+def test_the_tables_own_optimizer_runs_at_table_lr(tmp_path: Path) -> None:
+    """`optim.table_lr`: the sparse table optimizer's groups at table_lr (scaled per phase as the
+    ids' rate is), the dense part at lr; refused where the tables have no optimizer of their own."""
+    opt = build_optimizer(_model(), "adam", 0.003, 0.0, tables="adagrad")  # type: ignore[arg-type]
+    set_lrs(opt, phase_lrs(0.003, 0.02, 1024, 128, "batch"), 0.05 / 0.003)  # type: ignore[arg-type]
+    rates = [(g.get("tables", False), g["name"], round(g["lr"], 6)) for g in opt.param_groups]
+    assert sorted(set(rates)) == [(False, "shared", 0.003), (True, "ids", 0.05), (True, "shared", 0.05)]
+    set_lrs(opt, phase_lrs(0.003, 0.02, 1024, 128, "stream", drift=0.0), 0.05 / 0.003)  # type: ignore[arg-type]
+    ids = next(g["lr"] for g in opt.param_groups if g.get("tables") and g["name"] == "ids")
+    assert ids == pytest.approx(0.05 * 128 / 1024)  # per sample, as the ids' rate
+    base = ["data.snapshot_id=1", "data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r"]
+    assert load_config(None, [*base, "optim.table_optimizer=adagrad", "optim.table_lr=0.05"],
+                       Settings(home=tmp_path)).optim.table_lr == 0.05
+    with pytest.raises(ConfigError, match="optim.table_lr.*table_optimizer"):
+        load_config(None, [*base, "optim.table_lr=0.05"], Settings(home=tmp_path))
+
+
 def test_stream_knobs_are_validated_with_their_dotted_names(tmp_path: Path) -> None:
     base = ["data.snapshot_id=1", "data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r"]
     with pytest.raises(ConfigError, match="data.stream_batch_size"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,109 @@ def test_sharding_refuses_what_the_cpu_cannot_run() -> None:
         check_sharding(ModelConfig(sharding="row_wise"), "adagrad", cpu)
     with pytest.raises(ConfigError, match="divisible by 4"):
         check_sharding(ModelConfig(sharding="auto", embed_dim=6), "adagrad", cpu)
+
+
+def _stepper_setup(root: Path) -> tuple:
+    """A sharded stepper's config (column-wise tables, fused Adagrad at its own rate) and rows of
+    the synthetic spec; every process builds the same ones."""
+    import pyarrow as pa
+
+    from slipstream.dev.specgen import SpecGenConfig, generate_spec
+    from slipstream.samples.spec import load_spec
+    from slipstream.settings import Settings
+    from trainers.config import load_config
+    from trainers.rows import RowLayout, Rows
+
+    spec = load_spec("synthetic")
+    cfg = load_config(None, ["data.snapshot_id=1", "data.t_handoff=2026-11-03T00:00:00+00:00", "run.run_id=r",
+                             "model.sharding=column_wise", "optim.table_optimizer=adagrad", "optim.table_lr=0.05"],
+                      Settings(home=root / "home"))
+    gen = generate_spec(spec, SpecGenConfig(start_day=date(2026, 11, 1), days=1, events_per_day=3000, users=300,
+                                            items=80, seed=3), root / "gen")
+    rows = Rows.from_arrow(pa.concat_tables(gen.batch.values()), RowLayout.from_spec(spec), source=0)
+    return spec, cfg, rows
+
+
+def _local_state(stepper: object) -> dict[str, torch.Tensor]:
+    """This rank's model and optimizer tensors, a shard keyed by its offsets."""
+    from trainers.sharded import is_sharded, split
+
+    out: dict[str, torch.Tensor] = {}
+    state = {"model": stepper.net.state_dict(), "optimizer": stepper.opt.state_dict()}  # type: ignore[attr-defined]
+    for key, t in split(state)[1].items():
+        if is_sharded(t):
+            for s in t.local_shards():
+                out[f"{key}@{tuple(s.metadata.shard_offsets)}"] = s.tensor.detach().clone()
+        else:
+            out[key] = t.detach().clone()
+    return out
+
+
+def _whole(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Shards (`key@offsets`) put together into whole tensors."""
+    out, shards = {}, {}
+    for key, t in parts.items():
+        name, _, offsets = key.partition("@")
+        if offsets:
+            shards.setdefault(name, []).append((tuple(int(x) for x in offsets.strip("()").split(",") if x.strip()), t))
+        else:
+            out[key] = t
+    for name, pieces in shards.items():
+        size = [max(o[i] + t.shape[i] for o, t in pieces) for i in range(pieces[0][1].dim())]
+        whole = torch.full(size, float("nan"))
+        for o, t in pieces:
+            whole[tuple(slice(a, a + n) for a, n in zip(o, t.shape))] = t
+        out[name] = whole
+    return out
+
+
+def _train_and_save_rank(rank: int, world: int, port: int, root: str) -> None:
+    from trainers.distributed import Dist
+    from trainers.stepper import Stepper
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        spec, cfg, rows = _stepper_setup(Path(root))
+        stepper = Stepper(cfg, Dist(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"), backend="gloo"), spec)
+        stepper.set_lr("batch")
+        for i in range(12):
+            lo = (i * world + rank) * 64
+            stepper.step(rows.slice(lo, lo + 64), 64)
+        Checkpointer(Path(root) / "ckpt", rank, dist.barrier).save(
+            12, {**stepper.state_dict(), "step": 12}, {"rank": rank}, {"step": 12, "world": world} if rank == 0 else None)
+        lrs = sorted({(g.get("name", "fused"), g["lr"]) for g in stepper.opt.param_groups})
+        torch.save({"state": _local_state(stepper), "lrs": lrs}, Path(root) / f"saved-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_of_two_ranks_restores_exactly_on_one(tmp_path: Path) -> None:
+    """Column-wise tables trained by 2 ranks (each holds half of every table's columns and of its
+    Adagrad state), checkpointed, loaded in place by 1 process: every weight and every optimizer
+    state is the saved one, bit for bit; the fused tables ran at `optim.table_lr`."""
+    from trainers.distributed import Dist
+    from trainers.stepper import Stepper
+
+    mp.start_processes(_train_and_save_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    saved = [torch.load(tmp_path / f"saved-{r}.pt", weights_only=True) for r in range(2)]
+    assert saved[0]["lrs"] == [("fused", 0.05), ("shared", 0.003)]  # the tables at table_lr, the dense part at lr
+    # both ranks hold a part of the user table: column-wise
+    assert any(k.startswith("model.") and "user_id" in k and "@" in k for k in saved[1]["state"])
+    want = _whole({**saved[0]["state"], **saved[1]["state"]})
+    assert not any(bool(t.isnan().any()) for t in want.values() if t.is_floating_point())  # the shards cover the tables
+
+    spec, cfg, _ = _stepper_setup(tmp_path)
+    try:  # a sharded model in this process: a process group of one
+        stepper = Stepper(cfg, Dist(rank=0, world=1, local_rank=0, device=torch.device("cpu"), backend="gloo"), spec)
+        ck = Checkpointer(tmp_path / "ckpt", 0, lambda: None)
+        stepper.load_state_dict(ck.load_model(ck.latest(), into=stepper.live_state()))  # type: ignore[arg-type]
+        got = _whole(_local_state(stepper))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert sorted(got) == sorted(want)
+    assert any("momentum1" in k for k in got)  # the fused Adagrad's state is among them
+    for key, t in want.items():
+        assert torch.equal(got[key], t), key
