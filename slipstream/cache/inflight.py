@@ -8,9 +8,13 @@ the first doubling that does not is undone and the climb ends: what the shortest
 not show (a CPU shared with other work, a store that queues, the fewer wake-ups per request a
 busier server needs) is found by trying, and a step too far (more threads than pay: they cost the
 client CPU) is taken back. On this 2-core machine at 5 ms the raw rate went up 23 % from 32 to 64
-in flight and 6 % more at 128, though Little's law with the shortest request asks for about 45.
-The knee (the last target whose step paid) is remembered per store in the cache: the next warmup
-starts there and tries one step up.
+in flight and 6 % more at 128, though Little's law with the shortest request asks for about 45;
+the warmup itself was fastest at 64 (its threads do more than a raw GET: 128 cost 20 % more CPU
+per file). The knee (the last target whose step paid) is remembered per store in the cache: the
+next warmup starts there and tries one step up.
+
+A step up is only tried while enough requests are left to measure it (2 x CONTROL_S at the
+current rate): a step whose outcome would not be known before the warmup ends can only cost.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-AUTO_BASE = 32
+AUTO_BASE = 64
 """Requests in flight that keep a node busy when the store answers at once (auto's floor)."""
 CONTROL_S = 0.5
 """Shortest interval over which a rate is measured (shorter ones were too noisy on a shared machine)."""
@@ -132,14 +136,16 @@ class InFlight:
         """The last target whose step paid: what the next warmup of this store starts at."""
         return self.climb.knee
 
-    def update(self) -> int:
+    def update(self, left: int | None = None) -> int:
+        """`left`: requests not yet started (None: unknown), so no step up is tried that could not
+        be measured before the end."""
         if self.fixed is not None:
             return self.target
         now = time.monotonic()
         t0, done0, kind0 = self._since
         totals = self.clock.totals()
         done, shortest, kind = totals.done, totals.shortest_s, totals.kind
-        if kind != kind0:  # a new kind of request (ranges, then small files): climb anew from here
+        if kind != kind0 and kind0:  # a new kind of request (ranges, then small files): climb anew from here
             self._since, self.climb = (now, done, kind), Climb(self.target, self.target)
             return self.target
         if now - t0 < CONTROL_S or done - done0 < min(self.target, 64):
@@ -147,6 +153,8 @@ class InFlight:
         rate = (done - done0) / (now - t0)
         self._since = (now, done, kind)
         climb = next_climb(self.climb, rate, shortest, self.cap)
+        if climb.climbing and climb.target > self.target and left is not None and left < 2 * CONTROL_S * rate:
+            climb = Climb(self.target, climb.knee, climb.best, False)  # this step paid; the next would not be measured
         if climb.target != self.target:
             log.debug("warm: %d -> %d requests in flight (%.0f %s requests/s, shortest %.1f ms%s)", self.target,
                       climb.target, rate, kind, shortest * 1000, "" if climb.climbing else ", settled")

@@ -22,6 +22,7 @@ that the next warmup deletes.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 import uuid
@@ -43,7 +44,7 @@ PACK_MIN_FILES = 32
 """A warmup with fewer small files than this places them as files of their own."""
 BLOCK_BYTES = 16 << 20
 """Default: a block is sealed at this size (`SLIPSTREAM_CACHE_BLOCK_BYTES`)."""
-FLUSH_BYTES = 1 << 20
+FLUSH_BYTES = 256 << 10
 BLOCK_SUFFIX = ".blk"
 
 T = TypeVar("T")
@@ -79,6 +80,14 @@ class SealedBlock:
     failed: list[tuple[str, BaseException]]
 
 
+def _buffer(size: int) -> memoryview:
+    """A thread's block buffer, its pages mapped in one call (MAP_POPULATE). A zero-filled
+    bytearray faulted its pages in one by one: a megabyte per thread and warmup was the largest
+    cost a warmup added to a GET of the same files (docs/cache.md)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return memoryview(mmap.mmap(-1, size, flags=flags))
+
+
 class BlockWriter:
     """One block being filled by one thread: `append` members, then `seal` (or `abort`). Members
     are read straight into a buffer (with the one-GET client: from the socket into their place,
@@ -101,8 +110,8 @@ class BlockWriter:
         self.written = 0
         """Bytes of the block already written to its file."""
         size = FLUSH_BYTES + max_member + 1
-        self.buffer = buffer if buffer is not None and len(buffer) >= size else memoryview(bytearray(size))
-        """Reused from the thread's previous block (a fresh megabyte per block showed as page faults)."""
+        self.buffer = buffer if buffer is not None and len(buffer) >= size else _buffer(size)
+        """Reused from the thread's previous block."""
         self.fill = 0
         """Bytes of the buffer in use: the block's tail, from `written`."""
         self.members: list[str] = []

@@ -220,7 +220,7 @@ class Transfer:
     def control(self) -> None:
         """Called by the owning thread about every `inflight.CONTROL_S`: size the pool."""
         before = self.target
-        if self.inflight.update() > before:
+        if self.inflight.update(len(self._queue)) > before:
             self._grow()
 
     def finished(self) -> bool:
@@ -246,10 +246,11 @@ class Transfer:
     def _work(self, slot: int) -> None:
         writer: BlockWriter | None = None
         tally = self.clock.tally()
+        stop, inflight, monotonic = self.stop, self.inflight, time.monotonic  # the loop runs once per file
         try:
-            while not self.stop.is_set() and slot < self.target and (request := self._next()) is not None:
+            while not stop.is_set() and slot < inflight.climb.target and (request := self._next()) is not None:
                 kind, item, offset = request
-                t0 = time.monotonic()
+                t0 = monotonic()
                 files = 1
                 if kind == "pack":
                     writer = self._pack(writer, item)  # type: ignore[arg-type]
@@ -263,7 +264,7 @@ class Transfer:
                 else:
                     self.results.put(self._single(item))  # type: ignore[arg-type]
                     nbytes = item.size or 0  # type: ignore[attr-defined]
-                now = time.monotonic()
+                now = monotonic()
                 tally.record(kind, now - t0, nbytes, files, now)
             if writer is not None:
                 if self.stop.is_set():  # torn down: nobody would commit the block

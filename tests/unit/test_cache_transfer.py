@@ -26,18 +26,37 @@ def test_latency_bound_rates_climb_to_the_knee_and_a_step_too_far_is_undone() ->
     """A store 50 ms away, requests one at a time per thread: the rate grows with the requests in
     flight until the node saturates at 2,000/s (about 102 in flight)."""
     seen = _settle(lambda n: min(n / 0.051, 2000.0))
-    assert seen[:3] == [64, 128, 256], "doubling while each step pays"
-    little = AUTO_BASE + math.ceil(2000 * 0.051)  # 134: above the knee (128)
+    assert seen[:2] == [128, 256], "doubling while each step pays"
+    little = AUTO_BASE + math.ceil(2000 * 0.051)  # 166: above the knee (128)
     assert seen[-1] == little and seen[-1] == seen[-2] == seen[-5], "the step to 256 did not pay: back, settled"
 
 
 def test_cpu_bound_rates_stop_after_one_step_and_little_is_the_floor() -> None:
     flat = _settle(lambda n: 1000.0, start=64, shortest_s=0.004)
-    assert flat[0] == 128 and flat[1:] == [64] * 11, "the first step did not pay: back to the start"
+    floor = AUTO_BASE + 4  # Little's law: 1,000/s x 4 ms
+    assert flat[0] == 128 and flat[1:] == [floor] * 11, "the first step did not pay: back to the floor"
     long_rtt = _settle(lambda n: 1000.0, start=32, shortest_s=0.1)
     assert min(long_rtt[1:]) >= AUTO_BASE + 100, "Little's law: 1,000/s x 100 ms in flight, at least"
     assert _settle(lambda n: 1e6, start=200, shortest_s=0.1, cap=256)[-1] == 256, "never past the cap"
     assert next_climb(Climb(40, 40), 0.0, math.inf, 256) == Climb(40, 40), "nothing measured yet: no change"
+
+
+def test_the_first_half_second_counts_and_no_step_is_tried_that_the_end_would_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,000 small files/s measured over the first second: with 10,000 requests left `auto` tries a
+    step up at once (the first kind of request needs no warm-up period of its own); with 100 left
+    (0.1 s) it keeps the target: the step could not be measured before the warmup ends."""
+    from slipstream.cache import inflight
+
+    now = [100.0]
+    monkeypatch.setattr(inflight.time, "monotonic", lambda: now[0])
+    plenty, short = InFlight(None, 512), InFlight(None, 512)
+    for f in (plenty, short):
+        tally = f.clock.tally()
+        for _ in range(1000):
+            tally.record("pack", 0.005, 20_000, 1, now[0])
+    now[0] += 1.0
+    assert plenty.update(left=10_000) == 2 * AUTO_BASE
+    assert short.update(left=100) == AUTO_BASE and short.knee == AUTO_BASE
 
 
 def test_fixed_concurrency_is_not_adjusted_and_auto_starts_at_the_remembered_knee(tmp_path: Path) -> None:
