@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar
 
 from slipstream.cache.copy import Placed, fetcher, md5_for, no_hash, verify_copy, write_all
 from slipstream.cache.remote import etag_matches
-from slipstream.cache.s3get import getter_for
+from slipstream.cache.s3get import RequestRefused, getter_for
 from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.errors import CacheError
 
@@ -123,31 +123,24 @@ class BlockWriter:
         """Bytes of the members placed so far (the block's size once flushed)."""
         return self.written + self.fill
 
-    def accepts(self, remote: str) -> bool:
-        """Whether `remote` belongs in this block: same folder, and the block is not full yet."""
-        return self.folder in (None, remote.rpartition("/")[0]) and self.offset < self.block_bytes
+    def accepts(self, folder: str) -> bool:
+        """Whether a file of `folder` belongs in this block: same folder, and the block is not full yet."""
+        return self.folder in (None, folder) and self.written + self.fill < self.block_bytes
 
-    def append(self, remote: str, expected_size: int) -> None:
-        """Fetch `remote` onto the end of the block and verify it; a file that keeps failing is
-        dropped again and reported by `seal`."""
-        self.folder = remote.rpartition("/")[0]
+    def append(self, remote: str, expected_size: int, folder: str | None = None) -> None:
+        """Fetch `remote` (in `folder`, its parent) onto the end of the block and verify it; a file
+        that keeps failing is dropped again and reported by `seal`."""
+        self.folder = remote.rpartition("/")[0] if folder is None else folder
         self.members.append(remote)
         start = self.fill
         room = self.buffer[start:start + expected_size + 1]  # +1: a longer file shows as such
-
-        def fetch() -> tuple[int, str | None]:
-            if self.getter is not None and remote.startswith("s3://"):
-                size, etag, md5 = self.getter.get_into(remote[5:], room, self.hasher_for)
-                checked = etag_matches(etag, md5) if etag and md5 is not None else None
-            else:
-                got = bytearray()
-                size, etag, checked = self.fetch(remote, got.extend, expected_size)
-                room[:min(size, len(room))] = got[:len(room)]
-            verify_copy(remote, size, expected_size, etag, checked)
-            return size, etag
-
         try:
-            size, etag = self.attempt(remote, fetch)
+            try:  # the first try without the retry wrapper: it runs once per file, a retry rarely
+                size, etag = self._fetch(remote, expected_size, room)
+            except (FileNotFoundError, RequestRefused):
+                raise
+            except OSError:
+                size, etag = self.attempt(remote, lambda: self._fetch(remote, expected_size, room))
         except Exception as e:  # noqa: BLE001 - reported with the file's name; the block goes on
             self.failed.append((remote, e))
             return
@@ -155,6 +148,17 @@ class BlockWriter:
         self.fill = start + size
         if self.fill >= FLUSH_BYTES:
             self._flush()
+
+    def _fetch(self, remote: str, expected_size: int, room: memoryview) -> tuple[int, str | None]:
+        if self.getter is not None and remote.startswith("s3://"):
+            size, etag, md5 = self.getter.get_into(remote[5:], room, self.hasher_for)
+            checked = etag_matches(etag, md5) if etag and md5 is not None else None
+        else:
+            got = bytearray()
+            size, etag, checked = self.fetch(remote, got.extend, expected_size)
+            room[:min(size, len(room))] = got[:len(room)]
+        verify_copy(remote, size, expected_size, etag, checked)
+        return size, etag
 
     def seal(self) -> SealedBlock:
         """Rename the complete block into `blocks/` (the caller then commits its index rows)."""

@@ -281,7 +281,8 @@ class Transfer:
 
     def _pack(self, writer: BlockWriter | None, item: Sized) -> BlockWriter:
         buffer = None
-        if writer is not None and not writer.accepts(item.remote):
+        folder = item.remote.rpartition("/")[0]
+        if writer is not None and not writer.accepts(folder):
             self.results.put(writer.seal())
             writer, buffer = None, writer.buffer
         if writer is None:
@@ -289,7 +290,7 @@ class Transfer:
                                  max_member=self.knobs.pack_below_bytes, buffer=buffer,
                                  verify_etag=self.knobs.verify == "etag")
         assert item.size is not None, "plan_packing packs only files of known size"
-        writer.append(item.remote, item.size)
+        writer.append(item.remote, item.size, folder)
         return writer
 
     def _single(self, item: Sized) -> SealedBlock:
