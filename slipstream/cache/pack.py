@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ PACK_MIN_FILES = 32
 """A warmup with fewer small files than this places them as files of their own."""
 BLOCK_BYTES = 16 << 20
 """Default: a block is sealed at this size (`SLIPSTREAM_CACHE_BLOCK_BYTES`)."""
-FLUSH_BYTES = 256 << 10
+FLUSH_BYTES = 1 << 20
 BLOCK_SUFFIX = ".blk"
 
 T = TypeVar("T")
@@ -80,10 +81,16 @@ class SealedBlock:
     failed: list[tuple[str, BaseException]]
 
 
+_WRITES = threading.Lock()
+"""One block write at a time per process: ext4 took twice the CPU per megabyte with 64 threads
+writing their own files at once than with one (its journal and allocator locks); a write of
+FLUSH_BYTES takes a fraction of a millisecond, so threads rarely wait (docs/cache.md)."""
+
+
 def _buffer(size: int) -> memoryview:
     """A thread's block buffer, its pages mapped in one call (MAP_POPULATE). A zero-filled
-    bytearray faulted its pages in one by one: a megabyte per thread and warmup was the largest
-    cost a warmup added to a GET of the same files (docs/cache.md)."""
+    bytearray faulted its pages in one by one, which showed among the largest costs a warmup
+    added to a GET of the same files (docs/cache.md)."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, size, flags=flags))
 
@@ -188,7 +195,8 @@ class BlockWriter:
 
     def _flush(self) -> None:
         if self.fill:
-            write_all(self.fd, self.buffer[:self.fill])
+            with _WRITES:
+                write_all(self.fd, self.buffer[:self.fill])
             self.written += self.fill
             self.fill = 0
 
