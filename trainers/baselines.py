@@ -24,7 +24,7 @@ from torch import nn
 from slipstream.samples.spec import Spec
 from trainers.distributed import Dist
 from trainers.models.tables import table_sizes
-from trainers.sparse_exchange import data_parallel
+from trainers.sparse_exchange import SparseGradExchange, broadcast_dense, sparse_params
 from trainers.rows import Features, Rows
 
 STATE_VERSION = 1
@@ -100,11 +100,23 @@ class Baselines:
     def __init__(self, spec: Spec, d: Dist, buckets: dict[str, int] | None, lr: float) -> None:
         self.d = d
         self.logistic = LogisticBaseline(spec, buckets).to(d.device)
-        self.net, self.exchange = data_parallel(self.logistic, d.world, d.device)
+        self.exchange: SparseGradExchange | None = None
+        """Averages the gradients over ranks (its tables' touched rows and its few dense weights, no
+        DDP); the model's stepper may take it over to run both in one exchange (`take_exchange`)."""
+        if d.world > 1:
+            tables = sparse_params(self.logistic)
+            dense = {n: p for n, p in self.logistic.named_parameters() if n not in tables}
+            broadcast_dense(list(dense.values()))  # rank 0's initial weights everywhere, as DDP would
+            self.exchange = SparseGradExchange(tables, d.world, dense)
         self.opt = torch.optim.Adagrad(self.logistic.parameters(), lr=lr)
         self.popularity = PopularityBaseline(spec, buckets)
         self.count_popularity = True
         """Popularity counts the first epoch's rows and the stream's fresh rows: each row once."""
+
+    def take_exchange(self) -> SparseGradExchange | None:
+        """The exchange, for the caller to run (merged with its own) between `backward` and `apply`."""
+        exchange, self.exchange = self.exchange, None
+        return exchange
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor, standardized: torch.Tensor) -> None:
         std = torch.where(std > 1e-12, std, torch.ones_like(std))
@@ -114,12 +126,20 @@ class Baselines:
     def step(self, feats: Features, rows: Rows, batch_size: int, fresh: np.ndarray | None = None) -> None:
         """One Adagrad step of the logistic regression on the batch (sum / batch size, as the
         model's); `fresh`: which rows are new (replayed rows train but are not counted again)."""
-        logits = self.net(feats)
+        self.backward(feats, batch_size)
+        if self.exchange is not None:
+            self.exchange()
+        self.apply(rows, fresh)
+
+    def backward(self, feats: Features, batch_size: int) -> None:
+        """This rank's gradients of the batch (no collective)."""
+        logits = self.logistic(feats)
         loss = F.binary_cross_entropy_with_logits(logits, feats.label, reduction="sum") / batch_size
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        if self.exchange is not None:
-            self.exchange()
+
+    def apply(self, rows: Rows, fresh: np.ndarray | None = None) -> None:
+        """The optimizer step on the exchanged gradients; popularity counts the rows."""
         self.opt.step()
         if self.count_popularity:
             self.popularity.add(rows if fresh is None else rows.mask(fresh))

@@ -6,6 +6,8 @@ and then on torch 2.13 and 2.14 (a two-process loop of sparse DDP steps died wit
 tables stay out of DDP (which still averages the dense parameters) and their gradients travel
 here with dense collectives: each rank's touched rows (ids and values, padded to the largest
 count of any rank) are all-gathered and added up, then divided by the world size as DDP does.
+A small model beside the tables (the logistic baseline) is averaged whole in the same
+collectives, without a DDP of its own: a step makes four collectives, not nine.
 The bytes a rank sends are counted (`sent_bytes`) for `slipstream bench embeddings`.
 """
 
@@ -34,47 +36,74 @@ def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[n
 
     tables = sparse_params(model)
     DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
-    net = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+    # buffers (the dense features' statistics, table sizes) are set alike on every rank before the
+    # first step and never change: no broadcast of them before every forward (a collective a step)
+    net = DDP(model, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
     return net, SparseGradExchange(tables, world)
 
 
 class SparseGradExchange:
-    def __init__(self, params: dict[str, nn.Parameter], world: int) -> None:
+    """`params`: tables whose gradients are sparse (each rank's touched rows travel); `dense`:
+    parameters averaged whole, as DDP would (a small model beside the tables: the logistic
+    baseline), in the same two collectives instead of a DDP all-reduce of their own."""
+
+    def __init__(self, params: dict[str, nn.Parameter], world: int,
+                 dense: dict[str, nn.Parameter] | None = None) -> None:
         self.params = list(params.values())
+        self.dense = list((dense or {}).values())
         self.world = world
         self.sent_bytes = 0
         """Bytes this rank handed to the collectives since construction (ids, values and counts)."""
 
+    def merged(self, other: "SparseGradExchange") -> "SparseGradExchange":
+        """One exchange for both sets of parameters (the model's and the baseline's tables in the
+        same two collectives)."""
+        out = SparseGradExchange({}, self.world)
+        out.params, out.dense = self.params + other.params, self.dense + other.dense
+        return out
+
     def __call__(self) -> None:
-        """Collective: replace each table's local gradient by the sum over ranks / world size.
-        Three all-gathers per step whatever the number of tables (counts, ids, values: every
-        table's rows end to end), as a step's latency is the round trips on small batches."""
+        """Collective: replace each table's local gradient by the sum over ranks / world size, and
+        each dense parameter's by its mean. Two all-gathers per step whatever the number of tables
+        (the counts; then ids and values end to end, as bytes): on gloo a collective costs 1-2 ms
+        on a loaded 2-core machine (docs/benchmarks.md, Scale), more than the rows it carries."""
         if self.world <= 1:
             return
         grads = [self._local(p) for p in self.params]
         ids = [g.indices()[0] for g in grads]
         values = [g.values().reshape(-1) for g in grads]
+        dense = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.dense]
+        dtype = (values + dense)[0].dtype if values or dense else torch.float32
+        n = len(self.params)
         counts = torch.tensor([len(i) for i in ids] + [len(v) for v in values], dtype=torch.int64)
         all_counts = self._gather(counts)
-        n = len(self.params)
-        all_ids = self._gather(torch.cat(ids), max(int(c[:n].sum()) for c in all_counts))
-        all_values = self._gather(torch.cat(values), max(int(c[n:].sum()) for c in all_counts))
+        id_room = max(int(c[:n].sum()) for c in all_counts)
+        value_room = max(int(c[n:].sum()) for c in all_counts)
+        n_dense = sum(len(x) for x in dense)
+        payload = torch.cat([_bytes(_padded(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64), id_room)),
+                             _bytes(_padded(torch.cat([*dense, *values]).to(dtype) if values or dense
+                                            else torch.zeros(0, dtype=dtype), n_dense + value_room))])
+        cut = max(id_room, 1) * 8  # (padded to one id at least)
         per_ids: list[list[torch.Tensor]] = [[] for _ in self.params]
         per_values: list[list[torch.Tensor]] = [[] for _ in self.params]
-        for c, flat_ids, flat_values in zip(all_counts, all_ids, all_values):
+        dense_sum = torch.zeros(n_dense, dtype=dtype)
+        for c, chunk in zip(all_counts, self._gather(payload)):
+            flat_ids = chunk[:cut].view(torch.int64)
+            flat_values = chunk[cut:].view(dtype)
+            dense_sum += flat_values[:n_dense]
+            flat_values = flat_values[n_dense:]
             for j, (a, b) in enumerate(zip(flat_ids[:int(c[:n].sum())].split(c[:n].tolist()),
                                            flat_values[:int(c[n:].sum())].split(c[n:].tolist()))):
                 per_ids[j].append(a)
                 per_values[j].append(b)
         for j, p in enumerate(self.params):
-            rows = torch.cat(per_values[j]).reshape(-1, *p.shape[1:]) / self.world
+            rows = torch.cat(per_values[j]).reshape(-1, *p.shape[1:]).to(p.dtype) / self.world
             p.grad = torch.sparse_coo_tensor(torch.cat(per_ids[j]).unsqueeze(0), rows, p.shape).coalesce()
+        for p, g in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
+            p.grad = g.reshape(p.shape).to(p.dtype)
 
-    def _gather(self, t: torch.Tensor, size: int | None = None) -> list[torch.Tensor]:
-        """All ranks' `t`, each padded to `size` elements (every rank's tensor must be as long)."""
-        size = max(size, 1) if size is not None else None  # no zero-length collectives
-        if size is not None and size > len(t):
-            t = torch.cat([t, t.new_zeros(size - len(t))])
+    def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """All ranks' `t` (every rank's is as long)."""
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t)
         self.sent_bytes += t.numel() * t.element_size()
@@ -87,3 +116,25 @@ class SparseGradExchange:
                                            torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape)
         g = p.grad if p.grad.is_sparse else p.grad.to_sparse(1)
         return g.coalesce()
+
+
+def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
+    """`t` with zeros up to `size` elements (at least one: no zero-length collectives)."""
+    size = max(size, 1)
+    return torch.cat([t, t.new_zeros(size - len(t))]) if size > len(t) else t
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def broadcast_dense(params: list[nn.Parameter]) -> None:
+    """Collective: every rank takes rank 0's values of `params` (what DDP does at construction),
+    in one broadcast."""
+    if not params:
+        return
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    dist.broadcast(flat, src=0)
+    with torch.no_grad():
+        for p, v in zip(params, flat.split([p.numel() for p in params])):
+            p.copy_(v.reshape(p.shape))

@@ -47,6 +47,9 @@ class Stepper:
         self.known_users = KnownUsers(spec, cfg.model.buckets)
         """Users the batch phase trained: the gauge compares new users' rows with new users' rows."""
         self.baselines = Baselines(spec, d, cfg.model.buckets, o.baseline_lr)
+        if self.exchange is not None:  # the baseline's gradients travel with the model's: one exchange a step
+            own = self.baselines.take_exchange()
+            self.exchange = self.exchange.merged(own) if own is not None else self.exchange
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
@@ -64,8 +67,11 @@ class Stepper:
         loss_sum = losses.sum()
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss_sum / batch_size).backward()
-        if self.exchange is not None:
+        self.baselines.backward(feats, batch_size)
+        if self.exchange is not None:  # the model's tables and the baseline, averaged over ranks
             self.exchange()
+        if self.baselines.exchange is not None:  # a sharded model: the baseline's own
+            self.baselines.exchange()
         if self.cfg.optim.grad_clip:
             densify_grads(list(self.model.parameters()))  # the tables' arrive sparse
             self.scaler.unscale_(self.opt)
@@ -75,7 +81,7 @@ class Stepper:
         if len(rows):
             self.loss_sum += float(loss_sum.detach())
             self.loss_rows += len(rows)
-        self.baselines.step(feats, rows, batch_size, fresh)
+        self.baselines.apply(rows, fresh)
         return losses.detach()
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:

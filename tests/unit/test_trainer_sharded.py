@@ -107,9 +107,12 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
             bag(ids).sum().backward()
         else:  # an idle rank (no rows) still joins the exchange
             bag(ids[:0]).sum().backward()
-        exchange = SparseGradExchange({"weight": bag.weight}, world)
+        lin = torch.nn.Parameter(torch.zeros(3))  # a dense weight beside the table, averaged whole
+        lin.grad = torch.full((3,), float(rank + 1))
+        exchange = SparseGradExchange({"weight": bag.weight}, world, dense={"lin": lin})
         exchange()
-        torch.save({"grad": bag.weight.grad.to_dense(), "sent": exchange.sent_bytes}, Path(out) / f"{rank}.pt")
+        torch.save({"grad": bag.weight.grad.to_dense(), "sent": exchange.sent_bytes, "lin": lin.grad},
+                   Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -121,6 +124,7 @@ def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path
     want[1], want[3] = 0.5, 1.0  # rank 0's rows (1 once, 3 twice) / 2 ranks; rank 1 had none
     for g in got:
         assert torch.equal(g["grad"], want)
+        assert torch.equal(g["lin"], torch.full((3,), 1.5))  # (1 + 2) / 2 ranks, as DDP would
     assert 0 < got[0]["sent"] < 50 * 4 * 4  # a few rows, never the whole table
 
 
