@@ -123,23 +123,17 @@ class Baselines:
         self.logistic.dense_mean.copy_(torch.where(standardized, mean, torch.zeros_like(mean)))
         self.logistic.dense_std.copy_(torch.where(standardized, std, torch.ones_like(std)))
 
-    def step(self, feats: Features, rows: Rows, batch_size: int, fresh: np.ndarray | None = None) -> None:
-        """One Adagrad step of the logistic regression on the batch (sum / batch size, as the
-        model's); `fresh`: which rows are new (replayed rows train but are not counted again)."""
-        self.backward(feats, batch_size)
-        if self.exchange is not None:
-            self.exchange()
-        self.apply(rows, fresh)
-
     def backward(self, feats: Features, batch_size: int) -> None:
-        """This rank's gradients of the batch (no collective)."""
+        """This rank's gradients of the batch (sum / batch size, as the model's; no collective).
+        A step is `backward`, the exchange (`exchange`, or the stepper's that took it over), `apply`."""
         logits = self.logistic(feats)
         loss = F.binary_cross_entropy_with_logits(logits, feats.label, reduction="sum") / batch_size
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
 
     def apply(self, rows: Rows, fresh: np.ndarray | None = None) -> None:
-        """The optimizer step on the exchanged gradients; popularity counts the rows."""
+        """The Adagrad step on the exchanged gradients; popularity counts the rows (`fresh`: which
+        rows are new: replayed rows train but are not counted again)."""
         self.opt.step()
         if self.count_popularity:
             self.popularity.add(rows if fresh is None else rows.mask(fresh))
