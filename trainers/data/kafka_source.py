@@ -14,6 +14,10 @@
   (at start, at every watermark refresh, on an out-of-range fetch) stops the run with
   `StreamDataLost` naming topic, partition and offsets. New records there would otherwise reuse
   offsets the run has passed and never be trained.
+- Offsets the client passes without a record are a commit marker (one offset) or aborted
+  records; a longer skip is read a second time before it is believed (`_second_look`): a
+  noida-db reader that was fetching while a transaction was aborted skipped the next committed
+  transaction too.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ class KafkaSource:
         self._high_at = 0.0
         self._unknown = False
         self._dlq: Producer | None = None
+        self._second_looked: dict[int, int] = {}
+        """Per partition, the end of the last skipped range read a second time (`_second_look`)."""
         # offsets are ours (checkpointed): an out-of-range position is an error, never a silent reset
         self.consumer = Consumer(consumer_config(bootstrap, group=group, **{"fetch.wait.max.ms": 50,
                                                                             "auto.offset.reset": "error"}))
@@ -131,6 +137,7 @@ class KafkaSource:
                 time.sleep(min(self.consume_timeout_s, 0.05))
             return Rows.empty(self.layout)
         started = time.perf_counter()
+        before = dict(self.positions)
         msgs = self.consumer.consume(num_messages=self.consume_batch, timeout=self.consume_timeout_s if block else 0.0)
         self.wait_s += time.perf_counter() - started
         good = [m for m in msgs if m.error() is None]
@@ -158,12 +165,48 @@ class KafkaSource:
                 keep.append(i)
             good = [good[i] for i in keep]
             parts, offs = parts[keep], offs[keep]
+        keep_mask = self._cut_at_skips(parts, offs, before)
+        if keep_mask is not None:
+            good = [m for m, k in zip(good, keep_mask) if k]
+            parts, offs = parts[keep_mask], offs[keep_mask]
         values: list[bytes | None] = [m.value() for m in good]
         stamps = np.asarray([m.timestamp()[1] for m in good], dtype=np.int64)
-        self.idle = len(msgs) < self.consume_batch
+        self.idle = len(msgs) < self.consume_batch and keep_mask is None
         if not values:
             return Rows.empty(self.layout)
         return self._decode(values, parts, offs, stamps, good)
+
+    def _cut_at_skips(self, parts: np.ndarray, offs: np.ndarray, before: dict[int, int]) -> np.ndarray | None:
+        """Which records to keep (None: all) when the client passed over more than a commit
+        marker between two records it handed over: the batch is cut there and that range read
+        again (`_second_look`)."""
+        keep: np.ndarray | None = None
+        for p in np.unique(parts).tolist():
+            mine = np.flatnonzero(parts == p)
+            o = offs[mine]
+            starts = np.concatenate([[before.get(p, int(o[0]))], o[:-1] + 1])
+            for i in np.flatnonzero(o - starts >= 2).tolist():
+                if self._second_look(p, int(starts[i]), int(o[i])):
+                    keep = np.ones(len(offs), dtype=bool) if keep is None else keep
+                    keep[mine[i:]] = False
+                    self.positions[p] = int(starts[i])
+                    break
+        return keep
+
+    def _second_look(self, partition: int, start: int, end: int) -> bool:
+        """The client skipped offsets [start, end) without handing over a record. One commit
+        marker is one offset; more is aborted records, or committed records the client dropped: a
+        read_committed consumer of noida-db that was fetching while a transaction was aborted (a
+        joiner killed mid-transaction) skipped the next transaction's committed records too, and
+        a second read of the range hands them over. So the range is read once more (seek back;
+        True); skipped again, it holds nothing for us."""
+        if end - start < 2 or self._second_looked.get(partition, -1) >= end:
+            return False
+        self._second_looked[partition] = end
+        log.warning("%s[%d]: the client skipped offsets %d..%d without a record; reading them again",
+                    self.topic, partition, start, end - 1)
+        self.consumer.seek(TopicPartition(self.topic, partition, start))
+        return True
 
     def _all_new(self, parts: np.ndarray, offs: np.ndarray) -> bool:
         """True (and positions advanced) when, per partition, the offsets rise strictly from at
@@ -280,11 +323,14 @@ class KafkaSource:
     def _read_up_to(self, partition: int) -> int:
         """Where reading `partition` stands: the next offset after the last record read, or further
         when the client skipped what holds no record for us (a transactional producer's commit
-        markers, aborted records): the joiner's topic ends with a marker, never "caught up" else."""
+        markers, aborted records): the joiner's topic ends with a marker, never "caught up" else.
+        A skip of more than a marker is read a second time first (a seek back: `_second_look`)."""
         try:
             client = self.consumer.position([TopicPartition(self.topic, partition)])[0].offset
         except KafkaException:
             client = -1
+        if self._second_look(partition, self.positions[partition], client):
+            return self.positions[partition]  # not caught up until the second read
         return max(self.positions[partition], client)
 
     def _out_of_range(self, partition: int | None, why: str) -> None:
