@@ -33,7 +33,7 @@ from typing import Protocol, TypeVar
 
 from slipstream.cache.copy import Placed, fetcher, md5_for, no_hash, verify_copy, write_all
 from slipstream.cache.remote import etag_matches
-from slipstream.cache.s3get import RequestRefused, getter_for
+from slipstream.cache.s3get import getter_for
 from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.errors import CacheError
 
@@ -132,22 +132,17 @@ class BlockWriter:
 
     def accepts(self, folder: str) -> bool:
         """Whether a file of `folder` belongs in this block: same folder, and the block is not full yet."""
-        return self.folder in (None, folder) and self.written + self.fill < self.block_bytes
+        return self.folder in (None, folder) and self.offset < self.block_bytes
 
-    def append(self, remote: str, expected_size: int, folder: str | None = None) -> None:
+    def append(self, remote: str, expected_size: int, folder: str) -> None:
         """Fetch `remote` (in `folder`, its parent) onto the end of the block and verify it; a file
         that keeps failing is dropped again and reported by `seal`."""
-        self.folder = remote.rpartition("/")[0] if folder is None else folder
+        self.folder = folder
         self.members.append(remote)
         start = self.fill
         room = self.buffer[start:start + expected_size + 1]  # +1: a longer file shows as such
         try:
-            try:  # the first try without the retry wrapper: it runs once per file, a retry rarely
-                size, etag = self._fetch(remote, expected_size, room)
-            except (FileNotFoundError, RequestRefused):
-                raise
-            except OSError:
-                size, etag = self.attempt(remote, lambda: self._fetch(remote, expected_size, room))
+            size, etag = self.attempt(remote, lambda: self._fetch(remote, expected_size, room))
         except Exception as e:  # noqa: BLE001 - reported with the file's name; the block goes on
             self.failed.append((remote, e))
             return

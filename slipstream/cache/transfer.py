@@ -248,7 +248,7 @@ class Transfer:
         tally = self.clock.tally()
         stop, inflight, monotonic = self.stop, self.inflight, time.monotonic  # the loop runs once per file
         try:
-            while not stop.is_set() and slot < inflight.climb.target and (request := self._next()) is not None:
+            while not stop.is_set() and slot < inflight.target and (request := self._next()) is not None:
                 kind, item, offset = request
                 t0 = monotonic()
                 files = 1
