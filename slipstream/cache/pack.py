@@ -21,6 +21,7 @@ that the next warmup deletes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -88,11 +89,61 @@ FLUSH_BYTES takes a fraction of a millisecond, so threads rarely wait (docs/cach
 
 
 def _buffer(size: int) -> memoryview:
-    """A thread's block buffer, its pages mapped in one call (MAP_POPULATE). A zero-filled
-    bytearray faulted its pages in one by one, which showed among the largest costs a warmup
-    added to a GET of the same files (docs/cache.md)."""
+    """A new block buffer, its pages mapped in one call (MAP_POPULATE). A zero-filled bytearray
+    faulted its pages in one by one, which showed among the largest costs a warmup added to a GET
+    of the same files (docs/cache.md)."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, size, flags=flags))
+
+
+class BufferPool:
+    """Block buffers kept for the next block, of this warmup or of the next one in the process:
+    mapping and zeroing a fresh megabyte for each thread of each warmup was, after the bytes
+    themselves, the largest cost a warmup added to GETs of the same files (docs/cache.md). At most
+    `keep_bytes` are kept; buffers beyond that are unmapped when given back."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self._free: list[memoryview] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> memoryview:
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if len(buf) >= size:
+                    return self._free.pop(i)
+        return _buffer(size)
+
+    def give(self, buf: memoryview) -> None:
+        with self._lock:
+            if len(buf) + sum(len(b) for b in self._free) <= self.keep_bytes:
+                self._free.append(buf)
+
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(len(b) for b in self._free)
+
+
+BUFFERS = BufferPool(keep_bytes=160 << 20)
+"""The process's block buffers (160 MiB: 128 threads' worth at the default sizes)."""
+
+_NAME_PREFIX = uuid.uuid4().hex[:16]
+_NAME_COUNTER = itertools.count()
+
+
+def _fresh_name_state() -> None:
+    global _NAME_PREFIX, _NAME_COUNTER
+    _NAME_PREFIX, _NAME_COUNTER = uuid.uuid4().hex[:16], itertools.count()
+
+
+os.register_at_fork(after_in_child=_fresh_name_state)  # a forked process must not repeat its parent's names
+
+
+def unique_name() -> str:
+    """A name no other block or temporary file of any process takes: a random prefix per
+    process and a counter (two `uuid4` calls per block showed in the profile: each reads
+    /dev/urandom)."""
+    return f"{_NAME_PREFIX}{next(_NAME_COUNTER):08x}"
 
 
 class BlockWriter:
@@ -109,16 +160,20 @@ class BlockWriter:
         self.hasher_for = md5_for if verify_etag else no_hash
         self.attempt = attempt
         self.block_bytes = block_bytes
-        self.name = f"{uuid.uuid4().hex}{BLOCK_SUFFIX}"
+        self.name = f"{unique_name()}{BLOCK_SUFFIX}"
         self.path = layout.block_path(self.name)
-        self.tmp = layout.tmp / f"w-{uuid.uuid4().hex}.part"
+        self.tmp = layout.tmp / f"w-{self.name}.part"
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.folder: str | None = None
         self.written = 0
         """Bytes of the block already written to its file."""
         size = FLUSH_BYTES + max_member + 1
-        self.buffer = buffer if buffer is not None and len(buffer) >= size else _buffer(size)
-        """Reused from the thread's previous block."""
+        if buffer is not None and len(buffer) < size:
+            BUFFERS.give(buffer)
+            buffer = None
+        self.buffer = buffer if buffer is not None else BUFFERS.take(size)
+        """Reused from the thread's previous block, or from the pool; the last writer of a thread
+        gives it back to `BUFFERS` (`release`)."""
         self.fill = 0
         """Bytes of the buffer in use: the block's tail, from `written`."""
         self.members: list[str] = []
@@ -180,6 +235,10 @@ class BlockWriter:
             self.abort()
             raise
         return SealedBlock(Block(self.name, self.offset, time.time()), self.placed, self.failed)
+
+    def release(self) -> None:
+        """Give the buffer back to the pool (after `seal` or `abort`: the writer is done)."""
+        BUFFERS.give(self.buffer)
 
     def abort(self) -> None:
         """Drop the unfinished block (nothing of it was visible)."""

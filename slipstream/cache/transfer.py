@@ -278,6 +278,9 @@ class Transfer:
             else:
                 self.results.put(SealedBlock(None, [], [("(warm worker)", e)]))
             self.stop.set()
+        finally:
+            if writer is not None:
+                writer.release()
 
     def _pack(self, writer: BlockWriter | None, item: Sized) -> BlockWriter:
         buffer = None

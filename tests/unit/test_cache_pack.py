@@ -180,3 +180,50 @@ def test_an_index_from_before_packing_is_upgraded_in_place(tmp_path: Path) -> No
         [entry] = index.entries()
         assert (entry.key, entry.size, entry.block) == ("file/a/b.bin", 10, None)
         assert index.total_bytes() == 10 and index.packed() == {}
+
+
+def test_a_second_warmup_reuses_the_block_buffers_and_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    """The block buffers go back to the process's pool and the next warmup takes them (no new
+    mapping); what was left in a reused buffer never leaks into the next block's bytes."""
+    from slipstream.cache.pack import BUFFERS
+
+    first = _small_files(tmp_path / "wh1", days=1, per_day=PACK_MIN_FILES)
+    second = _small_files(tmp_path / "wh2", days=1, per_day=PACK_MIN_FILES)
+    layout = CacheLayout(tmp_path / "cache")
+    warm_files(layout.root, _items(first), {}, table_name="a", knobs=WarmKnobs(concurrency=3))
+    kept = BUFFERS.kept_bytes()
+    assert kept > 0, "the threads gave their buffers back"
+    warm_files(layout.root, _items(second), {}, table_name="b", knobs=WarmKnobs(concurrency=3))
+    assert BUFFERS.kept_bytes() == kept, "the second warmup took the same buffers and gave them back"
+    with CacheReader(str(layout.root), {}) as reader:
+        for path, body in {**first, **second}.items():
+            assert reader.read_file(path) == body
+
+
+def test_the_buffer_pool_keeps_at_most_its_bytes() -> None:
+    from slipstream.cache.pack import BufferPool
+
+    pool = BufferPool(keep_bytes=3 << 20)
+    bufs = [pool.take(1 << 20) for _ in range(4)]
+    for b in bufs:
+        pool.give(b)
+    assert pool.kept_bytes() == 3 << 20
+    assert pool.take(1 << 20) is bufs[0] and pool.take(2 << 20) is not None
+
+
+def test_block_and_temporary_names_differ_across_threads_and_forks() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slipstream.cache.pack import unique_name
+
+    with ThreadPoolExecutor(8) as pool:
+        names = list(pool.map(lambda _: unique_name(), range(2000)))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child names its own files: never one its parent took or will take
+        os.write(write, unique_name().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 100).decode()
+    names += [child, unique_name()]
+    assert len(set(names)) == len(names)
