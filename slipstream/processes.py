@@ -16,7 +16,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 import psutil
 
@@ -66,17 +66,31 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
-def start_process(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> int:
+def start_process(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+                  cpus: Collection[int] | None = None) -> int:
     """Start a server in its own process group (so `stop_process` ends its children too), its
-    output appended to `log_path`; returns its PID."""
+    output appended to `log_path`; returns its PID. `cpus`: confine it, and every process it
+    starts, to these CPUs (set before its program runs, so every thread it makes inherits it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    confine = None
+    if cpus is not None:
+        chosen = set(cpus)
+
+        def confine() -> None:
+            os.sched_setaffinity(0, chosen)
     with open(log_path, "ab") as fh:
         proc = subprocess.Popen(
             list(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})},
+            start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=confine,
         )
-    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+    log.info("started %s (pid %d)%s, log %s", name, proc.pid,
+             f" on CPU(s) {sorted(cpus)}" if cpus is not None else "", log_path)
     return proc.pid
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    return sorted(os.sched_getaffinity(0))
 
 
 def signal_quietly(pid: int, sig: int, *, group: bool = False) -> None:

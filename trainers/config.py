@@ -309,6 +309,10 @@ class RunConfig:
     """Write TensorBoard event files under run_dir/tb."""
     num_threads: int = 0
     """torch intra-op threads per rank (0: torch's default)."""
+    cpu_affinity: str = "none"
+    """`per_rank`: the node's CPUs (those the launcher may use) split evenly over its ranks, each
+    rank's threads confined to its own share, as NUMA binding or a Kubernetes CPU manager would;
+    `none`: the scheduler places every thread anywhere."""
 
     def __post_init__(self) -> None:
         require(RUN_ID_PATTERN.fullmatch(self.run_id) is not None,
@@ -320,6 +324,8 @@ class RunConfig:
         require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         require(self.log_every_steps >= 1, f"run.log_every_steps must be >= 1, got {self.log_every_steps}")
         require(self.num_threads >= 0, f"run.num_threads must be >= 0, got {self.num_threads}")
+        require(self.cpu_affinity in ("none", "per_rank"),
+                f"run.cpu_affinity must be none or per_rank, got {self.cpu_affinity!r}")
 
     @property
     def run_dir(self) -> Path:

@@ -152,8 +152,40 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-def init_distributed(device_choice: str, timeout_s: float = 600.0) -> Dist:
+def rank_cpus(cpus: list[int], local_rank: int, local_world: int) -> list[int]:
+    """This local rank's even share of the node's `cpus` (one each, round robin, when there are
+    fewer CPUs than ranks)."""
+    if local_world <= 1:
+        return list(cpus)
+    share = len(cpus) // local_world
+    if share == 0:
+        return [cpus[local_rank % len(cpus)]]
+    return cpus[local_rank * share:(local_rank + 1) * share]
+
+
+def bind_rank_cpus() -> list[int] | None:
+    """`run.cpu_affinity=per_rank`: confine every thread of this process (those started by the
+    imports too) to this local rank's share of the CPUs; threads started later inherit it.
+    Returns the CPUs, or None where affinity cannot be set (not Linux)."""
+    if not hasattr(os, "sched_setaffinity"):
+        log.warning("run.cpu_affinity=per_rank: CPU affinity cannot be set on this platform; ignored")
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    mine = rank_cpus(sorted(os.sched_getaffinity(0)), local_rank, local_world)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except (ProcessLookupError, PermissionError):  # a thread that just ended
+            continue
+    log.info("local rank %d of %d: CPU(s) %s", local_rank, local_world, mine)
+    return mine
+
+
+def init_distributed(device_choice: str, timeout_s: float = 600.0, cpu_affinity: str = "none") -> Dist:
     die_with_launcher()
+    if cpu_affinity == "per_rank":
+        bind_rank_cpus()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -6,8 +6,13 @@ and then on torch 2.13 and 2.14 (a two-process loop of sparse DDP steps died wit
 tables stay out of DDP (which still averages the dense parameters) and their gradients travel
 here with dense collectives: each rank's touched rows (ids and values, padded to the largest
 count of any rank) are all-gathered and added up, then divided by the world size as DDP does.
-A small model beside the tables (the logistic baseline) is averaged whole in the same
-collectives, without a DDP of its own: a step makes four collectives, not nine.
+The model's dense parameters and a small model beside the tables (the logistic baseline) are
+averaged whole in the same collectives, without a DDP of their own, and the step's control
+numbers (each rank's row count, a wish to checkpoint) travel with the first one: a data-parallel
+step on gloo makes two collectives, not nine. A collective costs far more than the bytes it
+carries here (0.3-2.7 ms each between two processes on this machine, docs/benchmarks.md, Scale).
+Dense models too large to gather cheaply (`DENSE_GATHER_MAX_BYTES`), and every model on GPUs,
+keep DDP for their dense parameters (an all-reduce that overlaps the backward pass).
 The bytes a rank sends are counted (`sent_bytes`) for `slipstream bench embeddings`.
 """
 
@@ -27,14 +32,26 @@ def sparse_params(model: nn.Module) -> dict[str, nn.Parameter]:
     return out
 
 
+DENSE_GATHER_MAX_BYTES = 8 << 20
+"""Dense gradients are all-gathered (world x their bytes to every rank) up to this many bytes in
+all; larger dense parts are averaged by DDP's all-reduce."""
+
+
 def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[nn.Module, "SparseGradExchange | None"]:
-    """`model` under DDP for its dense parameters, and the exchange its sparse ones need after each
-    backward (None for one process: the model itself, nothing to exchange)."""
+    """The module to run forward (`model`, or `model` under DDP for its dense parameters) and the
+    exchange its gradients need after each backward (None for one process: nothing to exchange).
+    On CPU a dense part small enough to gather travels in the exchange too: one collective a step
+    fewer than DDP's."""
     if world <= 1:
         return model, None
+    tables = sparse_params(model)
+    dense = {n: p for n, p in model.named_parameters() if p.requires_grad and n not in tables}
+    dense_bytes = sum(p.numel() * p.element_size() for p in dense.values())
+    if device.type == "cpu" and dense_bytes * world <= DENSE_GATHER_MAX_BYTES:
+        broadcast_dense(list(dense.values()))  # rank 0's initial weights everywhere, as DDP would
+        return model, SparseGradExchange(tables, world, dense)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    tables = sparse_params(model)
     DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
     # buffers (the dense features' statistics, table sizes) are set alike on every rank before the
     # first step and never change: no broadcast of them before every forward (a collective a step)
@@ -62,21 +79,30 @@ class SparseGradExchange:
         out.params, out.dense = self.params + other.params, self.dense + other.dense
         return out
 
-    def __call__(self) -> None:
+    def __call__(self, control: list[int] | None = None) -> list[int]:
         """Collective: replace each table's local gradient by the sum over ranks / world size, and
         each dense parameter's by its mean. Two all-gathers per step whatever the number of tables
         (the counts; then ids and values end to end, as bytes): on gloo a collective costs 1-2 ms
-        on a loaded 2-core machine (docs/benchmarks.md, Scale), more than the rows it carries."""
+        on a loaded 2-core machine (docs/benchmarks.md, Scale), more than the rows it carries.
+
+        `control`: small integers of this rank (its row count first) summed over ranks in the first
+        all-gather and returned. When no rank has a row (the sum's first number is 0) the
+        gradients are left as they are and the second all-gather is skipped, by every rank alike."""
+        control = list(control or [])
         if self.world <= 1:
-            return
+            return control
         grads = [self._local(p) for p in self.params]
         ids = [g.indices()[0] for g in grads]
         values = [g.values().reshape(-1) for g in grads]
         dense = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.dense]
         dtype = (values + dense)[0].dtype if values or dense else torch.float32
         n = len(self.params)
-        counts = torch.tensor([len(i) for i in ids] + [len(v) for v in values], dtype=torch.int64)
-        all_counts = self._gather(counts)
+        counts = torch.tensor([len(i) for i in ids] + [len(v) for v in values] + control, dtype=torch.int64)
+        gathered = self._gather(counts)
+        totals = [int(x) for x in torch.stack(gathered)[:, 2 * n:].sum(0)] if control else []
+        if control and totals[0] == 0:
+            return totals
+        all_counts = [c[:2 * n] for c in gathered]
         id_room = max(int(c[:n].sum()) for c in all_counts)
         value_room = max(int(c[n:].sum()) for c in all_counts)
         n_dense = sum(len(x) for x in dense)
@@ -101,6 +127,7 @@ class SparseGradExchange:
             p.grad = torch.sparse_coo_tensor(torch.cat(per_ids[j]).unsqueeze(0), rows, p.shape).coalesce()
         for p, g in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
             p.grad = g.reshape(p.shape).to(p.dtype)
+        return totals
 
     def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """All ranks' `t` (every rank's is as long)."""

@@ -60,6 +60,22 @@ class Stepper:
     def step(self, rows: Rows, batch_size: int, fresh: "np.ndarray | None" = None) -> torch.Tensor:
         """One optimizer step of the model and one of its logistic baseline on the same rows;
         returns the rows' losses (detached, on the device). `fresh`: the rows not replayed."""
+        taken = self.step_if_any(rows, batch_size, [1], fresh, agreed=True)  # [1]: taken, whatever the rows
+        assert taken is not None
+        return taken[0]
+
+    def step_if_any(self, rows: Rows, batch_size: int, control: list[float], fresh: "np.ndarray | None" = None,
+                    *, agreed: bool = False) -> tuple[torch.Tensor, list[float]] | None:
+        """Collective: `control` (this rank's row count first, then other small whole numbers)
+        summed over ranks, and the step on `rows` when any rank has a row (None when none has: no
+        step is taken). Returns the rows' losses and the sums. With the sparse exchange the sums
+        travel in its first collective, after this rank's backward pass (an empty batch's costs
+        nothing); otherwise in an all-reduce of their own before the step. `agreed`: the caller
+        knows some rank has rows (no collective for the sums when nothing else needs one)."""
+        if self.exchange is None and not agreed:
+            totals = self.d.sum(control)
+            if totals[0] == 0:
+                return None
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
@@ -69,7 +85,11 @@ class Stepper:
         self.scaler.scale(loss_sum / batch_size).backward()
         self.baselines.backward(feats, batch_size)
         if self.exchange is not None:  # the model's tables and the baseline, averaged over ranks
-            self.exchange()
+            totals = [float(x) for x in self.exchange([int(c) for c in control])]
+            if totals[0] == 0:
+                return None
+        elif agreed:
+            totals = list(control)
         if self.baselines.exchange is not None:  # a sharded model: the baseline's own
             self.baselines.exchange()
         if self.cfg.optim.grad_clip:
@@ -82,7 +102,7 @@ class Stepper:
             self.loss_sum += float(loss_sum.detach())
             self.loss_rows += len(rows)
         self.baselines.apply(rows, fresh)
-        return losses.detach()
+        return losses.detach(), totals
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.model.set_dense_stats(mean, std)

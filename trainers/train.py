@@ -48,7 +48,7 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
 
     started = time.monotonic()
     spec = plan.spec if plan is not None else load_spec(settings.spec)
-    d = init_distributed(cfg.run.device)
+    d = init_distributed(cfg.run.device, cpu_affinity=cfg.run.cpu_affinity)
     tr = None
     try:
         tr = Trainer(cfg, d, settings, spec, open_file)

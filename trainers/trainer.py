@@ -154,8 +154,17 @@ class Trainer:
         self.state.step += 1
         return losses
 
+    def train_step_if_any(self, rows: Rows, batch_size: int, control: list[float]) -> list[float] | None:
+        """Collective: one optimizer step when any rank has rows; `control` (this rank's row count
+        first) summed over ranks, or None when no rank had a row (no step taken)."""
+        taken = self.stepper.step_if_any(rows, batch_size, control)
+        if taken is None:
+            return None
+        self.state.step += 1
+        return taken[1]
+
     def _flags(self) -> float:
-        """Rank 0's wish to checkpoint now, as a number for the per-step all-reduce."""
+        """Rank 0's wish to checkpoint now, as a number summed over ranks with the step."""
         if not self.d.is_main:
             return 0.0
         r, step = self.cfg.run, self.state.step
@@ -211,13 +220,15 @@ class Trainer:
                     rows = src.next_batch()
                     tp.wait_s += src.wait_s - w0
                     n = len(rows) if rows is not None else 0
-                    g_n, g_ckpt = self.d.sum([n, self._flags()])
-                    if g_n == 0:
-                        break
                     rows = rows if rows is not None else Rows.empty(self.layout)
+                    # every rank's row count and rank 0's wish to checkpoint travel with the step's
+                    # own collectives: no step is taken once no rank has rows left
+                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags()])
+                    if totals is None:
+                        break
+                    g_n, g_ckpt = totals
                     if replay:
                         self.replay.offer(rows)
-                    self.train_step(rows, dc.batch_size)
                     self.stepper.known_users.mark(rows.sparse)
                     self.audit.add(rows, st.step)
                     st.counters["samples_iceberg"] += n

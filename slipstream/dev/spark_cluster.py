@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.errors import StackError
-from slipstream.processes import pid_alive, start_process, stop_process
+from slipstream.processes import pid_alive, start_process, stop_process, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,12 @@ class WorkerShape:
     cores: int = 1
     memory: str = "1g"
     """What a worker offers to executors (one executor per worker with the defaults)."""
+    own_cpu: bool = False
+    """Confine worker i, its executors and their Python workers to CPU i (round robin over the
+    CPUs this process may use), as if each worker were a machine of its own. Without it an
+    executor of one Spark core uses more than one CPU (the JVM's task thread and the Python
+    worker it feeds run at once), so "one worker vs two" on one machine would compare the same
+    CPUs twice (docs/cluster.md)."""
 
 
 def spark_home() -> Path:
@@ -116,6 +122,7 @@ def start_cluster(home: Path, workers: int, shape: WorkerShape = WorkerShape()) 
     master_url, ui_url = f"spark://{HOST}:{port}", f"http://{HOST}:{ui_port}"
     pids: list[int] = []
     uis: list[str] = []
+    cpus = usable_cpus()
     try:
         pids.append(start_process("spark-master", master_argv(port, ui_port), logs / "spark-master.log", env))
         for i in range(workers):
@@ -124,13 +131,15 @@ def start_cluster(home: Path, workers: int, shape: WorkerShape = WorkerShape()) 
             port_i = free_port()
             uis.append(f"http://{HOST}:{port_i}")
             pids.append(start_process(f"spark-worker-{i}", worker_argv(master_url, port_i, work, shape),
-                                      logs / f"spark-worker-{i}.log", env))
+                                      logs / f"spark-worker-{i}.log", env,
+                                      cpus=[cpus[i % len(cpus)]] if shape.own_cpu else None))
         _wait_ready(ui_url, workers, pids, logs)
     except BaseException:
         for pid in reversed(pids):
             stop_process(pid)
         raise
-    log.info("spark cluster %s: %d worker(s) x %d core(s), %s", master_url, workers, shape.cores, shape.memory)
+    log.info("spark cluster %s: %d worker(s) x %d core(s), %s%s", master_url, workers, shape.cores, shape.memory,
+             ", a CPU each" if shape.own_cpu else "")
     return SparkCluster(master_url, ui_url, pids[0], pids[1:], uis)
 
 

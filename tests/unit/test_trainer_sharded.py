@@ -110,9 +110,13 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
         lin = torch.nn.Parameter(torch.zeros(3))  # a dense weight beside the table, averaged whole
         lin.grad = torch.full((3,), float(rank + 1))
         exchange = SparseGradExchange({"weight": bag.weight}, world, dense={"lin": lin})
-        exchange()
-        torch.save({"grad": bag.weight.grad.to_dense(), "sent": exchange.sent_bytes, "lin": lin.grad},
-                   Path(out) / f"{rank}.pt")
+        totals = exchange([[3, 1], [0, 0]][rank])  # each rank's row count and a flag, summed
+        sent = exchange.sent_bytes
+        before = bag.weight.grad.to_dense().clone()
+        when_empty = exchange([0, 1])  # no rank has a row: the sums, and nothing else travels
+        torch.save({"grad": bag.weight.grad.to_dense(), "sent": sent, "lin": lin.grad, "totals": totals,
+                    "when_empty": when_empty, "untouched": torch.equal(before, bag.weight.grad.to_dense()),
+                    "sent_when_empty": exchange.sent_bytes - sent}, Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -125,6 +129,8 @@ def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path
     for g in got:
         assert torch.equal(g["grad"], want)
         assert torch.equal(g["lin"], torch.full((3,), 1.5))  # (1 + 2) / 2 ranks, as DDP would
+        assert g["totals"] == [3, 1] and g["when_empty"] == [0, 2]
+        assert g["untouched"] and g["sent_when_empty"] == (2 + 2) * 8  # the counts' one all-gather
     assert 0 < got[0]["sent"] < 50 * 4 * 4  # a few rows, never the whole table
 
 
