@@ -59,6 +59,24 @@ def test_the_first_half_second_counts_and_no_step_is_tried_that_the_end_would_cu
     assert short.update(left=100) == AUTO_BASE and short.knee == AUTO_BASE
 
 
+def test_a_short_warmup_bound_by_the_round_trip_steps_up_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 50 ms, 64 slots answer ~1,280 requests/s: the round trips fill every slot, so a short
+    warmup doubles at once and keeps it as the knee; at 5 ms the same rate fills a tenth of them
+    (the client's CPU is the bound) and the short warmup keeps its target."""
+    from slipstream.cache import inflight
+
+    now = [100.0]
+    monkeypatch.setattr(inflight.time, "monotonic", lambda: now[0])
+    far, near = InFlight(None, 512), InFlight(None, 512)
+    for f, shortest in ((far, 0.050), (near, 0.005)):
+        tally = f.clock.tally()
+        for _ in range(1280):
+            tally.record("pack", shortest, 20_000, 1, now[0])
+    now[0] += 1.0
+    assert far.update(left=500) == 2 * AUTO_BASE and far.knee == 2 * AUTO_BASE
+    assert near.update(left=500) == AUTO_BASE and near.knee == AUTO_BASE
+
+
 def test_fixed_concurrency_is_not_adjusted_and_auto_starts_at_the_remembered_knee(tmp_path: Path) -> None:
     fixed = InFlight(8, 256)
     fixed.clock.tally().record("pack", 0.001, 100, 1, 1.0)
