@@ -59,6 +59,55 @@ def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[n
     return net, SparseGradExchange(tables, world)
 
 
+class TableGroup:
+    """Tables whose rows are equally wide, as one id space (row r of table j is id `bases[j] + r`):
+    their rows are deduplicated and summed with one `unique` and one `index_add_` for the whole
+    group, not a sparse `coalesce` per table, which took a third of a rank's step on the 15 small
+    tables of a model and its baseline (docs/benchmarks.md, Scale)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.width = int(torch.tensor(params[0].shape[1:]).prod()) if params[0].dim() > 1 else 1
+        self.bases = torch.tensor([0, *torch.tensor([p.shape[0] for p in params]).cumsum(0).tolist()], dtype=torch.int64)
+
+    def local_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's touched rows of every table in the group: (sorted unique ids, their summed values)."""
+        ids, values = [], []
+        for p, base in zip(self.params, self.bases.tolist()):
+            g = p.grad
+            if g is None:
+                continue
+            g = g if g.is_sparse else g.to_sparse(1)
+            ids.append(g._indices()[0] + base)
+            values.append(g._values().reshape(-1, self.width))
+        if not ids:
+            return torch.zeros(0, dtype=torch.int64), self.params[0].new_zeros((0, self.width))
+        return _sum_rows(torch.cat(ids), torch.cat(values))
+
+    def set_grads(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        """Each table's gradient from the group's sorted unique `ids` and their `values`."""
+        cuts = torch.searchsorted(ids, self.bases).tolist()
+        for j, p in enumerate(self.params):
+            a, b = cuts[j], cuts[j + 1]
+            p.grad = torch.sparse_coo_tensor((ids[a:b] - int(self.bases[j])).unsqueeze(0),
+                                             values[a:b].reshape(-1, *p.shape[1:]).to(p.dtype), p.shape,
+                                             is_coalesced=True, check_invariants=False)
+
+
+def _sum_rows(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with the same id added up: (sorted unique ids, their sums)."""
+    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    return unique, values.new_zeros((len(unique), values.shape[1])).index_add_(0, inverse, values)
+
+
+def table_groups(params: list[nn.Parameter]) -> list[TableGroup]:
+    """`params` grouped by row width and dtype, in order of first appearance."""
+    by: dict[tuple[tuple[int, ...], torch.dtype], list[nn.Parameter]] = {}
+    for p in params:
+        by.setdefault((tuple(p.shape[1:]), p.dtype), []).append(p)
+    return [TableGroup(ps) for ps in by.values()]
+
+
 class SparseGradExchange:
     """`params`: tables whose gradients are sparse (each rank's touched rows travel); `dense`:
     parameters averaged whole, as DDP would (a small model beside the tables: the logistic
@@ -69,6 +118,7 @@ class SparseGradExchange:
         self.params = list(params.values())
         self.dense = list((dense or {}).values())
         self.world = world
+        self.groups = table_groups(self.params)
         self.sent_bytes = 0
         """Bytes this rank handed to the collectives since construction (ids, values and counts)."""
 
@@ -77,6 +127,7 @@ class SparseGradExchange:
         same two collectives)."""
         out = SparseGradExchange({}, self.world)
         out.params, out.dense = self.params + other.params, self.dense + other.dense
+        out.groups = table_groups(out.params)
         return out
 
     def __call__(self, control: list[int] | None = None) -> list[int]:
@@ -91,42 +142,44 @@ class SparseGradExchange:
         control = list(control or [])
         if self.world <= 1:
             return control
-        grads = [self._local(p) for p in self.params]
-        ids = [g.indices()[0] for g in grads]
-        values = [g.values().reshape(-1) for g in grads]
+        rows = [g.local_rows() for g in self.groups]
         dense = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.dense]
-        dtype = (values + dense)[0].dtype if values or dense else torch.float32
-        n = len(self.params)
-        counts = torch.tensor([len(i) for i in ids] + [len(v) for v in values] + control, dtype=torch.int64)
+        dtype = (self.params + self.dense)[0].dtype if self.params or self.dense else torch.float32
+        n = len(self.groups)
+        counts = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64)
         gathered = self._gather(counts)
-        totals = [int(x) for x in torch.stack(gathered)[:, 2 * n:].sum(0)] if control else []
+        totals = [int(x) for x in torch.stack(gathered)[:, n:].sum(0)] if control else []
         if control and totals[0] == 0:
             return totals
-        all_counts = [c[:2 * n] for c in gathered]
-        id_room = max(int(c[:n].sum()) for c in all_counts)
-        value_room = max(int(c[n:].sum()) for c in all_counts)
+        widths = [g.width for g in self.groups]
+        all_counts = [c[:n].tolist() for c in gathered]
+        id_room = max(sum(c) for c in all_counts)
+        value_room = max(sum(k * w for k, w in zip(c, widths)) for c in all_counts)
         n_dense = sum(len(x) for x in dense)
-        payload = torch.cat([_bytes(_padded(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64), id_room)),
-                             _bytes(_padded(torch.cat([*dense, *values]).to(dtype) if values or dense
-                                            else torch.zeros(0, dtype=dtype), n_dense + value_room))])
+        ids = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+        values = [*dense, *(v.reshape(-1) for _, v in rows)]
+        payload = torch.cat([_bytes(_padded(ids, id_room)),
+                             _bytes(_padded(torch.cat(values).to(dtype) if values else torch.zeros(0, dtype=dtype),
+                                            n_dense + value_room))])
         cut = max(id_room, 1) * 8  # (padded to one id at least)
-        per_ids: list[list[torch.Tensor]] = [[] for _ in self.params]
-        per_values: list[list[torch.Tensor]] = [[] for _ in self.params]
+        per_ids: list[list[torch.Tensor]] = [[] for _ in self.groups]
+        per_values: list[list[torch.Tensor]] = [[] for _ in self.groups]
         dense_sum = torch.zeros(n_dense, dtype=dtype)
         for c, chunk in zip(all_counts, self._gather(payload)):
             flat_ids = chunk[:cut].view(torch.int64)
             flat_values = chunk[cut:].view(dtype)
             dense_sum += flat_values[:n_dense]
             flat_values = flat_values[n_dense:]
-            for j, (a, b) in enumerate(zip(flat_ids[:int(c[:n].sum())].split(c[:n].tolist()),
-                                           flat_values[:int(c[n:].sum())].split(c[n:].tolist()))):
+            for j, (a, b) in enumerate(zip(flat_ids[:sum(c)].split(c),
+                                           flat_values[:sum(k * w for k, w in zip(c, widths))].split(
+                                               [k * w for k, w in zip(c, widths)]))):
                 per_ids[j].append(a)
-                per_values[j].append(b)
-        for j, p in enumerate(self.params):
-            rows = torch.cat(per_values[j]).reshape(-1, *p.shape[1:]).to(p.dtype) / self.world
-            p.grad = torch.sparse_coo_tensor(torch.cat(per_ids[j]).unsqueeze(0), rows, p.shape).coalesce()
-        for p, g in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
-            p.grad = g.reshape(p.shape).to(p.dtype)
+                per_values[j].append(b.reshape(-1, widths[j]))
+        for j, g in enumerate(self.groups):
+            summed_ids, summed = _sum_rows(torch.cat(per_ids[j]), torch.cat(per_values[j]))
+            g.set_grads(summed_ids, summed / self.world)
+        for p, d in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
+            p.grad = d.reshape(p.shape).to(p.dtype)
         return totals
 
     def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -135,14 +188,6 @@ class SparseGradExchange:
         dist.all_gather(out, t)
         self.sent_bytes += t.numel() * t.element_size()
         return out
-
-    @staticmethod
-    def _local(p: nn.Parameter) -> torch.Tensor:
-        if p.grad is None:
-            return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
-                                           torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape)
-        g = p.grad if p.grad.is_sparse else p.grad.to_sparse(1)
-        return g.coalesce()
 
 
 def _padded(t: torch.Tensor, size: int) -> torch.Tensor:

@@ -109,12 +109,21 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
             bag(ids[:0]).sum().backward()
         lin = torch.nn.Parameter(torch.zeros(3))  # a dense weight beside the table, averaged whole
         lin.grad = torch.full((3,), float(rank + 1))
-        exchange = SparseGradExchange({"weight": bag.weight}, world, dense={"lin": lin})
+        # two more tables: one as wide as `bag` (exchanged in the same id space), one narrower
+        same = torch.nn.EmbeddingBag(30, 4, mode="sum", sparse=True)
+        narrow = torch.nn.EmbeddingBag(20, 1, mode="sum", sparse=True)
+        torch.nn.init.ones_(same.weight)
+        torch.nn.init.ones_(narrow.weight)
+        same(torch.tensor([[0], [29]]) if rank else torch.tensor([[29]])).sum().backward()
+        narrow(torch.tensor([[5], [5]])).sum().backward()
+        exchange = SparseGradExchange({"weight": bag.weight, "same": same.weight, "narrow": narrow.weight}, world,
+                                      dense={"lin": lin})
         totals = exchange([[3, 1], [0, 0]][rank])  # each rank's row count and a flag, summed
         sent = exchange.sent_bytes
         before = bag.weight.grad.to_dense().clone()
         when_empty = exchange([0, 1])  # no rank has a row: the sums, and nothing else travels
-        torch.save({"grad": bag.weight.grad.to_dense(), "sent": sent, "lin": lin.grad, "totals": totals,
+        torch.save({"grad": bag.weight.grad.to_dense(), "same": same.weight.grad.to_dense(),
+                    "narrow": narrow.weight.grad.to_dense(), "sent": sent, "lin": lin.grad, "totals": totals,
                     "when_empty": when_empty, "untouched": torch.equal(before, bag.weight.grad.to_dense()),
                     "sent_when_empty": exchange.sent_bytes - sent}, Path(out) / f"{rank}.pt")
     finally:
@@ -130,8 +139,14 @@ def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path
         assert torch.equal(g["grad"], want)
         assert torch.equal(g["lin"], torch.full((3,), 1.5))  # (1 + 2) / 2 ranks, as DDP would
         assert g["totals"] == [3, 1] and g["when_empty"] == [0, 2]
-        assert g["untouched"] and g["sent_when_empty"] == (2 + 2) * 8  # the counts' one all-gather
-    assert 0 < got[0]["sent"] < 50 * 4 * 4  # a few rows, never the whole table
+        want_same = torch.zeros(30, 4)
+        want_same[0], want_same[29] = 0.5, 1.0  # 29 on both ranks, 0 on rank 1: summed, / 2 ranks
+        want_narrow = torch.zeros(20, 1)
+        want_narrow[5] = 2.0  # twice on each rank
+        assert torch.equal(g["same"], want_same) and torch.equal(g["narrow"], want_narrow)
+        # the counts' one all-gather: a row count per table group (two widths) and two control numbers
+        assert g["untouched"] and g["sent_when_empty"] == (2 + 2) * 8
+    assert 0 < got[0]["sent"] < (50 + 30) * 4 * 4  # a few rows, never the whole tables
 
 
 def test_sharding_refuses_what_the_cpu_cannot_run() -> None:
