@@ -1,10 +1,12 @@
 """One optimizer step, and the learning rates it runs at.
 
-`Stepper` owns the model (wrapped in DDP when there are several ranks), the optimizer, the AMP
-grad scaler and the drift gauge that sets the stream phase's shared learning rate. The loss is the
-sum over a rank's rows divided by the configured batch size: DDP averages gradients over ranks, so
+`Stepper` owns the model (with several ranks: its gradients averaged by the sparse exchange, or its
+dense part under DDP when large or on GPUs, or its tables sharded), the optimizer, the AMP grad
+scaler and the drift gauge that sets the stream phase's shared learning rate. The loss is the sum
+over a rank's rows divided by the configured batch size: gradients are averaged over ranks, so
 every sample weighs the same whatever each rank's row count, and a rank without rows steps on an
-empty batch (zero gradients) to keep the collective in step.
+empty batch (zero gradients) to keep the collective in step. `step_if_any` also sums the step's
+control numbers (row counts, a wish to checkpoint) over ranks, in the exchange's first collective.
 """
 
 from __future__ import annotations
