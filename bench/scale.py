@@ -13,7 +13,8 @@ and with the workers, all measured in one run on this machine.
   every stage (its JVM warming up its code: 2-4 s a stage on one CPU here);
   `preprocess_5x_s_1_vs_2_workers` shows the 5x day on the same cluster;
 - `train_speedup_2_procs`: the trainer's samples/s with 2 torchrun processes vs 1 on the 25x day
-  (an epoch of the 5x day at the default size is ~100 steps a process: too few to measure a rate),
+  (an epoch of the 5x day at the default size is ~100 steps a process: too few to measure a rate;
+  `train_speedup_2_procs_5x`: the same on the 5x day, two runs each),
   one CPU per process (`run.cpu_affinity=per_rank`, the launcher confined to 1 or 2 CPUs; one
   thread each); 1 and 2 processes run in turn (three 1-process runs, two 2-process runs) and the
   speedup is the ratio of the medians.
@@ -167,10 +168,14 @@ def _training(home: Path) -> dict[str, Any]:
         one.append(float(_train(home, DAY_25X, 1, f"scale-25x-1proc-{i}")["samples_per_s"]))
     shared = {k: [float(_train(home, DAY_25X, k, f"scale-25x-shared-{k}-{i}", own_cpus=False)["samples_per_s"])
                   for i in range(2)] for k in (1, 2)}
+    small = {k: [float(_train(home, DAY_5X, k, f"scale-5x-{k}procs-{i}")["samples_per_s"]) for i in range(2)]
+             for k in (1, 2)}
     return {"train_epoch_s": epoch_s, "train_samples_per_s_25x_1_vs_2_procs": [[round(x) for x in one], [round(x) for x in two]],
             "train_speedup_2_procs": round(statistics.median(two) / statistics.median(one), 3),
             "train_samples_per_s_25x_shared_cpus_1_vs_2_procs": [[round(x) for x in shared[1]], [round(x) for x in shared[2]]],
-            "train_speedup_2_procs_shared_cpus": round(statistics.median(shared[2]) / statistics.median(shared[1]), 3)}
+            "train_speedup_2_procs_shared_cpus": round(statistics.median(shared[2]) / statistics.median(shared[1]), 3),
+            "train_samples_per_s_5x_1_vs_2_procs": [[round(x) for x in small[1]], [round(x) for x in small[2]]],
+            "train_speedup_2_procs_5x": round(statistics.median(small[2]) / statistics.median(small[1]), 3)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -195,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_speedup_2_procs": train["train_speedup_2_procs"],
         "preprocess_speedup_2_workers_5x": pre["preprocess_speedup_2_workers_5x"],
         "train_speedup_2_procs_shared_cpus": train["train_speedup_2_procs_shared_cpus"],
+        "train_speedup_2_procs_5x": train["train_speedup_2_procs_5x"],
         "speedup_rows": pre["rows"]["speedup"],
         "time_ratio_5x": {"preprocess": round(p["5x"] / p["1x"], 3), "train_epoch": round(e["5x"] / e["1x"], 3)},
         "time_ratio_25x": {"preprocess": round(p["25x"] / p["1x"], 3), "train_epoch": round(e["25x"] / e["1x"], 3)},
@@ -205,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_epoch_s": e,
         "train_samples_per_s_25x_1_vs_2_procs": train["train_samples_per_s_25x_1_vs_2_procs"],
         "train_samples_per_s_25x_shared_cpus_1_vs_2_procs": train["train_samples_per_s_25x_shared_cpus_1_vs_2_procs"],
+        "train_samples_per_s_5x_1_vs_2_procs": train["train_samples_per_s_5x_1_vs_2_procs"],
         "seconds": round(time.monotonic() - started, 1),
     }
 
