@@ -80,6 +80,28 @@ def test_replay_reservoir_keeps_recent_rows_and_marks_replays(table: pa.Table) -
     assert len(drawn) == 20 and (drawn.source == SOURCE_REPLAY).all()
 
 
+def test_replay_reservoir_keeps_the_rows_with_the_largest_keys_of_all_offers(table: pa.Table) -> None:
+    """The sample is exactly the `capacity` offered rows whose random keys are largest (a uniform
+    sample), however the offers were merged; resumed from a checkpoint mid-way it ends the same."""
+    rows = Rows.from_arrow(table, source=0)
+    res = ReplayReservoir(capacity=60, start_us=0, seed=4, rank=1)
+    rng = np.random.default_rng([4, 1, 29])
+    keyed: list[tuple[float, str]] = []
+    resumed = None
+    for s in range(0, len(rows), 7):
+        part = rows.slice(s, s + 7)
+        res.offer(part)
+        if resumed is not None:
+            resumed.offer(part)
+        keyed += zip(rng.random(len(part)).tolist(), part.sample_id.to_pylist())
+        if s == 350:
+            resumed = ReplayReservoir(capacity=60, start_us=0, seed=0, rank=0)
+            resumed.load_state_dict(res.state_dict())
+    want = [sid for _, sid in sorted(keyed, reverse=True)[:60]]
+    assert res.rows.sample_id.to_pylist() == want, "the largest keys, largest first"
+    assert resumed is not None and resumed.rows.sample_id.to_pylist() == want
+
+
 def _states(rows: Rows, world: int) -> list[dict[str, object]]:
     states = []
     for r in range(world):

@@ -66,34 +66,74 @@ class StreamShuffle:
 
 
 class ReplayReservoir:
+    """A uniform sample of at most `capacity` of the offered rows with event_time >= start_us:
+    every offered row gets a random key and the rows with the largest keys are kept. Offers are
+    amortised O(rows offered): once the sample is full a row enters only if its key beats the
+    smallest kept one, and new rows are merged in (kept rows ordered by key, largest first) when
+    the pending ones reach the capacity, not at every offer. Merging the whole sample at every
+    step cost a quarter of the batch phase's last epoch on a 250k-row day (docs/benchmarks.md,
+    Scale). The sample and its order depend only on the rows offered and the seed."""
+
     def __init__(self, capacity: int, start_us: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT) -> None:
         self.capacity = capacity
         self.start_us = start_us
         self.layout = layout
         self.rng = np.random.default_rng([seed, rank, 29])
-        self.rows = Rows.empty(layout)
-        self.keys = np.zeros(0)
+        self._rows = Rows.empty(layout)
+        self._keys = np.zeros(0)
+        self._pending: list[tuple[Rows, np.ndarray]] = []
+        self._pending_n = 0
+        self._floor = -1.0
+        """The smallest kept key once the sample is full: an offered row below it cannot enter."""
         self.replayed = 0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        self._merge()
+        return len(self._rows)
+
+    @property
+    def rows(self) -> Rows:
+        self._merge()
+        return self._rows
+
+    @property
+    def keys(self) -> np.ndarray:
+        self._merge()
+        return self._keys
 
     def offer(self, rows: Rows) -> None:
         """Keep a uniform sample of the offered rows with event_time >= start_us."""
         recent = rows.mask(rows.event_us >= self.start_us)
         if not len(recent):
             return
-        keys = np.concatenate([self.keys, self.rng.random(len(recent))])
-        pool = Rows.concat([self.rows, recent]) if len(self.rows) else recent
-        if len(pool) > self.capacity:
+        keys = self.rng.random(len(recent))
+        enter = keys > self._floor
+        if not enter.any():
+            return
+        self._pending.append((recent.mask(enter), keys[enter]))
+        self._pending_n += int(enter.sum())
+        if self._pending_n >= self.capacity:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        pool = Rows.concat([self._rows, *(r for r, _ in self._pending)])
+        keys = np.concatenate([self._keys, *(k for _, k in self._pending)])
+        self._pending, self._pending_n = [], 0
+        if len(keys) > self.capacity:
             keep = np.argpartition(keys, len(keys) - self.capacity)[-self.capacity:]
-            pool, keys = pool.take(keep), keys[keep]
-        self.rows, self.keys = pool, keys
+        else:
+            keep = np.arange(len(keys))
+        order = keep[np.argsort(-keys[keep], kind="stable")]
+        self._rows, self._keys = pool.take(order), keys[order]
+        if len(self._keys) >= self.capacity:
+            self._floor = float(self._keys[-1])
 
     def draw(self, n: int) -> Rows:
-        if n <= 0 or not len(self.rows):
+        if n <= 0 or not len(self):
             return Rows.empty(self.layout)
-        out = self.rows.take(self.rng.integers(0, len(self.rows), n))
+        out = self._rows.take(self.rng.integers(0, len(self._rows), n))
         out.source[:] = SOURCE_REPLAY
         self.replayed += n
         return out
@@ -110,7 +150,10 @@ class ReplayReservoir:
         keys = np.asarray(state.get("keys", np.zeros(0)))
         if len(keys) != len(rows):
             raise ResumeError(f"the checkpoint's replay reservoir holds {len(rows)} rows but {len(keys)} keys: it is damaged")
-        self.rows, self.keys, self.replayed = rows, keys, int(state.get("replayed", 0))
+        order = np.argsort(-keys, kind="stable")  # (a checkpoint of an older version kept another order)
+        self._rows, self._keys, self.replayed = rows.take(order), keys[order], int(state.get("replayed", 0))
+        self._pending, self._pending_n = [], 0
+        self._floor = float(self._keys[-1]) if len(self._keys) >= self.capacity else -1.0
         if state.get("rng") is not None:
             self.rng.bit_generator.state = state["rng"]
 
