@@ -30,7 +30,6 @@ def test_a_process_started_on_one_cpu_stays_there_with_its_threads(tmp_path: Pat
         assert all(os.sched_getaffinity(int(t)) == {cpu} for t in tids)
     finally:
         stop_process(pid)
-    assert os.sched_getaffinity(0) == set(usable_cpus()), "the caller itself is not confined"
 
 
 def test_each_local_rank_takes_an_even_share_of_the_cpus() -> None:
