@@ -46,7 +46,7 @@ from slipstream.dev.spark_cluster import WorkerShape, start_cluster
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.pipeline.preprocess_launch import run_preprocess_days
 from slipstream.pipeline.spark_settings import SparkSettings
-from slipstream.processes import stop_process, usable_cpus
+from slipstream.processes import confine_to, stop_process, usable_cpus
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,8 @@ def _train(home: Path, day: date, nproc: int, run_id: str, own_cpus: bool = True
     cpus = usable_cpus()[:nproc]
     if own_cpus and len(cpus) < nproc:
         raise RuntimeError(f"{nproc} processes with a CPU each need {nproc} CPUs; this process may use {len(cpus)}")
-    confine = (lambda: os.sched_setaffinity(0, cpus)) if own_cpus else None
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600, preexec_fn=confine)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600,
+                          preexec_fn=confine_to(cpus if own_cpus else None))
     if done.returncode != 0:
         raise RuntimeError(f"training {run_id} failed:\n{done.stderr[-3000:]}")
     return json.loads((home / "runs" / run_id / "metrics.json").read_text())

@@ -16,7 +16,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Collection, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 import psutil
 
@@ -72,16 +72,10 @@ def start_process(name: str, argv: Sequence[str], log_path: Path, env: Mapping[s
     output appended to `log_path`; returns its PID. `cpus`: confine it, and every process it
     starts, to these CPUs (set before its program runs, so every thread it makes inherits it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    confine = None
-    if cpus is not None:
-        chosen = set(cpus)
-
-        def confine() -> None:
-            os.sched_setaffinity(0, chosen)
     with open(log_path, "ab") as fh:
         proc = subprocess.Popen(
             list(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=confine,
+            start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=confine_to(cpus),
         )
     log.info("started %s (pid %d)%s, log %s", name, proc.pid,
              f" on CPU(s) {sorted(cpus)}" if cpus is not None else "", log_path)
@@ -91,6 +85,15 @@ def start_process(name: str, argv: Sequence[str], log_path: Path, env: Mapping[s
 def usable_cpus() -> list[int]:
     """The CPUs this process may run on, in order."""
     return sorted(os.sched_getaffinity(0))
+
+
+def confine_to(cpus: Collection[int] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that confines a child to `cpus` before its program runs (so every thread
+    and process it starts inherits them); None when `cpus` is None."""
+    if cpus is None:
+        return None
+    chosen = set(cpus)
+    return lambda: os.sched_setaffinity(0, chosen)
 
 
 def signal_quietly(pid: int, sig: int, *, group: bool = False) -> None:

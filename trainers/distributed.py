@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from slipstream.errors import ConfigError
+from slipstream.processes import usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def bind_rank_cpus() -> list[int] | None:
         return None
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    mine = rank_cpus(sorted(os.sched_getaffinity(0)), local_rank, local_world)
+    mine = rank_cpus(usable_cpus(), local_rank, local_world)
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), mine)

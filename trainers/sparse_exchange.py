@@ -18,6 +18,9 @@ The bytes a rank sends are counted (`sent_bytes`) for `slipstream bench embeddin
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -67,13 +70,15 @@ class TableGroup:
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
-        self.width = int(torch.tensor(params[0].shape[1:]).prod()) if params[0].dim() > 1 else 1
-        self.bases = torch.tensor([0, *torch.tensor([p.shape[0] for p in params]).cumsum(0).tolist()], dtype=torch.int64)
+        self.width = math.prod(params[0].shape[1:])
+        self.offsets = [0, *itertools.accumulate(p.shape[0] for p in params)]
+        """Where each table's rows start in the group's id space (and, last, where they end)."""
+        self.bases = torch.tensor(self.offsets, dtype=torch.int64)
 
     def local_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's touched rows of every table in the group: (sorted unique ids, their summed values)."""
         ids, values = [], []
-        for p, base in zip(self.params, self.bases.tolist()):
+        for p, base in zip(self.params, self.offsets):
             g = p.grad
             if g is None:
                 continue
@@ -89,7 +94,7 @@ class TableGroup:
         cuts = torch.searchsorted(ids, self.bases).tolist()
         for j, p in enumerate(self.params):
             a, b = cuts[j], cuts[j + 1]
-            p.grad = torch.sparse_coo_tensor((ids[a:b] - int(self.bases[j])).unsqueeze(0),
+            p.grad = torch.sparse_coo_tensor((ids[a:b] - self.offsets[j]).unsqueeze(0),
                                              values[a:b].reshape(-1, *p.shape[1:]).to(p.dtype), p.shape,
                                              is_coalesced=True, check_invariants=False)
 
@@ -152,9 +157,10 @@ class SparseGradExchange:
         if control and totals[0] == 0:
             return totals
         widths = [g.width for g in self.groups]
-        all_counts = [c[:n].tolist() for c in gathered]
+        all_counts = [c[:n].tolist() for c in gathered]  # rows per group, of each rank
+        value_counts = [[k * w for k, w in zip(c, widths)] for c in all_counts]
         id_room = max(sum(c) for c in all_counts)
-        value_room = max(sum(k * w for k, w in zip(c, widths)) for c in all_counts)
+        value_room = max(sum(v) for v in value_counts)
         n_dense = sum(len(x) for x in dense)
         ids = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.int64)
         values = [*dense, *(v.reshape(-1) for _, v in rows)]
@@ -165,14 +171,12 @@ class SparseGradExchange:
         per_ids: list[list[torch.Tensor]] = [[] for _ in self.groups]
         per_values: list[list[torch.Tensor]] = [[] for _ in self.groups]
         dense_sum = torch.zeros(n_dense, dtype=dtype)
-        for c, chunk in zip(all_counts, self._gather(payload)):
+        for c, v, chunk in zip(all_counts, value_counts, self._gather(payload)):
             flat_ids = chunk[:cut].view(torch.int64)
             flat_values = chunk[cut:].view(dtype)
             dense_sum += flat_values[:n_dense]
             flat_values = flat_values[n_dense:]
-            for j, (a, b) in enumerate(zip(flat_ids[:sum(c)].split(c),
-                                           flat_values[:sum(k * w for k, w in zip(c, widths))].split(
-                                               [k * w for k, w in zip(c, widths)]))):
+            for j, (a, b) in enumerate(zip(flat_ids[:sum(c)].split(c), flat_values[:sum(v)].split(v))):
                 per_ids[j].append(a)
                 per_values[j].append(b.reshape(-1, widths[j]))
         for j, g in enumerate(self.groups):
