@@ -21,7 +21,7 @@ from trainers.data import holdout
 from trainers.data.holdout import holdout_mask
 from trainers.data import iceberg_source
 from trainers.data.iceberg_source import IcebergSource, read_units
-from trainers.data.units import epoch_units, file_opener, plan_units
+from trainers.data.units import epoch_spans, file_opener, plan_units
 from trainers.rows import Rows
 
 
@@ -85,13 +85,13 @@ def test_parallel_reading_keeps_the_order(samples: SamplesFixture, kw: dict[str,
 @pytest.mark.parametrize("prefetch", [1, 2])
 def test_read_ahead_holds_at_most_prefetch_plus_one_chunks(samples: SamplesFixture, prefetch: int) -> None:
     src = _source(samples, shuffle_rows=700, batch_size=350, prefetch_chunks=prefetch)
-    n_chunks = len(src.epoch_plan(0)[1]) - 1
+    n_chunks = src.epoch_plan(0).n_chunks
     assert n_chunks > prefetch + 3
     started: list[int] = []
     read_chunk = src.read_chunk
 
     def counted(*a: Any, **kw: Any) -> Any:
-        started.append(a[3])
+        started.append(a[2])
         return read_chunk(*a, **kw)
 
     src.read_chunk = counted  # type: ignore[method-assign]
@@ -139,7 +139,7 @@ def test_row_groups_read_side_by_side_give_the_same_table(samples: SamplesFixtur
 def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture, where: int) -> None:
     src = _source(samples)
     good = src.open_file
-    bad = src.units[int(src.epoch_plan(0)[0][where])].path  # read in the first or the last chunk
+    bad = src.units[int(src.epoch_plan(0).order[where])].path  # read in the first or the last chunk
 
     def opener(path: str):  # type: ignore[no-untyped-def]
         if path == bad:
@@ -155,12 +155,18 @@ def test_a_read_error_surfaces_in_the_training_thread(samples: SamplesFixture, w
     assert src._thread is None
 
 
-def test_ranks_split_the_window_disjointly(samples: SamplesFixture) -> None:
-    r0 = _epoch_ids(_source(samples, rank=0, world=2), 0)
-    r1 = _epoch_ids(_source(samples, rank=1, world=2), 0)
-    assert not set(r0) & set(r1)
-    assert set(r0) | set(r1) == _expected_training_ids(samples)
-    assert abs(len(r0) - len(r1)) < 0.35 * len(r0)
+@pytest.mark.parametrize("world", [3, 4, 7])
+def test_ranks_split_the_window_disjointly_and_evenly(samples: SamplesFixture, world: int) -> None:
+    # 10 row groups of at most 700 rows: dealt whole, 4 ranks would read 3, 3, 2, 2 of them
+    sources = [_source(samples, rank=r, world=world) for r in range(world)]
+    assert len(sources[0].units) % world
+    ids = [_epoch_ids(s, 0) for s in sources]
+    flat = [i for part in ids for i in part]
+    assert len(flat) == len(set(flat))
+    assert set(flat) == _expected_training_ids(samples)
+    read = [s.stats.rows_read for s in sources]
+    assert sum(read) == sum(u.rows for u in sources[0].units) and max(read) - min(read) <= 1
+    assert max(map(len, ids)) - min(map(len, ids)) < 0.2 * min(map(len, ids))  # held-out and outside rows vary
 
 
 def test_window_excludes_rows_before_start(samples: SamplesFixture) -> None:
@@ -249,10 +255,22 @@ def test_re_deal_refuses_a_checkpoint_of_other_data(samples: SamplesFixture) -> 
         _source(samples, rank=0, world=3, seed=4).load_state_dict({"redeal": states})
 
 
-def test_epoch_units_is_a_permutation_dealt_to_ranks() -> None:
-    dealt = np.concatenate([epoch_units(101, 4, seed=9, rank=r, world=3) for r in range(3)])
-    assert sorted(dealt.tolist()) == list(range(101))
-    assert not np.array_equal(epoch_units(101, 4, 9, 0, 1), epoch_units(101, 5, 9, 0, 1))
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 40])
+def test_epoch_spans_cover_every_row_once_in_equal_runs(world: int) -> None:
+    sizes = np.random.default_rng(5).integers(1, 50, 17)
+    covered = np.zeros(int(sizes.sum()), dtype=int)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    runs = []
+    for r in range(world):
+        order, spans = epoch_spans(sizes, 4, seed=9, rank=r, world=world)
+        for u, (a, b) in zip(order.tolist(), spans.tolist()):
+            assert 0 <= a < b <= sizes[u]
+            covered[starts[u] + a : starts[u] + b] += 1
+        runs.append(int((spans[:, 1] - spans[:, 0]).sum()))
+    assert (covered == 1).all()
+    assert max(runs) - min(runs) <= 1
+    whole, _ = epoch_spans(sizes, 4, 9, 0, 1)
+    assert sorted(whole.tolist()) == list(range(17)) and not np.array_equal(whole, epoch_spans(sizes, 5, 9, 0, 1)[0])
 
 
 @pytest.fixture(params=[False, True], ids=["numpy", "native"])
@@ -370,3 +388,14 @@ def test_holdout_mask_over_runs_of_equal_length_ids() -> None:
                 mp.setattr(holdout, "_MAX_RUNS", max_runs)
                 mp.setattr(holdout, "_MIN_MEAN_RUN", mean)
                 assert np.array_equal(holdout_mask(ids), want)
+
+
+def test_a_mid_epoch_checkpoint_of_another_deal_is_refused(samples: SamplesFixture) -> None:
+    src = _source(samples)
+    src.start_epoch(0)
+    _take(src, 2)
+    old = {**src.state_dict(), "algorithm": "units:default_rng([seed,epoch]).permutation/round-robin"}
+    src.close()
+    with pytest.raises(ResumeError, match="Finish the epoch with the Slipstream that wrote"):
+        _source(samples).load_state_dict(old)
+    _source(samples).load_state_dict({**old, "chunk": 0, "offset": 0})  # at an epoch's start: nothing to lose

@@ -1,8 +1,10 @@
 """The batch phase's reader: global shuffle of work units, a bounded in-rank shuffle, prefetch.
 
 Order of samples on rank r in epoch e, fully determined by (seed, e, r, world size, unit list):
-1. units are permuted with `default_rng([seed, e])` and dealt round-robin to ranks;
-2. a rank's units are grouped, in that order, into chunks of about `shuffle_rows` rows;
+1. units are permuted with `default_rng([seed, e])`, laid end to end and cut into `world` runs of
+   equal rows; rank r reads run r (a unit across a cut is read by both ranks, each training its
+   own span of it: `units.epoch_spans`);
+2. a rank's unit spans are grouped, in that order, into chunks of about `shuffle_rows` rows;
 3. a chunk's rows (minus rows outside [T - W, T) and held-out rows) are permuted with
    `default_rng([seed, e, r, chunk])` and cut into batches; a batch may span two chunks.
 
@@ -34,7 +36,7 @@ import pyarrow.parquet as pq
 from slipstream.errors import ResumeError
 from trainers.data.holdout import holdout_mask
 from trainers.data.redeal import Piece, deal, pieces_plan, remaining_pieces
-from trainers.data.units import Opener, WorkUnit, chunk_bounds, epoch_units, units_digest
+from trainers.data.units import EpochPlan, Opener, WorkUnit, epoch_plan, units_digest
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
 from trainers.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
 from trainers.stateful import check_version
@@ -42,7 +44,7 @@ from trainers.stateful import check_version
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-SHUFFLE_ALGORITHM = "units:default_rng([seed,epoch]).permutation/round-robin; rows:default_rng([seed,epoch,rank,chunk])"
+SHUFFLE_ALGORITHM = "units:default_rng([seed,epoch]).permutation/equal-row-runs; rows:default_rng([seed,epoch,rank,chunk])"
 
 
 @dataclass
@@ -168,49 +170,53 @@ class IcebergSource:
         self._pieces: list[Piece] | None = None
         """In an epoch re-dealt on another world size (`redeal`): this rank's pieces, read as its chunks"""
         self._base_world = world
-        self._unit_rows: dict[int, tuple[np.ndarray, int, int]] = {}
-        """unit index -> (training rows as packed bits, rows outside the window, held-out rows)"""
+        self._unit_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """unit index -> (rows inside the window, held-out rows), as packed bits"""
+        self._unit_sizes = np.asarray([u.rows for u in units], dtype=np.int64)
 
     # --- plan of an epoch -------------------------------------------------------------------
-    def epoch_plan(self, epoch: int, rank: int | None = None, world: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The units a rank reads in `epoch`, in order, and its chunk bounds (default: this rank's)."""
+    def epoch_plan(self, epoch: int, rank: int | None = None, world: int | None = None) -> EpochPlan:
+        """What a rank reads in `epoch` (default: this rank)."""
         rank, world = (self.rank, self.world) if rank is None or world is None else (rank, world)
-        order = epoch_units(len(self.units), epoch, self.seed, rank, world)
-        rows = np.asarray([self.units[i].rows for i in order], dtype=np.int64)
-        return order, chunk_bounds(rows, self.shuffle_rows)
+        return epoch_plan(self._unit_sizes, epoch, self.seed, rank, world, self.shuffle_rows)
 
-    def read_chunk(self, epoch: int, order: np.ndarray, bounds: np.ndarray, chunk: int, stats: ChunkStats | None = None,
+    def read_chunk(self, epoch: int, plan: EpochPlan, chunk: int, stats: ChunkStats | None = None,
                    pool: Executor | None = None, submitted: Callable[[], None] | None = None) -> Rows:
-        idx = np.sort(order[bounds[chunk] : bounds[chunk + 1]])  # read order does not matter: rows are permuted
+        order, spans = plan.chunk(chunk)
+        by_unit = np.argsort(order, kind="stable")  # read order does not matter: rows are permuted
+        idx, spans = order[by_unit], spans[by_unit]
         table = read_units([self.units[i] for i in idx], self.open_file, pool, submitted, self.layout)
-        train = self._training_rows(table, idx, self.stats if stats is None else stats)
+        train = self._training_rows(table, idx, spans, self.stats if stats is None else stats)
         rank, key = (self.rank, chunk) if self._pieces is None else self._pieces[chunk][:2]
         perm = np.random.default_rng([self.seed, epoch, rank, key]).permutation(len(train))
         # row i of the chunk is training row perm[i]: one gather per column straight from the read
         # table (no filtered copy, no second permuted copy)
         return Rows.from_arrow(table, self.layout, source=SOURCE_ICEBERG, epoch=epoch, take=train[perm])
 
-    def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, stats: ChunkStats) -> np.ndarray:
-        """Ascending indices of the training rows (inside the window, not held out) of a chunk's
-        table (its units' rows, in `unit_ids` order). Which rows of a unit train depends only on
-        the unit's data, so it is worked out on the unit's first read and kept (one bit per row):
-        later epochs skip the window check and the id hash."""
-        known = [self._unit_rows[i] for i in unit_ids.tolist() if i in self._unit_rows]
-        if len(known) < len(unit_ids):
-            inside, hold = _window_and_holdout(table, *self.window_us, stats)
-            keep = inside & ~hold
-            edges = np.cumsum([0] + [self.units[i].rows for i in unit_ids])
+    def _training_rows(self, table: pa.Table, unit_ids: np.ndarray, spans: np.ndarray, stats: ChunkStats) -> np.ndarray:
+        """Ascending indices of the training rows (inside the window, not held out, inside the
+        unit's span) of a chunk's table (its units' whole rows, in `unit_ids` order). Which rows
+        of a unit are inside the window or held out depends only on the unit's data, so it is
+        worked out on the unit's first read and kept (one bit each per row): later epochs skip the
+        window check and the id hash. `stats` counts the spans' rows only."""
+        sizes = self._unit_sizes[unit_ids]
+        edges = np.concatenate([[0], np.cumsum(sizes)])
+        if any(i not in self._unit_rows for i in unit_ids.tolist()):
+            inside, hold = _window_and_holdout(table, *self.window_us, ChunkStats())
             for i, a, b in zip(unit_ids.tolist(), edges[:-1], edges[1:]):
-                self._unit_rows[i] = (np.packbits(keep[a:b]), int(b - a - np.count_nonzero(inside[a:b])),
-                                      int(np.count_nonzero(inside[a:b] & hold[a:b])))
-            return np.flatnonzero(keep)
-        stats.rows_read += table.num_rows
-        parts = []
-        for i, (bits, outside, held) in zip(unit_ids.tolist(), known):
-            stats.rows_outside_window += outside
-            stats.rows_holdout += held
-            parts.append(np.unpackbits(bits, count=self.units[i].rows))
-        return np.flatnonzero(np.concatenate(parts))
+                self._unit_rows[i] = (np.packbits(inside[a:b]), np.packbits(hold[a:b]))
+        else:
+            known = [self._unit_rows[i] for i in unit_ids.tolist()]
+            inside = np.concatenate([np.unpackbits(bits, count=n).view(bool) for (bits, _), n in zip(known, sizes.tolist())])
+            hold = np.concatenate([np.unpackbits(bits, count=n).view(bool) for (_, bits), n in zip(known, sizes.tolist())])
+        in_span = np.zeros(len(inside), dtype=bool)
+        for a, (start, stop) in zip(edges[:-1].tolist(), spans.tolist()):
+            in_span[a + start : a + stop] = True
+        inside &= in_span
+        stats.rows_read += int(np.count_nonzero(in_span))
+        stats.rows_outside_window += int(np.count_nonzero(in_span) - np.count_nonzero(inside))
+        stats.rows_holdout += int(np.count_nonzero(inside & hold))
+        return np.flatnonzero(inside & ~hold)
 
     # --- iteration --------------------------------------------------------------------------
     def start_epoch(self, epoch: int, chunk: int | None = None, offset: int | None = None) -> None:
@@ -226,20 +232,20 @@ class IcebergSource:
         self.epoch, self._chunk, self._pos = epoch, chunk, 0
         self._rows = None
         self._skip = offset
-        order, bounds = self.epoch_plan(epoch) if self._pieces is None else \
+        plan = self.epoch_plan(epoch) if self._pieces is None else \
             pieces_plan(lambda r: self.epoch_plan(epoch, r, self._base_world), self._pieces)
-        self._n_chunks = len(bounds) - 1
+        self._n_chunks = plan.n_chunks
         self._queue = queue.Queue()  # bounded by the slots
         self._slots = threading.Semaphore(self.prefetch_chunks + 1)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
-            target=self._read_ahead, args=(epoch, order, bounds, chunk, self._queue, self._slots, self._stop),
+            target=self._read_ahead, args=(epoch, plan, chunk, self._queue, self._slots, self._stop),
             name=f"iceberg-prefetch-r{self.rank}", daemon=True,
         )
         self._thread.start()
 
-    def _read_ahead(self, epoch: int, order: np.ndarray, bounds: np.ndarray, first: int, q: queue.Queue[Any],
+    def _read_ahead(self, epoch: int, plan: EpochPlan, first: int, q: queue.Queue[Any],
                     slots: threading.Semaphore, stop: threading.Event) -> None:
         pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
         # the row groups of the chunks being read, queued in chunk order (see `read`): a few at a
@@ -266,13 +272,13 @@ class IcebergSource:
                     turns.wait(0.1)
             stats = ChunkStats()
             try:
-                return self.read_chunk(epoch, order, bounds, c, stats, groups, lambda: queued(c)), stats
+                return self.read_chunk(epoch, plan, c, stats, groups, lambda: queued(c)), stats
             finally:
                 queued(c)  # also when the read failed before queueing anything
 
         try:
             pending: deque[Future[tuple[Rows, ChunkStats] | None]] = deque()
-            nxt, end = first, len(bounds) - 1
+            nxt, end = first, plan.n_chunks
             for c in range(first, end):
                 # keep read_threads chunks being read (or waiting for a slot): this one and the
                 # next ones, in order
@@ -381,7 +387,7 @@ class IcebergSource:
         for s in states:
             check_version("Iceberg source", s, STATE_VERSION)
             self.check_resumable(s, same_world=False)
-        epoch, self._base_world, pieces = remaining_pieces(states, lambda e, r, w: len(self.epoch_plan(e, r, w)[1]) - 1)
+        epoch, self._base_world, pieces = remaining_pieces(states, lambda e, r, w: self.epoch_plan(e, r, w).n_chunks)
         self._pieces = deal(pieces, self.rank, self.world)
         self._resume_at = (epoch, 0, 0)
         log.info("rank %d/%d takes %d of the %d chunk piece(s) left of epoch %d by %d rank(s)", self.rank, self.world,
@@ -397,3 +403,10 @@ class IcebergSource:
                     + ("Resume with the same --nproc-per-node (world size) as the checkpoint." if key in ("world", "rank")
                        else "Resume with the checkpoint's config (same snapshot, seed and shuffle buffer).")
                 )
+        mid_epoch = (state.get("chunk", 0), state.get("offset", 0)) != (0, 0) or state.get("pieces") is not None
+        if mid_epoch and state.get("algorithm") != SHUFFLE_ALGORITHM:
+            raise ResumeError(
+                f"batch-phase checkpoint stopped mid-epoch {state.get('epoch')} under the shuffle {state.get('algorithm')!r}; "
+                f"this Slipstream deals the epoch as {SHUFFLE_ALGORITHM!r}, so resuming would lose or repeat samples. "
+                "Finish the epoch with the Slipstream that wrote the checkpoint, or start a new run."
+            )

@@ -1,7 +1,7 @@
 """Resuming a batch epoch on another world size, mid-epoch (as Mosaic Streaming does).
 
 An epoch's sample order on `world` ranks is fixed by (seed, epoch, rank, world, units): rank r
-reads its chunks c = 0, 1, ... and chunk (r, c) is a set of units whose rows are permuted with
+reads its chunks c = 0, 1, ... and chunk (r, c) is a set of unit spans whose rows are permuted with
 `default_rng([seed, epoch, r, c])`. A checkpoint holds each rank's cursor (chunk, offset), so
 what is left of the epoch is exact: for every old rank, the rest of its current chunk (skip the
 `offset` rows already trained) and its later chunks. Those *pieces* (old rank, chunk, skip) are
@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from slipstream.errors import ResumeError
+from trainers.data.units import EpochPlan
 
 Piece = tuple[int, int, int]
 """(rank of the plan the chunk belongs to, chunk index in that rank's epoch plan, rows to skip)"""
@@ -46,18 +47,18 @@ def remaining_pieces(states: list[dict[str, Any]],
     return epoch, base, pieces
 
 
-def pieces_plan(plan_of: Callable[[int], tuple[np.ndarray, np.ndarray]],
-                pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
-    """Unit order and chunk bounds whose chunk i is piece i's chunk, from `plan_of(old rank)`
-    (that rank's epoch plan: its unit order and chunk bounds)."""
-    plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    parts, bounds = [], [0]
+def pieces_plan(plan_of: Callable[[int], EpochPlan], pieces: list[Piece]) -> EpochPlan:
+    """The plan whose chunk i is piece i's chunk, from `plan_of(old rank)` (that rank's epoch plan)."""
+    plans: dict[int, EpochPlan] = {}
+    orders, spans, bounds = [], [], [0]
     for r, c, _ in pieces:
-        order, b = plans[r] if r in plans else plans.setdefault(r, plan_of(r))
-        parts.append(order[b[c] : b[c + 1]])
-        bounds.append(bounds[-1] + len(parts[-1]))
-    order = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return order, np.asarray(bounds, dtype=np.int64)
+        order, span = (plans[r] if r in plans else plans.setdefault(r, plan_of(r))).chunk(c)
+        orders.append(order)
+        spans.append(span)
+        bounds.append(bounds[-1] + len(order))
+    if not orders:
+        return EpochPlan(np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64), np.zeros(1, dtype=np.int64))
+    return EpochPlan(np.concatenate(orders), np.concatenate(spans), np.asarray(bounds, dtype=np.int64))
 
 
 def deal(pieces: list[Piece], rank: int, world: int) -> list[Piece]:

@@ -81,11 +81,45 @@ def units_digest(units: list[WorkUnit]) -> str:
     return h.hexdigest()[:16]
 
 
-def epoch_units(n_units: int, epoch: int, seed: int, rank: int, world: int) -> np.ndarray:
-    """Indices of the units rank `rank` reads in `epoch`: a seeded permutation of all units
-    (global shuffle), dealt round-robin to ranks. Same seed and epoch -> same order everywhere."""
-    perm = np.random.default_rng([seed, epoch]).permutation(n_units)
-    return perm[rank::world]
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one rank reads in an epoch: units in read order, the rows of each it trains
+    (`spans[i]` = [start, stop) within unit `order[i]`) and the chunk bounds over them."""
+
+    order: np.ndarray
+    spans: np.ndarray
+    bounds: np.ndarray
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.bounds) - 1
+
+    def chunk(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """(unit indices, their spans) of chunk c."""
+        a, b = int(self.bounds[c]), int(self.bounds[c + 1])
+        return self.order[a:b], self.spans[a:b]
+
+
+def epoch_spans(unit_rows: np.ndarray, epoch: int, seed: int, rank: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+    """(unit indices, row spans) rank `rank` reads in `epoch`. Every unit, in a seeded permutation
+    (the global shuffle), laid end to end and cut into `world` runs of equal rows (to one row);
+    rank r takes run r. A unit across a cut is read by both ranks, each training its own rows of
+    it, so a window of few large row groups still keeps every rank busy to the end of the epoch.
+    Same seed and epoch -> same order everywhere."""
+    perm = np.random.default_rng([seed, epoch]).permutation(len(unit_rows))
+    edges = np.concatenate([[0], np.cumsum(np.asarray(unit_rows, dtype=np.int64)[perm])])
+    total = int(edges[-1])
+    lo, hi = total * rank // world, total * (rank + 1) // world
+    at = np.arange(np.searchsorted(edges, lo, side="right") - 1, np.searchsorted(edges, hi, side="left"))
+    at = at[(at >= 0) & (at < len(perm))]
+    starts, stops = np.maximum(edges[at], lo) - edges[at], np.minimum(edges[at + 1], hi) - edges[at]
+    some = stops > starts
+    return perm[at[some]], np.stack([starts[some], stops[some]], axis=1).reshape(-1, 2)
+
+
+def epoch_plan(unit_rows: np.ndarray, epoch: int, seed: int, rank: int, world: int, shuffle_rows: int) -> EpochPlan:
+    order, spans = epoch_spans(unit_rows, epoch, seed, rank, world)
+    return EpochPlan(order, spans, chunk_bounds(spans[:, 1] - spans[:, 0], shuffle_rows))
 
 
 def chunk_bounds(unit_rows: np.ndarray, target_rows: int) -> np.ndarray:
