@@ -119,6 +119,8 @@ class Baselines:
         return exchange
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor, standardized: torch.Tensor) -> None:
+        dev = self.logistic.dense_mean.device  # the stats may come from the CPU, the model's flags from its device
+        mean, std, standardized = mean.to(dev), std.to(dev), standardized.to(dev)
         std = torch.where(std > 1e-12, std, torch.ones_like(std))
         self.logistic.dense_mean.copy_(torch.where(standardized, mean, torch.zeros_like(mean)))
         self.logistic.dense_std.copy_(torch.where(standardized, std, torch.ones_like(std)))

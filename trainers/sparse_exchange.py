@@ -73,7 +73,8 @@ class TableGroup:
         self.width = math.prod(params[0].shape[1:])
         self.offsets = [0, *itertools.accumulate(p.shape[0] for p in params)]
         """Where each table's rows start in the group's id space (and, last, where they end)."""
-        self.bases = torch.tensor(self.offsets, dtype=torch.int64)
+        self.bases = torch.tensor(self.offsets, dtype=torch.int64, device=params[0].device)
+        """The same, as a tensor on the tables' device (searched with the exchanged ids there)."""
 
     def local_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's touched rows of every table in the group: (sorted unique ids, their summed values)."""
@@ -86,7 +87,7 @@ class TableGroup:
             ids.append(g._indices()[0] + base)
             values.append(g._values().reshape(-1, self.width))
         if not ids:
-            return torch.zeros(0, dtype=torch.int64), self.params[0].new_zeros((0, self.width))
+            return self.bases.new_zeros(0), self.params[0].new_zeros((0, self.width))
         return _sum_rows(torch.cat(ids), torch.cat(values))
 
     def set_grads(self, ids: torch.Tensor, values: torch.Tensor) -> None:
@@ -124,6 +125,8 @@ class SparseGradExchange:
         self.dense = list((dense or {}).values())
         self.world = world
         self.groups = table_groups(self.params)
+        self.device = _device(self.params + self.dense)
+        """Where the parameters live, and so what the collectives move (NCCL takes CUDA tensors only)."""
         self.sent_bytes = 0
         """Bytes this rank handed to the collectives since construction (ids, values and counts)."""
 
@@ -133,6 +136,7 @@ class SparseGradExchange:
         out = SparseGradExchange({}, self.world)
         out.params, out.dense = self.params + other.params, self.dense + other.dense
         out.groups = table_groups(out.params)
+        out.device = _device(out.params + out.dense)
         return out
 
     def __call__(self, control: list[int] | None = None) -> list[int]:
@@ -151,7 +155,7 @@ class SparseGradExchange:
         dense = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.dense]
         dtype = (self.params + self.dense)[0].dtype if self.params or self.dense else torch.float32
         n = len(self.groups)
-        counts = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64)
+        counts = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64, device=self.device)
         gathered = self._gather(counts)
         totals = [int(x) for x in torch.stack(gathered)[:, n:].sum(0)] if control else []
         if control and totals[0] == 0:
@@ -162,15 +166,14 @@ class SparseGradExchange:
         id_room = max(sum(c) for c in all_counts)
         value_room = max(sum(v) for v in value_counts)
         n_dense = sum(len(x) for x in dense)
-        ids = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+        ids = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.int64, device=self.device)
         values = [*dense, *(v.reshape(-1) for _, v in rows)]
-        payload = torch.cat([_bytes(_padded(ids, id_room)),
-                             _bytes(_padded(torch.cat(values).to(dtype) if values else torch.zeros(0, dtype=dtype),
-                                            n_dense + value_room))])
+        flat = torch.cat(values).to(dtype) if values else torch.zeros(0, dtype=dtype, device=self.device)
+        payload = torch.cat([_bytes(_padded(ids, id_room)), _bytes(_padded(flat, n_dense + value_room))])
         cut = max(id_room, 1) * 8  # (padded to one id at least)
         per_ids: list[list[torch.Tensor]] = [[] for _ in self.groups]
         per_values: list[list[torch.Tensor]] = [[] for _ in self.groups]
-        dense_sum = torch.zeros(n_dense, dtype=dtype)
+        dense_sum = torch.zeros(n_dense, dtype=dtype, device=self.device)
         for c, v, chunk in zip(all_counts, value_counts, self._gather(payload)):
             flat_ids = chunk[:cut].view(torch.int64)
             flat_values = chunk[cut:].view(dtype)
@@ -192,6 +195,11 @@ class SparseGradExchange:
         dist.all_gather(out, t)
         self.sent_bytes += t.numel() * t.element_size()
         return out
+
+
+def _device(params: list[nn.Parameter]) -> torch.device:
+    """The parameters' device (the first one's: a model's parameters share one); CPU for none."""
+    return params[0].device if params else torch.device("cpu")
 
 
 def _padded(t: torch.Tensor, size: int) -> torch.Tensor:

@@ -54,7 +54,9 @@ class RecModel(nn.Module):
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """The training window's mean and standard deviation of each dense feature; applied to the
-        standardised ones (`standardize: true` in the spec), stored with the model's weights."""
+        standardised ones (`standardize: true` in the spec), stored with the model's weights. `mean`
+        and `std` may live anywhere (the trainer computes them on the CPU): they go to the model's device."""
+        mean, std = mean.to(self.dense_mean.device), std.to(self.dense_std.device)
         std = torch.where(std > 1e-12, std, torch.ones_like(std))
         self.dense_mean.copy_(torch.where(self.dense_standardized, mean, torch.zeros_like(mean)))
         self.dense_std.copy_(torch.where(self.dense_standardized, std, torch.ones_like(std)))
