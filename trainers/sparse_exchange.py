@@ -88,7 +88,7 @@ class TableGroup:
             values.append(g._values().reshape(-1, self.width))
         if not ids:
             return self.bases.new_zeros(0), self.params[0].new_zeros((0, self.width))
-        return _sum_rows(torch.cat(ids), torch.cat(values))
+        return _sum_rows(torch.cat(ids), torch.cat(values), self.offsets[-1])
 
     def set_grads(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         """Each table's gradient from the group's sorted unique `ids` and their `values`."""
@@ -100,10 +100,25 @@ class TableGroup:
                                              is_coalesced=True, check_invariants=False)
 
 
-def _sum_rows(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with the same id added up: (sorted unique ids, their sums)."""
-    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-    return unique, values.new_zeros((len(unique), values.shape[1])).index_add_(0, inverse, values)
+MARK_MAX_SPACE_PER_ID = 8
+"""`_sum_rows` marks the touched ids in an array as long as the id space (O(space), no sort)
+while the space is at most this many times the ids; beyond, it sorts them (`torch.unique`).
+Summing a rank's rows of the 25x day's tables (12k ids with repeats in a 45k-row space) took 0.25
+ms marked against 0.65 ms sorted; a 1M-row space with as many ids, 2.1 ms against 0.6."""
+
+
+def _sum_rows(ids: torch.Tensor, values: torch.Tensor, space: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with the same id (in [0, space)) added up: (sorted unique ids, their sums)."""
+    if space <= MARK_MAX_SPACE_PER_ID * len(ids):
+        below = ids.new_zeros(space + 1)
+        below[ids + 1] = 1
+        below.cumsum_(0)  # below[i]: how many touched ids are under i, the slot of id i
+        slot = below[ids]
+        unique = ids.new_empty(int(below[-1]))
+        unique[slot] = ids
+    else:
+        unique, slot = torch.unique(ids, sorted=True, return_inverse=True)
+    return unique, values.new_zeros((len(unique), values.shape[1])).index_add_(0, slot, values)
 
 
 def table_groups(params: list[nn.Parameter]) -> list[TableGroup]:
@@ -183,7 +198,7 @@ class SparseGradExchange:
                 per_ids[j].append(a)
                 per_values[j].append(b.reshape(-1, widths[j]))
         for j, g in enumerate(self.groups):
-            summed_ids, summed = _sum_rows(torch.cat(per_ids[j]), torch.cat(per_values[j]))
+            summed_ids, summed = _sum_rows(torch.cat(per_ids[j]), torch.cat(per_values[j]), g.offsets[-1])
             g.set_grads(summed_ids, summed / self.world)
         for p, d in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
             p.grad = d.reshape(p.shape).to(p.dtype)

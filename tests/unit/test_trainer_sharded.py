@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from trainers.checkpoint import Checkpointer
 from trainers.sharded import SHARDS, join, load_tensors, refs, split
+from trainers.sparse_exchange import MARK_MAX_SPACE_PER_ID, _sum_rows
 
 
 def _state() -> dict:
@@ -268,3 +269,16 @@ def test_a_sharded_checkpoint_of_two_ranks_restores_exactly_on_one(tmp_path: Pat
     assert any("momentum1" in k for k in got)  # the fused Adagrad's state is among them
     for key, t in want.items():
         assert torch.equal(got[key], t), key
+
+
+@pytest.mark.parametrize("space, n", [(40, 200), (45_000, 12_000), (1_000_000, 500), (7, 0)])
+def test_rows_are_summed_alike_marked_or_sorted(space: int, n: int) -> None:
+    # dense ids (marked: the space is at most MARK_MAX_SPACE_PER_ID per id) and sparse ones (sorted)
+    g = torch.Generator().manual_seed(space)
+    ids = (torch.rand(n, generator=g) ** 3 * space).long()
+    values = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    unique, sums = _sum_rows(ids, values, space)
+    want = torch.zeros(space, 3, dtype=torch.float64).index_add_(0, ids, values)
+    assert torch.equal(unique, torch.unique(ids))
+    assert torch.allclose(sums, want[unique])
+    assert (space <= MARK_MAX_SPACE_PER_ID * n) == ((space, n) in ((40, 200), (45_000, 12_000)))
