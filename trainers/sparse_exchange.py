@@ -4,12 +4,12 @@ DDP would all-reduce a sparse gradient with gloo's sparse all-reduce, which corr
 and then on torch 2.13 and 2.14 (a two-process loop of sparse DDP steps died with SIGSEGV or
 "malloc(): unaligned tcache chunk" in about one run of three, empty batches or not). So the
 tables stay out of DDP (which still averages the dense parameters) and their gradients travel
-here with dense collectives: each rank's touched rows (ids and values, padded to the largest
-count of any rank) are all-gathered and added up, then divided by the world size as DDP does.
+here with dense collectives: each rank's touched rows (ids and values, padded to a room every
+rank agrees on) are all-gathered and added up, then divided by the world size as DDP does.
 The model's dense parameters and a small model beside the tables (the logistic baseline) are
 averaged whole in the same collectives, without a DDP of their own, and the step's control
-numbers (each rank's row count, a wish to checkpoint) travel with the first one: a data-parallel
-step on gloo makes two collectives, not nine. A collective costs far more than the bytes it
+numbers (each rank's row count, a wish to checkpoint) travel with them: a data-parallel step on
+gloo makes one collective (two when its rows outgrow the room), not nine. A collective costs far more than the bytes it
 carries here (0.3-2.7 ms each between two processes on this machine, docs/benchmarks.md, Scale).
 Dense models too large to gather cheaply (`DENSE_GATHER_MAX_BYTES`), and every model on GPUs,
 keep DDP for their dense parameters (an all-reduce that overlaps the backward pass).
@@ -132,7 +132,7 @@ def table_groups(params: list[nn.Parameter]) -> list[TableGroup]:
 class SparseGradExchange:
     """`params`: tables whose gradients are sparse (each rank's touched rows travel); `dense`:
     parameters averaged whole, as DDP would (a small model beside the tables: the logistic
-    baseline), in the same two collectives instead of a DDP all-reduce of their own."""
+    baseline), in the same collective instead of a DDP all-reduce of their own."""
 
     def __init__(self, params: dict[str, nn.Parameter], world: int,
                  dense: dict[str, nn.Parameter] | None = None) -> None:
@@ -144,10 +144,14 @@ class SparseGradExchange:
         """Where the parameters live, and so what the collectives move (NCCL takes CUDA tensors only)."""
         self.sent_bytes = 0
         """Bytes this rank handed to the collectives since construction (ids, values and counts)."""
+        self.gathers = 0
+        """All-gathers since construction: one a step, two when a step's rows outgrow the room."""
+        self.room = (0, 0)
+        """(ids, values) a rank's part of the next all-gather has room for; the same on every rank."""
 
     def merged(self, other: "SparseGradExchange") -> "SparseGradExchange":
         """One exchange for both sets of parameters (the model's and the baseline's tables in the
-        same two collectives)."""
+        same collective)."""
         out = SparseGradExchange({}, self.world)
         out.params, out.dense = self.params + other.params, self.dense + other.dense
         out.groups = table_groups(out.params)
@@ -156,41 +160,47 @@ class SparseGradExchange:
 
     def __call__(self, control: list[int] | None = None) -> list[int]:
         """Collective: replace each table's local gradient by the sum over ranks / world size, and
-        each dense parameter's by its mean. Two all-gathers per step whatever the number of tables
-        (the counts; then ids and values end to end, as bytes): on gloo a collective costs 1-2 ms
-        on a loaded 2-core machine (docs/benchmarks.md, Scale), more than the rows it carries.
+        each dense parameter's by its mean, in one all-gather per step whatever the number of
+        tables: each rank's row counts and `control`, then its ids and values, end to end as bytes,
+        padded to a room every rank agrees on (the largest need of the step before, plus a
+        quarter). A step whose rows do not fit one rank's room takes a second all-gather at the
+        exact size. On gloo a collective costs 1-2 ms on a loaded 2-core machine
+        (docs/benchmarks.md, Scale), more than the rows it carries.
 
-        `control`: small integers of this rank (its row count first) summed over ranks in the first
-        all-gather and returned. When no rank has a row (the sum's first number is 0) the
-        gradients are left as they are and the second all-gather is skipped, by every rank alike."""
+        `control`: small integers of this rank (its row count first) summed over ranks and
+        returned. When no rank has a row (the sum's first number is 0) the gradients are left as
+        they are, by every rank alike."""
         control = list(control or [])
         if self.world <= 1:
             return control
         rows = [g.local_rows() for g in self.groups]
         dense = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.dense]
         dtype = (self.params + self.dense)[0].dtype if self.params or self.dense else torch.float32
-        n = len(self.groups)
-        counts = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64, device=self.device)
-        gathered = self._gather(counts)
-        totals = [int(x) for x in torch.stack(gathered)[:, n:].sum(0)] if control else []
-        if control and totals[0] == 0:
-            return totals
-        widths = [g.width for g in self.groups]
-        all_counts = [c[:n].tolist() for c in gathered]  # rows per group, of each rank
-        value_counts = [[k * w for k, w in zip(c, widths)] for c in all_counts]
-        id_room = max(sum(c) for c in all_counts)
-        value_room = max(sum(v) for v in value_counts)
+        n, widths = len(self.groups), [g.width for g in self.groups]
         n_dense = sum(len(x) for x in dense)
         ids = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.int64, device=self.device)
         values = [*dense, *(v.reshape(-1) for _, v in rows)]
         flat = torch.cat(values).to(dtype) if values else torch.zeros(0, dtype=dtype, device=self.device)
-        payload = torch.cat([_bytes(_padded(ids, id_room)), _bytes(_padded(flat, n_dense + value_room))])
-        cut = max(id_room, 1) * 8  # (padded to one id at least)
+        head = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64, device=self.device)
+        id_room, value_room = self.room
+        chunks = self._gather(_pack(head, ids, id_room, flat, n_dense + value_room))
+        heads = torch.stack([c[: head.numel() * 8].view(torch.int64) for c in chunks]).tolist()
+        totals = [sum(h[n + k] for h in heads) for k in range(len(control))]
+        if control and totals[0] == 0:
+            return totals
+        all_counts = [h[:n] for h in heads]  # rows per group, of each rank
+        value_counts = [[k * w for k, w in zip(c, widths)] for c in all_counts]
+        need = (max(sum(c) for c in all_counts), max(sum(v) for v in value_counts))
+        if need[0] > id_room or need[1] > value_room:
+            id_room, value_room = need
+            chunks = self._gather(_pack(head, ids, id_room, flat, n_dense + value_room))
+        self.room = (math.ceil(need[0] * ROOM_HEADROOM), math.ceil(need[1] * ROOM_HEADROOM))
+        start, cut = head.numel() * 8, head.numel() * 8 + max(id_room, 1) * 8  # (padded to one id at least)
         per_ids: list[list[torch.Tensor]] = [[] for _ in self.groups]
         per_values: list[list[torch.Tensor]] = [[] for _ in self.groups]
         dense_sum = torch.zeros(n_dense, dtype=dtype, device=self.device)
-        for c, v, chunk in zip(all_counts, value_counts, self._gather(payload)):
-            flat_ids = chunk[:cut].view(torch.int64)
+        for c, v, chunk in zip(all_counts, value_counts, chunks):
+            flat_ids = chunk[start:cut].view(torch.int64)
             flat_values = chunk[cut:].view(dtype)
             dense_sum += flat_values[:n_dense]
             flat_values = flat_values[n_dense:]
@@ -209,12 +219,24 @@ class SparseGradExchange:
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t)
         self.sent_bytes += t.numel() * t.element_size()
+        self.gathers += 1
         return out
 
 
 def _device(params: list[nn.Parameter]) -> torch.device:
     """The parameters' device (the first one's: a model's parameters share one); CPU for none."""
     return params[0].device if params else torch.device("cpu")
+
+
+ROOM_HEADROOM = 1.25
+"""The next step's room: this step's largest need times this (steps of one batch size vary little)."""
+
+
+def _pack(head: torch.Tensor, ids: torch.Tensor, id_room: int, values: torch.Tensor, value_room: int) -> torch.Tensor:
+    """One rank's part of the all-gather, as bytes, as long on every rank: its counts, its ids in
+    `id_room` slots, its values in `value_room` (zeros after them; cut when they do not fit, and
+    then every rank sees from the counts that a second all-gather at the exact size follows)."""
+    return torch.cat([_bytes(head), _bytes(_padded(ids[:id_room], id_room)), _bytes(_padded(values[:value_room], value_room))])
 
 
 def _padded(t: torch.Tensor, size: int) -> torch.Tensor:

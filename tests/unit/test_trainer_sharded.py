@@ -120,13 +120,24 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
         exchange = SparseGradExchange({"weight": bag.weight, "same": same.weight, "narrow": narrow.weight}, world,
                                       dense={"lin": lin})
         totals = exchange([[3, 1], [0, 0]][rank])  # each rank's row count and a flag, summed
-        sent = exchange.sent_bytes
+        sent, first_gathers = exchange.sent_bytes, exchange.gathers
+        grads = [t.grad.to_dense().clone() for t in (bag.weight, same.weight, narrow.weight)]
+        for t in (bag.weight, same.weight, narrow.weight):  # the same step again: it fits the room now
+            t.grad = None
+        bag(ids if rank == 0 else ids[:0]).sum().backward()
+        same(torch.tensor([[0], [29]]) if rank else torch.tensor([[29]])).sum().backward()
+        narrow(torch.tensor([[5], [5]])).sum().backward()
+        lin.grad = torch.full((3,), float(rank + 1))
+        again = exchange([[3, 1], [0, 0]][rank])
+        same_again = all(torch.equal(g, t.grad.to_dense()) for g, t in zip(grads, (bag.weight, same.weight, narrow.weight)))
+        gathers = exchange.gathers
         before = bag.weight.grad.to_dense().clone()
-        when_empty = exchange([0, 1])  # no rank has a row: the sums, and nothing else travels
-        torch.save({"grad": bag.weight.grad.to_dense(), "same": same.weight.grad.to_dense(),
-                    "narrow": narrow.weight.grad.to_dense(), "sent": sent, "lin": lin.grad, "totals": totals,
-                    "when_empty": when_empty, "untouched": torch.equal(before, bag.weight.grad.to_dense()),
-                    "sent_when_empty": exchange.sent_bytes - sent}, Path(out) / f"{rank}.pt")
+        when_empty = exchange([0, 1])  # no rank has a row: the sums, and the gradients stay
+        torch.save({"grad": grads[0], "same": grads[1], "narrow": grads[2], "sent": sent, "lin": lin.grad,
+                    "totals": totals, "again": again, "same_again": same_again,
+                    "gathers": [first_gathers, gathers, exchange.gathers],
+                    "when_empty": when_empty, "untouched": torch.equal(before, bag.weight.grad.to_dense())},
+                   Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -145,8 +156,9 @@ def test_the_sparse_exchange_averages_the_touched_rows_over_ranks(tmp_path: Path
         want_narrow = torch.zeros(20, 1)
         want_narrow[5] = 2.0  # twice on each rank
         assert torch.equal(g["same"], want_same) and torch.equal(g["narrow"], want_narrow)
-        # the counts' one all-gather: a row count per table group (two widths) and two control numbers
-        assert g["untouched"] and g["sent_when_empty"] == (2 + 2) * 8
+        assert g["untouched"] and g["again"] == [3, 1] and g["same_again"]
+        # the first step has no room yet (two all-gathers), the next fits (one), so does the empty one
+        assert g["gathers"] == [2, 3, 4]
     assert 0 < got[0]["sent"] < (50 + 30) * 4 * 4  # a few rows, never the whole tables
 
 
