@@ -5,10 +5,11 @@ and with the workers, all measured in one run on this machine.
   127.0.0.1, code shipped as a zip) equals the same day preprocessed in local mode (content checksum);
 - `preprocess_speedup_2_workers`: a day of `--speedup-impressions` (default 6M) preprocessed with
   1 executor core vs 2 (one worker vs two, `spark.cores.max` on the same cluster), Spark's
-  start-up excluded (the job's own clock); 1 and 2 in turn, twice, the ratio of the medians. Each worker, its executor and the executor's Python
-  workers are confined to a CPU of their own (`WorkerShape.own_cpu`), as if each worker were a
-  machine: unconfined, one executor of one Spark core already keeps both CPUs of this machine
-  busy (its JVM task thread and the Python worker it feeds), and "two workers" would add no CPU.
+  start-up excluded (the job's own clock); 1 and 2 in turn, twice, the ratio of the medians.
+  Each worker, its executor and the executor's Python workers are confined to a CPU of their own
+  (`WorkerShape.own_cpu`), as if each worker were a machine: unconfined, one executor of one
+  Spark core already keeps both CPUs of this machine busy (its JVM task thread and the Python
+  worker it feeds), and "two workers" would add no CPU.
   The day is large enough that the per-row work outweighs what every executor pays again for
   every stage (its JVM warming up its code: 2-4 s a stage on one CPU here);
   `preprocess_5x_s_1_vs_2_workers` shows the 5x day on the same cluster;

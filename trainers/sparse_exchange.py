@@ -9,8 +9,9 @@ rank agrees on) are all-gathered and added up, then divided by the world size as
 The model's dense parameters and a small model beside the tables (the logistic baseline) are
 averaged whole in the same collectives, without a DDP of their own, and the step's control
 numbers (each rank's row count, a wish to checkpoint) travel with them: a data-parallel step on
-gloo makes one collective (two when its rows outgrow the room), not nine. A collective costs far more than the bytes it
-carries here (0.3-2.7 ms each between two processes on this machine, docs/benchmarks.md, Scale).
+gloo makes one collective (two when its rows outgrow the room), not nine. A collective costs far
+more than the bytes it carries here (0.3-2.7 ms each between two processes on this machine,
+docs/benchmarks.md, Scale).
 Dense models too large to gather cheaply (`DENSE_GATHER_MAX_BYTES`), and every model on GPUs,
 keep DDP for their dense parameters (an all-reduce that overlaps the backward pass).
 The bytes a rank sends are counted (`sent_bytes`) for `slipstream bench embeddings`.
@@ -183,8 +184,9 @@ class SparseGradExchange:
         flat = torch.cat(values).to(dtype) if values else torch.zeros(0, dtype=dtype, device=self.device)
         head = torch.tensor([len(i) for i, _ in rows] + control, dtype=torch.int64, device=self.device)
         id_room, value_room = self.room
+        start = head.numel() * 8  # where a rank's ids begin in its part
         chunks = self._gather(_pack(head, ids, id_room, flat, n_dense + value_room))
-        heads = torch.stack([c[: head.numel() * 8].view(torch.int64) for c in chunks]).tolist()
+        heads = torch.stack([c[:start].view(torch.int64) for c in chunks]).tolist()
         totals = [sum(h[n + k] for h in heads) for k in range(len(control))]
         if control and totals[0] == 0:
             return totals
@@ -195,7 +197,7 @@ class SparseGradExchange:
             id_room, value_room = need
             chunks = self._gather(_pack(head, ids, id_room, flat, n_dense + value_room))
         self.room = (math.ceil(need[0] * ROOM_HEADROOM), math.ceil(need[1] * ROOM_HEADROOM))
-        start, cut = head.numel() * 8, head.numel() * 8 + max(id_room, 1) * 8  # (padded to one id at least)
+        cut = start + max(id_room, 1) * 8  # where its values begin (ids padded to one at least)
         per_ids: list[list[torch.Tensor]] = [[] for _ in self.groups]
         per_values: list[list[torch.Tensor]] = [[] for _ in self.groups]
         dense_sum = torch.zeros(n_dense, dtype=dtype, device=self.device)

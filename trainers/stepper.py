@@ -6,7 +6,7 @@ scaler and the drift gauge that sets the stream phase's shared learning rate. Th
 over a rank's rows divided by the configured batch size: gradients are averaged over ranks, so
 every sample weighs the same whatever each rank's row count, and a rank without rows steps on an
 empty batch (zero gradients) to keep the collective in step. `step_if_any` also sums the step's
-control numbers (row counts, a wish to checkpoint) over ranks, in the exchange's first collective.
+control numbers (row counts, a wish to checkpoint) over ranks, in the exchange's collective.
 """
 
 from __future__ import annotations

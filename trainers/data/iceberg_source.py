@@ -213,8 +213,9 @@ class IcebergSource:
         for a, (start, stop) in zip(edges[:-1].tolist(), spans.tolist()):
             in_span[a + start : a + stop] = True
         inside &= in_span
-        stats.rows_read += int(np.count_nonzero(in_span))
-        stats.rows_outside_window += int(np.count_nonzero(in_span) - np.count_nonzero(inside))
+        n_span = int(np.count_nonzero(in_span))
+        stats.rows_read += n_span
+        stats.rows_outside_window += n_span - int(np.count_nonzero(inside))
         stats.rows_holdout += int(np.count_nonzero(inside & hold))
         return np.flatnonzero(inside & ~hold)
 
