@@ -8,7 +8,7 @@ generated batches, three times:
 - `dense_ddp`: the tables with dense gradients under DDP, Adam: every step all-reduces every row
   of every table (the trainer before TorchRec);
 - `sparse` (`model.sharding=none`): every rank holds every table; the rows a batch touched travel
-  between ranks (`trainers.sparse_exchange`), stepped by `optim.table_optimizer=sparse_adam`;
+  between ranks (`trainers.parallel.grad_exchange`), stepped by `optim.table_optimizer=sparse_adam`;
 - `sharded` (`model.sharding`, `--sharding`, default column_wise: at two ranks, table-wise would
   place the one large table whole on one rank): TorchRec shards the tables over the two ranks, ids
   and pooled vectors travel by all-to-all, tables stepped by the fused Adagrad in backward.
@@ -92,12 +92,13 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from slipstream.samples.schema import DEFAULT_SPEC
-    from trainers.config import ModelConfig
-    from trainers.distributed import Dist
-    from trainers.model import build_optimizer
+    from trainers.config.schema import ModelConfig
+    from trainers.parallel.dist import Dist
+    from trainers.optim.groups import build_optimizer
     from trainers.models import build_model
-    from trainers.sharding import shard_model, sharded_optimizer
-    from trainers.sparse_exchange import data_parallel
+    from trainers.optim.groups import sharded_optimizer
+    from trainers.parallel.sharding import shard_model
+    from trainers.parallel.grad_exchange import data_parallel
 
     mc = ModelConfig(embed_dim=16, buckets={"user_id": args.rows}, sharding=args.sharding if name == "sharded" else "none")
     model = build_model(DEFAULT_SPEC, mc, seed=0)
@@ -141,7 +142,7 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
 
 def _table_bytes(net: torch.nn.Module) -> int:
     """Bytes of the embedding tables this rank holds (a sharded table: its local shards)."""
-    from trainers.sharding import local_tensors
+    from trainers.parallel.sharding import local_tensors
 
     state = {k: v for k, v in net.state_dict().items() if ".embedding_bags." in k}
     return sum(t.numel() * t.element_size() for t in local_tensors(state))
@@ -152,7 +153,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
-    from trainers.rows import Features, Rows
+    from trainers.data.rows import Features, Rows
 
     gen = GeneratorConfig(start_day=date(2026, 11, 1), days=1, impressions_per_day=world * args.batch * (args.steps + 3),
                           seed=rank)

@@ -66,7 +66,7 @@ from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from slipstream.settings import Settings
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import file_opener, plan_units
-from trainers.rows import DEFAULT_LAYOUT, Features
+from trainers.data.rows import DEFAULT_LAYOUT, Features
 
 READ_COLUMNS = DEFAULT_LAYOUT.read_columns
 

@@ -49,12 +49,12 @@ from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import client_config, consumer_config, create_topic, end_offsets, produce_samples
 from slipstream.settings import Settings
 from slipstream.dev.stack import free_port, start_kafka, stop_process
-from trainers.config import DataConfig, load_config
+from trainers.config.schema import DataConfig, load_config
 from trainers.data.holdout import holdout_mask
 from trainers.data.kafka_source import KafkaSource
-from trainers.distributed import Dist, select_device
+from trainers.parallel.dist import Dist, select_device
 from slipstream.samples.schema import DEFAULT_SPEC
-from trainers.rows import SOURCE_KAFKA, Features, Rows
+from trainers.data.rows import SOURCE_KAFKA, Features, Rows
 
 log = logging.getLogger("bench.stream")
 

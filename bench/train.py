@@ -27,13 +27,13 @@ from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, ref
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.lake.planning import plan_window_files
 from slipstream.settings import Settings
-from trainers.config import load_config
+from trainers.config.schema import load_config
 from trainers.data.iceberg_source import IcebergSource
 from trainers.data.units import file_opener, plan_units
 from slipstream.samples.schema import DEFAULT_SPEC
-from trainers.model import build_optimizer
+from trainers.optim.groups import build_optimizer
 from trainers.models import build_model
-from trainers.rows import Features, Rows
+from trainers.data.rows import Features, Rows
 
 log = logging.getLogger(__name__)
 

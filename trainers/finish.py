@@ -28,23 +28,23 @@ from slipstream.samples.codec import decode_samples
 from slipstream.samples.schema import HOLDOUT_MODULO
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
-from trainers.audit import merge_parts
-from trainers.config import TrainConfig
+from trainers.observe.sample_audit import merge_parts
+from trainers.config.schema import TrainConfig
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import ChunkStats, read_units, select_rows
 from trainers.data.kafka_source import assigned_partitions, read_range
 from trainers.data.units import Opener, WorkUnit
-from trainers.distributed import Dist
-from trainers.drift import DriftGauge
-from trainers.baselines import Baselines
-from trainers.judge import judged, load_champion
-from trainers.validation import EarlyStopping, scores, validation_rows
-from trainers.export import export_model
-from trainers.metrics import MetricsLogger, percentile
+from trainers.parallel.dist import Dist
+from trainers.optim.drift_gauge import DriftGauge
+from trainers.eval.baselines import Baselines
+from trainers.eval.judge import judged, load_champion
+from trainers.eval.validation import EarlyStopping, scores, validation_rows
+from trainers.models.export import export_model
+from trainers.observe.run_metrics import MetricsLogger, percentile
 from trainers.models import build_model
-from trainers.rows import RowLayout, Rows
-from trainers.state import Throughput, TrainState
-from trainers import stream_profile
+from trainers.data.rows import RowLayout, Rows
+from trainers.data.progress import Throughput, TrainState
+from trainers.data import stream_profile
 
 log = logging.getLogger(__name__)
 

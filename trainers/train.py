@@ -1,7 +1,7 @@
 """Entry point: `torchrun --nproc-per-node N -m trainers.train --plan PLAN [--config FILE] [--set k=v ...]`.
 
 `--plan` takes the run's ids, data (snapshot, window, T, files) and knobs from the plan its render
-step wrote (`trainers.plan`); without it, `--config`/`--set` name everything and the trainer plans
+step wrote (`trainers.config.plan`); without it, `--config`/`--set` name everything and the trainer plans
 the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
 Writes the run layout of CONTRACTS.md under the run folder and exits 0 when the run finished,
 2 on a configuration/plan/resume error (message on stderr), 1 on any other failure.
@@ -23,8 +23,8 @@ from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runplan import RunPlan, plan_path
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
-from trainers.config import TrainConfig, load_config
-from trainers.plan import load_plan_config
+from trainers.config.schema import TrainConfig, load_config
+from trainers.config.plan import load_plan_config
 
 log = logging.getLogger("trainers.train")
 
@@ -42,7 +42,7 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         plan_file: Path | None = None) -> dict[str, Any]:
     """Train as configured (collective over the torchrun world); returns the summary on rank 0.
     `plan`: the run's plan (from `plan_file`); None: planned here from the config."""
-    from trainers.distributed import init_distributed
+    from trainers.parallel.dist import init_distributed
     from trainers.finish import finish, finished_summary
     from trainers.trainer import Trainer
 

@@ -5,7 +5,7 @@ step has globally and whether rank 0 wants a checkpoint or a stop, so all ranks 
 number of optimizer steps (a rank without rows steps on an empty batch) and decide together.
 
 The job is assembled from pieces that each save and restore their own state in a checkpoint
-(`trainers.stateful`): the run's counters and positions (`TrainState`), the model and optimizer
+(`trainers.checkpoint.stateful`): the run's counters and positions (`TrainState`), the model and optimizer
 (`Stepper`), the Iceberg and Kafka sources, the stream shuffle, the replay reservoir and the
 drift gauge. What the run reads comes from its plan (`slipstream.pipeline.runplan`).
 """
@@ -27,24 +27,24 @@ from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import KafkaAccess, create_topic
-from trainers import stream_profile
-from trainers.audit import AuditWriter, drop_uncommitted
-from trainers.checkpoint import Checkpointer, atomic_torch_save
-from trainers.config import TrainConfig
+from trainers.data import stream_profile
+from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
+from trainers.checkpoint.store import Checkpointer, atomic_torch_save
+from trainers.config.schema import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
-from trainers.dense_stats import window_dense_stats
+from trainers.data.dense_stats import window_dense_stats
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
-from trainers.distributed import Dist
-from trainers.export import export_model
+from trainers.parallel.dist import Dist
+from trainers.models.export import export_model
 from trainers.finish import RunOutcome
-from trainers.metrics import MetricsLogger, ProgressLog
-from trainers.plan import plan_for_config
-from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
-from trainers.state import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
-from trainers.stepper import Stepper
-from trainers.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
+from trainers.observe.run_metrics import MetricsLogger, ProgressLog
+from trainers.config.plan import plan_for_config
+from trainers.data.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
+from trainers.data.progress import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
+from trainers.step import Stepper
+from trainers.eval.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ class Trainer:
         across a checkpoint: the rows a rank's advanced offsets cover are, by the next
         checkpoint, in the buffer of exactly one rank (or trained and audited), and every rank's
         buffer is saved at that same step, so the checkpoint stays exactly-once. A resume gives
-        buffered rows back to the rank owning their partition (trainers.state.resume_point)."""
+        buffered rows back to the rank owning their partition (trainers.data.progress.resume_point)."""
         if self.d.world <= 1:
             return fresh
         t0 = time.perf_counter()
@@ -450,7 +450,7 @@ class Trainer:
 
     # --- checkpoint, logs, export, finish ------------------------------------------------------
     def checkpoint(self) -> None:
-        """Collective: every piece's state, committed together (trainers.checkpoint)."""
+        """Collective: every piece's state, committed together (trainers.checkpoint.store)."""
         st, plan = self.state, self._plan()
         if self.kafka is not None:
             self.kafka.flush_dead_letters()

@@ -10,7 +10,7 @@ Layout under the registry location (a local folder or `s3://bucket/prefix`):
 
 The decision reads the run's metrics.json, whose scores the trainer computed on rows after T (the
 future: neither the challenger, its baselines nor the champion trained on them), with the champion
-re-scored on the same rows in the same step (`trainers.judge`). A challenger is promoted when it
+re-scored on the same rows in the same step (`trainers.eval.judge`). A challenger is promoted when it
 beats its own logistic-regression baseline there, and its AUC is at least the champion's minus a
 tolerance (retraining on fresher data is worth a hair of AUC noise; a real regression is not).
 The reason names the numbers, the rows and the 95% interval of each difference (a bootstrap over

@@ -171,7 +171,7 @@ class TrainRequest:
 
 
 def trainer_overrides(request: TrainRequest) -> dict[str, str]:
-    """The request's knobs as the trainer's `--set section.key=value` pairs (trainers/config.py
+    """The request's knobs as the trainer's `--set section.key=value` pairs (trainers/config/schema.py
     names the keys): how the trainer applies a plan's request, and the only place outside
     `trainers/` where those keys appear. A run's ids, snapshot and window are not knobs: the
     trainer takes them from the plan."""

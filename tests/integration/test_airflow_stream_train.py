@@ -86,7 +86,7 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     from slipstream_airflow.local_launch import LocalTorchrunOperator
     from tests.trainer_fixtures import (assert_trained_once, checkpoint_meta, generated, in_stream_with_progress,
                                         make_samples, stream_ids, training_ids)
-    from trainers.audit import read_audit
+    from trainers.observe.sample_audit import read_audit
 
     fx = make_samples(settings.home, days=1, per_day=1500, row_group_rows=500, stream_minutes=240.0)
     data = generated(settings.home, fx)

@@ -29,9 +29,9 @@ from tests.trainer_fixtures import (
     train_config,
     training_ids,
 )
-from trainers.audit import read_audit
+from trainers.observe.sample_audit import read_audit
 from trainers.data.kafka_source import assigned_partitions
-from trainers.statefile import decode_state
+from trainers.checkpoint.statefile import decode_state
 
 pytestmark = pytest.mark.integration
 

@@ -63,7 +63,7 @@ def test_defaults_and_good_values_resolve(params: Any) -> None:
 
 
 def test_request_from_params_renders_trainer_overrides(settings: Settings) -> None:
-    from trainers.plan import load_plan_config
+    from trainers.config.plan import load_plan_config
 
     req = TrainRequest.from_params({"window_days": 3, "epochs": 2, "stream_stop": "0", "lr": 0.01, "stream_name": "x"},
                                    other_params=("stream_name",))

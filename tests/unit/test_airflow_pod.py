@@ -30,7 +30,7 @@ def spec_for(settings: Settings, **request: Any):  # type: ignore[no-untyped-def
 def trainer_config(settings: Settings, args: list[str]):  # type: ignore[no-untyped-def]
     """What the trainer resolves from a pod's arguments: the plan they name (the runs volume the
     pod mounts is this worker's runs dir) and their --set pairs."""
-    from trainers.plan import load_plan_config
+    from trainers.config.plan import load_plan_config
 
     pod_path = Path(args[args.index("--plan") + 1])
     assert pod_path == Path(CLUSTER.runs_mount_path) / pod_path.parent.name / "plan.json"

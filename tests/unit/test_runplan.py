@@ -113,7 +113,7 @@ def test_request_and_window_must_agree() -> None:
 
 
 def test_the_trainer_config_comes_from_the_plan_and_set_changes_only_knobs(fx: SamplesFixture) -> None:
-    from trainers.plan import load_plan_config
+    from trainers.config.plan import load_plan_config
 
     plan = _plan(fx, "daily-20261104-cfg00001", epochs=2, batch_size=512, stream_stop="0", lr=0.01)
     path = write_plan(plan)
@@ -149,7 +149,7 @@ def test_a_pod_reads_the_plan_from_the_runs_volume(fx: SamplesFixture) -> None:
 def test_the_window_is_computed_by_one_function(fx: SamplesFixture) -> None:
     """The trainer's config, the retrain planner and the plan agree on [T - W, T)."""
     from slipstream.lake.retrain_plan import window_days
-    from trainers.config import DataConfig
+    from trainers.config.schema import DataConfig
 
     plan = _plan(fx, window_days=3)
     cfg = DataConfig(snapshot_id=plan.snapshot_id, t_handoff=plan.t_handoff.isoformat(), window_days=3)

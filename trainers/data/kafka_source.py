@@ -39,8 +39,8 @@ from slipstream.stream.kafka import Broker, as_access, client_config, consumer_c
 from trainers.data.holdout import holdout_mask
 from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.samples.spec import Spec
-from trainers.rows import SOURCE_KAFKA, RowLayout, Rows
-from trainers.stateful import check_version
+from trainers.data.rows import SOURCE_KAFKA, RowLayout, Rows
+from trainers.checkpoint.stateful import check_version
 
 log = logging.getLogger(__name__)
 

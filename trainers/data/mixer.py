@@ -20,8 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 from slipstream.errors import ResumeError
-from trainers.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
-from trainers.stateful import check_version
+from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
+from trainers.checkpoint.stateful import check_version
 
 STATE_VERSION = 1
 

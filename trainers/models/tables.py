@@ -8,7 +8,7 @@ names the feature); a list that `shares` an id's table is one more feature of th
 history item and the same item as a candidate look up one row. Tables pool by mean: a one-value bag
 is that row, an empty history is zeros.
 
-The tables' gradients are sparse (the rows a batch touched): see `trainers.stepper` for how they
+The tables' gradients are sparse (the rows a batch touched): see `trainers.step` for how they
 travel between ranks and which optimizer applies them.
 
 Ids are taken modulo their table's rows here, per feature in one tensor op, so ids from any id
@@ -24,7 +24,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
 
 from slipstream.samples.spec import Spec
-from trainers.rows import Features
+from trainers.data.rows import Features
 
 MIN_SHARDED_DIM = 4
 """FBGEMM's kernels need a sharded table's width (each column shard's) divisible by 4."""
