@@ -3,7 +3,7 @@
 `--plan` takes the run's ids, data (snapshot, window, T, files) and knobs from the plan its render
 step wrote (`trainers.config.plan`); without it, `--config`/`--set` name everything and the trainer plans
 the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
-Writes the run layout of CONTRACTS.md under the run folder and exits 0 when the run finished,
+Writes the run folder (docs/trainer.md, Run layout) and exits 0 when the run finished,
 2 on a configuration/plan/resume error (message on stderr), 1 on any other failure.
 """
 
@@ -55,14 +55,14 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         units = tr.setup(plan)
         if d.is_main:
             write_config(cfg, tr.plan, plan_file)
-        rp = tr.resume()
+        resumed = tr.resume()
         st = tr.state
-        if rp is not None and st.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
+        if resumed and st.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
             log.info("run %s already finished at step %d: its metrics.json stays as it is", cfg.run.run_id, st.step)
             tr.metrics.close()
             return done if d.is_main else {}
         if st.phase == "batch":
-            tr.batch_phase(units, rp)
+            tr.batch_phase(units)
             if cfg.data.stream:
                 tr.handoff()
         if st.phase == "stream":

@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 MODEL_FILE = "model.pt"
 META_FILE = "meta.json"
-VOLATILE_META = ("time", "stream_elapsed_s")
-"""Metadata that changes with the clock alone: a save that differs only there commits nothing."""
+VOLATILE_META = (("time",), ("run", "stream_elapsed_s"))
+"""Metadata (key paths) that changes with the clock alone: a save that differs only there commits nothing."""
 _FOLDER = re.compile(r"step-(\d{9})(?:\.r(\d+))?$")
 
 
@@ -104,8 +104,33 @@ def _missing(path: Path) -> list[str]:
     return missing
 
 
+def _without(state: dict[str, Any], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`state` less the parts `live` holds: `{piece: {part: live state}}` (a piece's live model and
+    optimizer, whose tensors load in place)."""
+    out = dict(state)
+    for piece, parts in live.items():
+        if isinstance(out.get(piece), dict):
+            out[piece] = {k: v for k, v in out[piece].items() if k not in parts}
+    return out
+
+
+def _overlay(state: dict[str, Any], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`state` with the live parts put back in."""
+    out = dict(state)
+    for piece, parts in live.items():
+        out[piece] = {**(out.get(piece) or {}), **parts}
+    return out
+
+
 def _stable_meta(meta: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in meta.items() if k not in VOLATILE_META}, sort_keys=True, default=str)
+    stable = json.loads(json.dumps(meta, default=str))
+    for path in VOLATILE_META:
+        node = stable
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return json.dumps(stable, sort_keys=True)
 
 
 class Checkpointer:
@@ -153,18 +178,18 @@ class Checkpointer:
         return json.loads((path / META_FILE).read_text())
 
     @staticmethod
-    def load_model(path: Path, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    def load_model(path: Path, into: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The model state of a checkpoint, whole, on the CPU. Collective when a process group is up
         (every rank reads the tensors it needs from the sharded part, whichever rank wrote them).
-        `into`: a live state (a sharded model's and optimizer's) whose tensors are loaded in place,
-        each rank its own shards."""
+        `into`: `{piece: {part: live state}}` (a sharded model's and optimizer's) whose tensors are
+        loaded in place, each rank its own shards."""
         try:
             rest = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
             into = into or {}
-            rest = {k: v for k, v in rest.items() if k not in into}  # those parts come from `into`
+            rest = _without(rest, into)  # those parts come from `into`
             live = split(into)[1]
             loaded = load_tensors(path / SHARDS, refs(rest), live) if (path / SHARDS).is_dir() else {}
-            return {**join(rest, loaded), **into}
+            return _overlay(join(rest, loaded), into)
         except Exception as e:  # an unpickler refusing a global: an old or foreign file
             raise ResumeError(f"{path / MODEL_FILE} or {path / SHARDS} holds more than tensors and plain values "
                               f"({e}); it is not loaded, since unpickling it could run code. Start a new run.run_id.") from e

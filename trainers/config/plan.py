@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from slipstream.errors import ConfigError, PlanError
+from slipstream.errors import ConfigError, PlanError, ResumeError
 from slipstream.pipeline.request import trainer_overrides
 from slipstream.pipeline.runplan import RunPlan, build_run_plan, plan_path, read_plan, write_plan
 from slipstream.samples.spec import Spec
@@ -85,3 +85,22 @@ def plan_for_config(cfg: TrainConfig, table: Any, spec: Spec) -> RunPlan:
         return old
     write_plan(plan, cfg.run.run_dir)
     return plan
+
+
+class RunLineage:
+    """The `lineage` checkpoint piece: the data and table layout a run trains. A resume with another
+    plan (snapshot, T, window, topic) or another sharding is refused: it would mix two runs' data."""
+
+    def __init__(self, plan: RunPlan, sharding: str) -> None:
+        self.plan, self.sharding = plan, sharding
+
+    def state_dict(self) -> dict[str, Any]:
+        p = self.plan
+        return {"snapshot_id": p.snapshot_id, "t_handoff": p.t_handoff.isoformat(), "window_days": p.window_days,
+                "topic": p.topic, "sharding": self.sharding}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, mine in self.state_dict().items():
+            if state.get(key) != mine:
+                raise ResumeError(f"the checkpoint has {key}={state.get(key)!r} but the plan says {mine!r}: a run "
+                                  "resumes only with the data and table layout it started with; use a new run.run_id")

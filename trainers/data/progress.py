@@ -1,25 +1,25 @@
-"""The run's counters and positions (`TrainState`), and a checkpoint turned back into every piece's
-state, including across world sizes (`resume_point`).
+"""The run's progress as checkpoint pieces (`trainers.checkpoint.pieces`), on any world size.
 
-Batch phase: on the same world size rank r takes rank r's cursor. On another world size
-mid-epoch, what every old rank had left of the epoch is re-dealt over the new ranks
-(`trainers.data.redeal`); at an epoch boundary every cursor is (next epoch, 0, 0) and any world
-size simply continues.
-Stream phase: progress is per Kafka partition (positions) plus rows buffered but not trained;
-a new world size re-deals partitions and every buffered row goes to the rank that now owns its
-partition, so nothing is lost or trained twice.
+- `RunProgress` (meta `run`): step, phase, epoch, every partition's next offset and the sample
+  counters of all ranks (`TrainState`).
+- `BatchCursor` (data `iceberg`): where each rank is in the batch epoch. On the same world size
+  rank r takes rank r's cursor; on another world size mid-epoch, what every old rank had left of
+  the epoch is re-dealt over the new ranks (`trainers.data.redeal`); at an epoch boundary every
+  cursor is (next epoch, 0, 0) and any world size simply continues.
+- In the stream phase progress is per Kafka partition (positions) plus the rows buffered but not
+  trained (`trainers.data.mixer`): a new world size re-deals partitions and every buffered row goes
+  to the rank that now owns its partition, so nothing is lost or trained twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from slipstream.errors import ResumeError
-from trainers.data.mixer import STATE_VERSION as BUFFER_VERSION
-from trainers.data.rows import Rows, rows_from_state, rows_to_state
 from trainers.checkpoint.stateful import check_version
 
 STATE_VERSION = 1
@@ -97,70 +97,75 @@ class Throughput:
     """Consume-to-train latency of stream rows (rank 0, capped)."""
 
 
-@dataclass
-class ResumePoint:
-    """This rank's share of a checkpoint: the run's state and each piece's `load_state_dict` input."""
+class Collectives(Protocol):
+    """The two collectives the run's progress needs (`trainers.parallel.dist.Dist` has them)."""
 
-    state: TrainState
-    iceberg: dict[str, Any] | None = None
-    """This rank's Iceberg cursor (same world size), or None: start the epoch at its beginning."""
-    shuffle: dict[str, Any] | None = None
-    """The stream-phase rows buffered for this rank's partitions (from every old rank)."""
-    replay: dict[str, Any] | None = None
-    """The replay reservoir of the old ranks this rank takes over."""
-    profile: dict[str, Any] | None = None
-    """The stream profile so far (rank 0)."""
+    rank: int
+
+    def sum(self, values: list[float]) -> list[float]: ...
+
+    def gather(self, obj: Any) -> list[Any]: ...
 
 
-def resume_point(meta: dict[str, Any], states: list[dict[str, Any]], rank: int, world: int,
-                 my_partitions: list[int] | None) -> ResumePoint:
-    """This rank's resume point from the checkpoint meta and every old rank's data state."""
-    old_world = int(meta["world"])
-    if len(states) != old_world:
-        raise ResumeError(f"checkpoint has {len(states)} rank states but says world={old_world}: it is damaged")
-    state = TrainState()
-    state.load_state_dict(meta)
-    if rank != 0:
-        state.counters = {k: 0.0 for k in COUNTERS}  # totals live on rank 0 so that sums stay right
-    rp = ResumePoint(state=state, profile=meta.get("profile") if rank == 0 else None)
-    if state.phase == "batch":
-        cursors = [s["iceberg"] for s in states]
+class RunProgress:
+    """The `run` piece: this rank's `TrainState`, saved with every rank's counters summed and every
+    partition's position (collective), loaded with the totals on rank 0 only (sums stay right)."""
+
+    def __init__(self, state: TrainState, d: Collectives) -> None:
+        self.state, self.d = state, d
+
+    def global_positions(self) -> dict[int, int]:
+        """Collective: every partition's next offset (each rank reports the partitions it reads)."""
+        st = self.state
+        if st.phase == "batch" or st.handoff_offsets is None:
+            return {}
+        merged = dict(st.positions)
+        for own in self.d.gather({p: st.positions[p] for p in st.my_partitions}):
+            merged.update(own)
+        st.positions.update(merged)
+        return merged
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self.state
+        totals = self.d.sum([float(st.counters[k]) for k in COUNTERS])
+        positions = self.global_positions()
+        return {**st.state_dict(counters=dict(zip(COUNTERS, totals, strict=True))),
+                "positions": positions or st.handoff_offsets or {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
+        if self.d.rank != 0:
+            self.state.counters = {k: 0.0 for k in COUNTERS}
+
+
+class BatchCursor:
+    """The `iceberg` piece: this rank's cursor in the batch epoch. Saving reads the live source
+    (`source`, set while the batch phase runs); a load keeps this rank's share (`resumed`) for the
+    next source to start from."""
+
+    def __init__(self, state: TrainState, rank: int, world: int) -> None:
+        self.state, self.rank, self.world = state, rank, world
+        self.source: Any = None
+        """The batch phase's live `IcebergSource` (None outside it)."""
+        self.resumed: dict[str, Any] | None = None
+        """This rank's cursor from a checkpoint, for the next source's `load_state_dict`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self.state
+        cursor: dict[str, Any] = self.source.state_dict() if self.source is not None else {}
+        if st.phase != "batch" or not cursor or cursor["epoch"] < st.epoch:
+            cursor = {**cursor, "epoch": st.epoch, "chunk": 0, "offset": 0}  # an epoch boundary
+        return cursor
+
+    def load_rank_states(self, states: Sequence[dict[str, Any] | None]) -> None:
+        cursors = [c for c in states if c is not None]
+        if len(cursors) != len(states):
+            raise ResumeError(f"the checkpoint holds a batch cursor for {len(cursors)} of its {len(states)} ranks: it is damaged")
         at_boundary = all(c["chunk"] == 0 and c["offset"] == 0 and c.get("pieces") is None for c in cursors)
-        if old_world == world:
-            rp.iceberg = cursors[rank]
+        if len(cursors) == self.world:
+            self.resumed = cursors[self.rank]
         elif not at_boundary:  # mid-epoch on another world size: what is left of the epoch is re-dealt
-            rp.iceberg = {"redeal": cursors}
-    rp.replay = _replay_share(states, rank, world, old_world)
-    if state.phase != "batch" and my_partitions is not None:
-        rp.shuffle = _shuffle_share(states, rank, world, old_world, my_partitions)
-    return rp
+            self.resumed = {"redeal": cursors}
+        else:
+            self.resumed = None
 
-
-def _replay_share(states: list[dict[str, Any]], rank: int, world: int, old_world: int) -> dict[str, Any] | None:
-    """The reservoirs of the old ranks r with r % world == rank, merged (RNG only on the same world size)."""
-    mine = [states[r]["replay"] for r in range(old_world) if r % world == rank and states[r].get("replay")]
-    if not mine:
-        return None
-    for s in mine:
-        check_version("replay reservoir", s, BUFFER_VERSION)
-    if len(mine) == 1 and old_world == world:
-        return mine[0]
-    rows = Rows.concat([rows_from_state(s["rows"]) for s in mine])
-    return {"version": BUFFER_VERSION, "rows": rows_to_state(rows), "keys": np.concatenate([s["keys"] for s in mine]),
-            "rng": mine[0]["rng"] if old_world == world else None, "replayed": 0}
-
-
-def _shuffle_share(states: list[dict[str, Any]], rank: int, world: int, old_world: int,
-                   my_partitions: list[int]) -> dict[str, Any] | None:
-    """Every old rank's buffered rows of the partitions this rank now reads (RNG only on the same world size)."""
-    buffered = []
-    for s in states:
-        if s.get("shuffle"):
-            check_version("stream shuffle", s["shuffle"], BUFFER_VERSION)
-            rows = rows_from_state(s["shuffle"]["rows"])
-            buffered.append(rows.mask(np.isin(rows.partition, list(my_partitions))) if len(rows) else rows)
-    if not buffered:
-        return None
-    same = old_world == world and states[rank].get("shuffle")
-    return {"version": BUFFER_VERSION, "rows": rows_to_state(Rows.concat(buffered)),
-            "rng": states[rank]["shuffle"]["rng"] if same else None}

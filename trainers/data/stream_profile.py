@@ -8,7 +8,8 @@ In checkpoint metadata the profile travels as its JSON dict.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pyarrow as pa
 
@@ -43,3 +44,19 @@ def as_profile(p: FeatureProfile | dict[str, Any] | None, spec: Spec) -> Feature
 
 def merge(profiles: Iterable[FeatureProfile | dict[str, Any] | None], spec: Spec) -> FeatureProfile:
     return merge_profiles(as_profile(p, spec) for p in profiles)
+
+
+class StreamProfilePiece:
+    """The `profile` checkpoint piece: every rank's profile merged on save (collective), the whole
+    profile back on rank 0 at a resume (the other ranks start empty, so merges stay exact)."""
+
+    def __init__(self, spec: Spec, gather: Callable[[Any], list[Any]], rank: int) -> None:
+        self.spec, self.gather, self.rank = spec, gather, rank
+        self.profile = new_profile(spec)
+
+    def state_dict(self) -> dict[str, Any]:
+        return merge(self.gather(self.profile), self.spec).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.rank == 0:
+            self.profile = as_profile(state, self.spec)

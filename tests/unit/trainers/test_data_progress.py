@@ -14,7 +14,7 @@ from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ResumeError
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
 from trainers.data.rows import SOURCE_KAFKA, Rows, rows_from_state, rows_to_state
-from trainers.data.progress import resume_point
+from trainers.data.progress import BatchCursor, TrainState
 
 
 @pytest.fixture(scope="module")
@@ -39,30 +39,35 @@ def _states(rows: Rows, world: int) -> list[dict[str, object]]:
 
 def test_stream_resume_on_another_world_size_keeps_every_buffered_row(table: pa.Table) -> None:
     rows = _kafka_rows(table)
-    meta = {"world": 2, "step": 9, "phase": "stream", "epoch": 1, "positions": {str(p): 10 for p in range(4)}}
     states = _states(rows, 2)
     got: list[str] = []
     for r in range(3):
         parts = list(range(4))[r::3]
-        rp = resume_point(meta, states, r, 3, parts)
-        stream_rows = rows_from_state(rp.shuffle["rows"]) if rp.shuffle is not None else None
-        assert stream_rows is not None and set(stream_rows.partition.tolist()) <= set(parts)
+        shuffle = StreamShuffle(64, seed=0, rank=r, world=3)
+        shuffle.partitions = parts
+        shuffle.load_rank_states([s["shuffle"] for s in states])  # type: ignore[misc]
+        stream_rows = shuffle.rows
+        assert set(stream_rows.partition.tolist()) <= set(parts)
         got += stream_rows.sample_id.to_pylist()
     assert sorted(got) == sorted(table.column("sample_id").to_pylist())
 
 
+def _cursor(rank: int, world: int, states: list[dict[str, object]]) -> BatchCursor:
+    cursor = BatchCursor(TrainState(phase="batch", epoch=1), rank, world)
+    cursor.load_rank_states([s["iceberg"] for s in states])  # type: ignore[misc]
+    return cursor
+
+
 def test_batch_resume_mid_epoch_on_another_world_size_re_deals_every_cursor(table: pa.Table) -> None:
-    meta = {"world": 2, "step": 9, "phase": "batch", "epoch": 1}
     states = _states(Rows.from_arrow(table, source=0), 2)
     for r, s in enumerate(states):
         s["iceberg"] = {"epoch": 1, "chunk": r, "offset": 5}
     for rank in range(3):  # every new rank gets every old rank's cursor; the source takes its share
-        assert resume_point(meta, states, rank, 3, None).iceberg == {"redeal": [s["iceberg"] for s in states]}
-    assert resume_point(meta, states, 1, 2, None).iceberg == states[1]["iceberg"]  # same world: its own cursor
+        assert _cursor(rank, 3, states).resumed == {"redeal": [s["iceberg"] for s in states]}
+    assert _cursor(1, 2, states).resumed == states[1]["iceberg"]  # same world: its own cursor
     for s in states:
         s["iceberg"] = {"epoch": 2, "chunk": 0, "offset": 0}  # an epoch boundary: simply the next epoch
-    rp = resume_point(meta, states, 0, 3, None)
-    assert rp.state.epoch == 1 and rp.iceberg is None
+    assert _cursor(0, 3, states).resumed is None
 
 
 def test_pieces_refuse_a_state_they_cannot_honour(table: pa.Table) -> None:
@@ -103,3 +108,41 @@ def test_the_kafka_source_refuses_positions_without_its_partitions() -> None:
             src.load_state_dict({"version": 1, "positions": {0: 9}})
     finally:
         src.consumer.close()
+
+
+def test_replay_samples_of_every_old_rank_are_kept_once_on_another_world_size(table: pa.Table) -> None:
+    rows = Rows.from_arrow(table, source=0)
+    old = []
+    for r in range(3):
+        res = ReplayReservoir(capacity=10_000, start_us=0, seed=0, rank=r, world=3)
+        res.offer(rows.mask(np.arange(len(rows)) % 3 == r))
+        old.append(res.state_dict())
+    got: list[str] = []
+    for r in range(2):
+        res = ReplayReservoir(capacity=10_000, start_us=0, seed=0, rank=r, world=2)
+        res.load_rank_states(old)
+        got += res.rows.sample_id.to_pylist()
+    assert sorted(got) == sorted(table.column("sample_id").to_pylist())
+    empty = ReplayReservoir(capacity=10, start_us=0, seed=0, rank=0)
+    assert empty.state_dict() is None  # a rank that never offered rows saves nothing
+
+
+def test_the_checkpoint_registry_loops_over_its_pieces_and_names_what_is_missing() -> None:
+    from trainers.checkpoint.pieces import CheckpointPieces
+
+    st, other = TrainState(step=7, phase="stream"), TrainState()
+    pieces = CheckpointPieces()
+    pieces.add("run", st, "meta")
+    with pytest.raises(ValueError, match="registered twice"):
+        pieces.add("run", st, "meta")
+    with pytest.raises(TypeError, match="not Resharded"):
+        pieces.add("run2", st, "data")
+    saved = pieces.state_dicts("meta")
+    back = CheckpointPieces()
+    back.add("run", other, "meta")
+    back.add("drift", TrainState(), "meta", optional=True)
+    back.load("meta", saved, "step-7")
+    assert (other.step, other.phase) == (7, "stream")
+    back.add("early", TrainState(), "meta")
+    with pytest.raises(ResumeError, match="step-7 has no 'early' state"):
+        back.load("meta", saved, "step-7")
