@@ -117,8 +117,9 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
     else:  # the trainer's data-parallel path: DDP for the dense part, the exchange for the tables
         net, exchange = data_parallel(model, world, torch.device("cpu"))
         opt = build_optimizer(model, "adam", 0.003, 0.0, None, "sparse_adam")
-        ddp = net
-    ddp.register_comm_hook(None, _count_hook(counter, world))
+        ddp = net  # the bare model when its small dense part travels in the exchange (counted there)
+    if isinstance(ddp, DDP):
+        ddp.register_comm_hook(None, _count_hook(counter, world))
     t0 = 0.0
     for i, f in enumerate(batches):
         if i == 3:

@@ -3,7 +3,7 @@ store with real latency, how close does the warmup come to the store's best raw 
 and how close do reads through the cache come to reading local files?
 
 A SeaweedFS S3 server runs on 127.0.0.1 for the run; the "remote" is that server behind a TCP
-relay (`bench/relay.py`) that delays each direction by half of `--rtt-ms` (5 ms: in-region; 50 ms:
+relay (`bench/support/relay.py`) that delays each direction by half of `--rtt-ms` (5 ms: in-region; 50 ms:
 cross-region). The same measurements are repeated against the server directly (`no_delay`,
 unless `--no-baseline`), and the relay's own cost at no delay is measured against a direct
 connection (`relay.no_delay_vs_direct_*`; `relay.cores_at_rtt`: the relay's CPU during the
@@ -44,8 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.remote_store import RemoteStore, stop_on_signals
-from bench.warmup_cases import Window, measure_window, raw_get, timed
+from bench.support.remote_store import RemoteStore, stop_on_signals
+from bench.support.warmup_cases import Window, measure_window, raw_get, timed
 from slipstream.cache.settings import WarmKnobs
 
 log = logging.getLogger(__name__)

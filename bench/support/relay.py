@@ -9,7 +9,7 @@ connections alive pays off here as it does against a real store. The relay runs 
 its own (on uvloop when it is installed) so that it never competes for the benchmark's GIL; it
 exits when the process that started it is gone, and `LatencyRelay.stop` ends it by its PID.
 
-    python bench/relay.py --target 127.0.0.1:8333 --rtt-ms 5 --port-file /tmp/relay.port
+    python bench/support/relay.py --target 127.0.0.1:8333 --rtt-ms 5 --port-file /tmp/relay.port
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The benchmarks' remote store: a SeaweedFS S3 server on 127.0.0.1 and, in front of it, latency
-relays (`bench/relay.py`) that make it look as far away as an in-region or cross-region store.
+relays (`bench/support/relay.py`) that make it look as far away as an in-region or cross-region store.
 
 Everything a benchmark starts here is stopped when it ends: normally, on an exception, and on
 SIGTERM or SIGINT (`stop_on_signals` turns them into exceptions, so `finally` blocks run; the
@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import psutil
 
-from bench.relay import LatencyRelay
+from bench.support.relay import LatencyRelay
 from slipstream.dev.s3server import S3Endpoint, S3Server
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.remote_store import run_threads
+from bench.support.remote_store import run_threads
 from slipstream.cache.settings import WarmKnobs
 
 US, MS, MB = 1e6, 1e3, 1e6

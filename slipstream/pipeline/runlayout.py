@@ -1,6 +1,6 @@
 """The run folder `<runs_dir>/<run_id>/` from the orchestrator's side: ids, lineage, summary.
 
-The trainer writes `metrics.json` (see CONTRACTS.md); the orchestrator passes only a small
+The trainer writes `metrics.json` (docs/trainer.md, Run layout); the orchestrator passes only a small
 lineage dict between tasks (`training_lineage`) and collects what each stage decided into
 `summary.json`, the one file a person reads to see what a run did.
 """

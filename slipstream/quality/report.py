@@ -2,7 +2,7 @@
 
 What went in (distributions, CTR over time, drift across the window's days, batch-vs-stream
 skew), how fresh it was, whether every sample was trained exactly once, and how well the batch
-phase was shuffled. It works from the run folder (CONTRACTS.md layout), the pinned Iceberg
+phase was shuffled. It works from the run folder (docs/trainer.md, Run layout), the pinned Iceberg
 snapshot and the stored `sample_profiles`; every optional piece that is missing becomes a
 sentence in its section, never an error.
 """

@@ -4,7 +4,6 @@ teams' modules are merged). Needs Debian's `chromium` and `chromium-driver`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -17,20 +16,11 @@ from typing import Any, Iterator
 import pytest
 
 from slipstream.settings import Settings
-from tests.airflow_fixtures import STANDIN_TRAINER
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-CONTRACTS = ("slipstream.pipeline.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
-
-
-def _have(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -43,8 +33,6 @@ def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     monkeypatch.setenv("SLIPSTREAM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SLIPSTREAM_KAFKA_PORT", str(port))
     monkeypatch.setenv("SLIPSTREAM_KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
-    if not _have("trainers.train"):
-        monkeypatch.setenv("SLIPSTREAM_TRAINER_MODULE", STANDIN_TRAINER)
     settings = Settings.from_env()
     try:
         info = ui.up(settings, port=free_port(), password="test-pass-123")
@@ -160,9 +148,7 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     from selenium.webdriver.support import expected_conditions as ec
 
     info = airflow_ui
-    run_for_real = all(_have(m) for m in CONTRACTS)
-    if run_for_real:  # the three days before today (the form's logical date is now) and a stream
-        _generate_recent_days(Settings.from_env(), days=3)
+    _generate_recent_days(Settings.from_env(), days=3)  # the three days before today (the form's logical date is now)
     token = _token(info)  # the login `ui up` printed works
     _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
 
@@ -206,17 +192,16 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     assert len(manual) == 1, runs  # the refused trigger created nothing
     conf = manual[0]["conf"]
     assert conf["window_days"] == 3 and conf["epochs"] == 2 and conf["stream_stop"] == "20"
-    if run_for_real:
-        run_id = manual[0]["dag_run_id"]
-        for other in runs:  # unpausing also scheduled the latest interval: it would queue ours behind it
-            if other["run_type"] == "scheduled":
-                _api(info, f"/api/v2/dags/daily_retrain/dagRuns/{other['dag_run_id']}", token, {"state": "failed"}, "PATCH")
-        state = _wait("the triggered run to finish", lambda: (s := _api(
-            info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
-        assert state == "success"
-        # the run's own report, through the UI plugin's link of this DAG run
-        status, final, body = _get(f"{info.url}/slipstream/dag_runs/daily_retrain/{urllib.parse.quote(run_id, safe='')}/report", token)
-        assert status == 200 and final.endswith("/report.html") and "Training-data insight — run daily-" in body
+    run_id = manual[0]["dag_run_id"]
+    for other in runs:  # unpausing also scheduled the latest interval: it would queue ours behind it
+        if other["run_type"] == "scheduled":
+            _api(info, f"/api/v2/dags/daily_retrain/dagRuns/{other['dag_run_id']}", token, {"state": "failed"}, "PATCH")
+    state = _wait("the triggered run to finish", lambda: (s := _api(
+        info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
+    assert state == "success"
+    # the run's own report, through the UI plugin's link of this DAG run
+    status, final, body = _get(f"{info.url}/slipstream/dag_runs/daily_retrain/{urllib.parse.quote(run_id, safe='')}/report", token)
+    assert status == 200 and final.endswith("/report.html") and "Training-data insight — run daily-" in body
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, str, str]:
