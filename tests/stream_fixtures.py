@@ -58,7 +58,11 @@ def transactional_producer(bootstrap: str, txn_id: str) -> Producer:
     return p
 
 
-def write_transactions(bootstrap: str, topic: str, plan: list[tuple[bool, list[bytes]]], *, txn_id: str = "fixture",
+Value = bytes | tuple[bytes, int]
+"""A record's value, or (value, timestamp in epoch ms)."""
+
+
+def write_transactions(bootstrap: str, topic: str, plan: list[tuple[bool, list[Value]]], *, txn_id: str = "fixture",
                        partition: int = 0, layout: TxnLayout | None = None,
                        producer: Producer | None = None) -> TxnLayout:
     """Each (commit?, values) of `plan` as one transaction on `partition` (the topic is created
@@ -71,13 +75,14 @@ def write_transactions(bootstrap: str, topic: str, plan: list[tuple[bool, list[b
         first = high_watermark(bootstrap, topic, partition)
         p.begin_transaction()
         for v in values:
-            p.produce(topic, value=v, key=b"k", partition=partition)
+            value, ts = v if isinstance(v, tuple) else (v, 0)
+            p.produce(topic, value=value, key=b"k", partition=partition, timestamp=ts)
         p.flush(30)
         (p.commit_transaction if commit else p.abort_transaction)(30)
         marker = first + len(values)
         if commit:
             layout.committed += list(range(first, marker))
-            layout.values.update(zip(range(first, marker), values))
+            layout.values.update(zip(range(first, marker), (v[0] if isinstance(v, tuple) else v for v in values)))
         else:
             layout.aborted.append((first, marker))
     layout.end = high_watermark(bootstrap, topic, partition)

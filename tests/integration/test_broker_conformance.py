@@ -175,6 +175,28 @@ def test_a_trailing_abort_is_shown_empty_without_reading_the_partition_again(kaf
         assert reader.stats.reread_records <= 256
 
 
+def test_a_handoff_offset_right_after_an_abort_marker_is_found_and_read(kafka_bootstrap: str) -> None:
+    """Committed records before T - lateness, an aborted transaction, committed records after:
+    the broker's offsets_for_times answers the first committed record after the abort marker,
+    which a plain read from there never hands over ("no record arrived"); the handoff verifies
+    it through the reader."""
+    from datetime import datetime, timezone
+
+    from slipstream.stream.handoff import find_handoff
+
+    t = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    t_ms = int(t.timestamp() * 1000)
+    early = [(f"early-{i}".encode(), t_ms - 3_600_000 + i) for i in range(10)]
+    late = [(f"late-{i}".encode(), t_ms + i) for i in range(10)]
+    layout = write_transactions(kafka_bootstrap, "conformance-handoff", [(True, early), (False, early), (True, late)],
+                                txn_id="handoff")
+    plan = find_handoff(kafka_bootstrap, layout.topic, t, 0.0)
+    after = layout.aborted[0][1] + 1
+    assert 10 <= plan.offsets[0] <= after  # every offset there has the early records before, the late ones at/after
+    counted = count_committed(kafka_bootstrap, layout.topic, {0: (plan.offsets[0], layout.end)})
+    assert counted.offsets[0].tolist() == layout.committed_in(after, layout.end)
+
+
 def test_restart_keeps_acknowledged_records_and_the_defect(tmp_path: Path) -> None:
     """SIGTERM with nothing in flight keeps every acknowledged record and the transactions'
     outcomes; the defect survives the restart, and so does the reader's way through it."""
