@@ -16,9 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 

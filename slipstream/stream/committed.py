@@ -43,8 +43,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
@@ -62,6 +63,19 @@ HISTORY = 8192
 before its verdict "no committed record in the gap" is believed."""
 
 ErrorHandler = Callable[[Message], None]
+
+
+def offset_of(m: Message) -> int:
+    """The offset of a consumed record (set on every record without an error)."""
+    o = m.offset()
+    assert o is not None
+    return o
+
+
+def partition_of(m: Message) -> int:
+    p = m.partition()
+    assert p is not None
+    return p
 
 
 @dataclass
@@ -159,8 +173,8 @@ class CommittedReader:
 
     def _in_order(self, msgs: list[Message]) -> list[Message]:
         """The new records of one consume call, each gap of two or more offsets verified first."""
-        parts = np.fromiter((m.partition() for m in msgs), dtype=np.int64, count=len(msgs))
-        offs = np.fromiter((m.offset() for m in msgs), dtype=np.int64, count=len(msgs))
+        parts = np.fromiter((partition_of(m) for m in msgs), dtype=np.int64, count=len(msgs))
+        offs = np.fromiter((offset_of(m) for m in msgs), dtype=np.int64, count=len(msgs))
         plain: dict[int, np.ndarray] = {}
         for p in np.unique(parts).tolist():
             state = self._parts.get(p)
@@ -176,14 +190,14 @@ class CommittedReader:
             return msgs
         out: list[Message] = []
         for m in msgs:
-            state = self._parts.get(m.partition())
+            state = self._parts.get(partition_of(m))
             if state is None:
                 continue
-            o = m.offset()
+            o = offset_of(m)
             if o < state.position:
                 continue  # a re-fetch after a reconnect (or a re-read) delivers what was handed over
             if o - state.position >= 2:
-                out.extend(self._verify(m.partition(), state, o))
+                out.extend(self._verify(partition_of(m), state, o))
             state.handed(o)
             out.append(m)
         return out
@@ -226,7 +240,7 @@ class CommittedReader:
                             "%d found by reading again from %d (the broker drops a producer's records for fetches "
                             "that start after its aborted transaction)", self.topic, p, gap, end - 1, len(found), start)
                 for m in found:
-                    state.handed(m.offset())
+                    state.handed(offset_of(m))
                 return found
             known = state.known(max(start, state.known_from))
             if start <= low or (known and [o for o in before if o >= state.known_from] == known):
@@ -255,7 +269,7 @@ class CommittedReader:
                     if err.code() != KafkaError._PARTITION_EOF:
                         self.on_error(m)
                     continue
-                o = m.offset()
+                o = offset_of(m)
                 if o < gap:
                     before.append(o)
                     self.stats.reread_records += 1
@@ -263,7 +277,7 @@ class CommittedReader:
                     found.append(m)
             passed = self._probe.position([TopicPartition(self.topic, p)])[0].offset
             if passed >= end:
-                found.sort(key=lambda m: m.offset())
+                found.sort(key=offset_of)
                 return found, sorted(set(before))
             if time.monotonic() > deadline:
                 raise StreamReadError(
@@ -316,11 +330,12 @@ class CommittedReader:
 
     def _default_error(self, m: Message) -> None:
         err = m.error()
+        assert err is not None
         if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
             raise KafkaException(err)
         log.warning("consume error on %s[%s]: %s (retrying)", self.topic, m.partition(), err)
 
-    def __enter__(self) -> "CommittedReader":
+    def __enter__(self) -> CommittedReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

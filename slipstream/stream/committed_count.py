@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from slipstream.errors import StreamReadError
-from slipstream.stream.committed import PROBE_WINDOW, CommittedReader
+from slipstream.stream.committed import PROBE_WINDOW, CommittedReader, offset_of, partition_of
 from slipstream.stream.kafka import Broker
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class CommittedCount:
         return sum(len(o) for o in self.offsets.values())
 
 
-def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int]], *, spec: "Spec | None" = None,
+def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int]], *, spec: Spec | None = None,
                     decode: bool = False, timeout_s: float = 120.0, lead: int = PROBE_WINDOW,
                     group: str | None = None) -> CommittedCount:
     """Every committed record of `topic` in [start, stop) per partition (see the module doc).
@@ -74,7 +74,7 @@ def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int
         deadline = started + timeout_s
         while True:
             for m in reader.poll(10_000, 0.5):
-                p, o = m.partition(), m.offset()
+                p, o = partition_of(m), offset_of(m)
                 a, b = todo[p]
                 if a <= o < b:
                     offsets[p].append(o)
@@ -111,7 +111,7 @@ def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int
 
 
 def _decode(values: list[bytes | None], where: list[tuple[int, int]],
-            spec: "Spec | None") -> tuple[pa.Table, list[tuple[int, int, str]]]:
+            spec: Spec | None) -> tuple[pa.Table, list[tuple[int, int, str]]]:
     from slipstream.samples.codec import decode_samples
 
     dec = decode_samples(values, spec)

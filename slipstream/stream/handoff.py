@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from slipstream.errors import HandoffError
-from slipstream.stream.committed import CommittedReader
+from slipstream.stream.committed import CommittedReader, offset_of
 from slipstream.stream.kafka import Broker, as_access, consumer_config
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class _Reader:
         deadline = time.monotonic() + self.timeout_s
         while len(out) < limit and self.reader.positions[partition] < stop:
             for msg in self.reader.poll(limit, 0.2):
-                if msg.offset() >= stop:
+                if offset_of(msg) >= stop:
                     return out
                 kind, ts = msg.timestamp()
                 if kind == TIMESTAMP_NOT_AVAILABLE:
@@ -98,7 +98,7 @@ class _Reader:
                         f"record {self.topic}[{partition}]@{msg.offset()} has no timestamp: the handoff needs "
                         "producers to set record timestamps (event time)"
                     )
-                out.append((msg.offset(), ts))
+                out.append((offset_of(msg), ts))
                 if len(out) >= limit:
                     return out
             if time.monotonic() > deadline:

@@ -11,15 +11,16 @@ When a test named `..._defect_...` fails, the broker no longer has the defect: k
 from __future__ import annotations
 
 import time
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from stream_fixtures import TxnLayout, killed_mid_transaction, transactional_producer, write_transactions
 
 from slipstream.stream.committed import CommittedReader
 from slipstream.stream.committed_count import count_committed
 from slipstream.stream.kafka import consumer_config
-from stream_fixtures import TxnLayout, killed_mid_transaction, transactional_producer, write_transactions
 from tests.trainer_fixtures import Broker
 
 pytestmark = pytest.mark.integration
@@ -180,11 +181,11 @@ def test_a_handoff_offset_right_after_an_abort_marker_is_found_and_read(kafka_bo
     the broker's offsets_for_times answers the first committed record after the abort marker,
     which a plain read from there never hands over ("no record arrived"); the handoff verifies
     it through the reader."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from slipstream.stream.handoff import find_handoff
 
-    t = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    t = datetime(2026, 11, 3, tzinfo=UTC)
     t_ms = int(t.timestamp() * 1000)
     early = [(f"early-{i}".encode(), t_ms - 3_600_000 + i) for i in range(10)]
     late = [(f"late-{i}".encode(), t_ms + i) for i in range(10)]
