@@ -198,7 +198,8 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         if joined and data.stream_events is not None:
             from slipstream.dev.raw_stream import produce_raw_stream
 
-            raw = produce_raw_stream(settings.kafka_bootstrap, spec, data.stream_events, settings.topic_partitions)
+            raw = produce_raw_stream(settings.kafka_bootstrap, spec, data.stream_events, settings.topic_partitions,
+                                     home=settings.home)
             produced = wait_for_joiner(state.services["joiner"].address, data.stream.num_rows)
             log.info("the joiner made %d samples of %s raw events", produced, raw)
         else:
