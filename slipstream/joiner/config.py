@@ -66,7 +66,7 @@ class JoinerConfig:
         return f"{topic}.dlq"
 
     @classmethod
-    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: object) -> "JoinerConfig":
+    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: object) -> JoinerConfig:
         """Defaults named after the spec: topics = its source names, group = slipstream-joiner-<spec>."""
         if spec.label.kind != "click_within" or spec.label_source is None:
             raise ConfigError(f"the joiner joins clicks to impressions: spec {spec.name} labels by "

@@ -5,10 +5,10 @@ or a number of epoch milliseconds (Kafka's unit). A record that cannot become a 
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from datetime import datetime, timezone
-import io
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,6 @@ def out_of_range(ts: np.ndarray, now_us: int, max_future_s: float, max_age_s: fl
 
 def _iso(us: int) -> str:
     try:
-        return datetime.fromtimestamp(us / US_PER_S, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.fromtimestamp(us / US_PER_S, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (OverflowError, ValueError, OSError):
         return f"{us} us since 1970"

@@ -71,6 +71,7 @@ class Joiner:
         self.positions: dict[tuple[str, int], int] = {}
         self.stream_time: dict[tuple[str, int], int] = {}
         self.activity = InputActivity(cfg.input_idle_s, self._at_end_offset)
+        self._eof_at: dict[tuple[str, int], int] = {}
         """Which input partitions are idle (no longer hold their task's watermark back)."""
         self.idle_since: dict[int, float] = {}
         self.metrics = JoinerMetrics()
@@ -179,6 +180,7 @@ class Joiner:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.activity.end(tp, now)
+                    self._eof_at[tp] = m.offset() or 0  # where the client stood, also before its first record
                     continue
                 if err.fatal():
                     raise KafkaException(err)
@@ -261,12 +263,13 @@ class Joiner:
         """A fresh look at input `tp`'s end offset: True when the client's position is there."""
         tpart = TopicPartition(tp[0], tp[1])
         try:
-            low, high = self.consumer.get_watermark_offsets(tpart, timeout=2, cached=False)
+            _, high = self.consumer.get_watermark_offsets(tpart, timeout=2, cached=False)
             position = self.consumer.position([tpart])[0].offset
         except KafkaException as e:
             log.warning("end offset of %s[%d] unavailable (%s): it holds the watermark", tp[0], tp[1], e)
             return None
-        return bool((position if position >= 0 else low) >= high)
+        # a partition handed over at its end has no client position until a record comes: its end of partition's
+        return bool(max(position, self._eof_at.get(tp, -1), self.positions.get(tp, -1)) >= high)
 
     def _close_windows(self) -> None:
         for p, task in self.tasks.items():
@@ -398,7 +401,7 @@ class Joiner:
     def _forget(self, parts: list[TopicPartition]) -> None:
         for tp in parts:
             self.tasks.pop(tp.partition, None)
-            for d in (self.positions, self.stream_time):
+            for d in (self.positions, self.stream_time, self._eof_at):
                 d.pop((tp.topic, tp.partition), None)
             self.activity.forget((tp.topic, tp.partition))
 

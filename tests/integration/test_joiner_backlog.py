@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from joiner_fixtures import batch_samples, make_events, produce_raw, read_topic, start_joiner
+
 from slipstream.joiner.raw_topics import raw_producer
 from slipstream.samples.codec import decode_samples
 from tests.integration.test_joiner import SPEC, _wait_assigned, assert_same_samples
