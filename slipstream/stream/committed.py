@@ -234,8 +234,7 @@ class CommittedReader:
             found, before = self._reread(p, start, gap, end)
             if found:
                 self.stats.recovered += len(found)
-                if start < gap - self.probe_window or state.origin is not None:
-                    state.origin = start
+                state.origin = start if state.origin is None else min(state.origin, start)
                 log.warning("%s[%d]: the client passed committed offsets in %d..%d without handing them over; "
                             "%d found by reading again from %d (the broker drops a producer's records for fetches "
                             "that start after its aborted transaction)", self.topic, p, gap, end - 1, len(found), start)
