@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = JoinerConfig.for_spec(
         spec, args.samples_topic or settings.topic, impressions_topic=args.impressions_topic,
         clicks_topic=args.clicks_topic, group=args.group, instance=args.instance, lateness_s=args.lateness_s,
-        max_future_s=args.max_future_s, max_age_s=args.max_age_s, commit_interval_s=args.commit_interval_s, idle_flush_s=args.idle_flush_s,
+        max_future_s=args.max_future_s, max_age_s=args.max_age_s, commit_interval_s=args.commit_interval_s,
+        idle_flush_s=args.idle_flush_s,
         health_port=args.health_port, codec=settings.kafka_codec, partitions=settings.topic_partitions,
     )
     joiner = Joiner(cfg, spec, KafkaAccess.from_settings(settings))

@@ -9,8 +9,8 @@ from datetime import date
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 from joiner_fixtures import read_topic
+
 from slipstream.dev import stack
 from slipstream.dev.datagen import GeneratorConfig, generate
 from slipstream.dev.joiner_wait import wait_for_joiner

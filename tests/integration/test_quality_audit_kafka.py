@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,8 +63,9 @@ def test_records_committed_after_an_abort_that_the_run_never_trained_are_lost_by
     named by partition and offsets (audited up to the final position, as before, it said 0 lost)."""
     import json
 
-    from slipstream.samples.codec import encode_samples
     from stream_fixtures import write_transactions
+
+    from slipstream.samples.codec import encode_samples
 
     topic = "audit-after-abort"
     settings = dataclasses.replace(settings, kafka_bootstrap=kafka_bootstrap, topic=topic)
@@ -73,7 +74,7 @@ def test_records_committed_after_an_abort_that_the_run_never_trained_are_lost_by
     window = {k: v for k, v in days.items() if k != last}
     snap = fill_samples(get_catalog(settings), settings.namespace, window)
     d = day_of(DAYS - 1)
-    t_handoff = datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+    t_handoff = datetime(d.year, d.month, d.day, tzinfo=UTC)
     trained, passed = days[last].slice(0, 300), days[last].slice(300, 100)
     encode = lambda t: encode_samples(t, "json")  # noqa: E731
     layout = write_transactions(kafka_bootstrap, topic, [(True, encode(trained)), (False, encode(trained.slice(0, 50))),
