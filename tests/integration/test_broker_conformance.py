@@ -39,16 +39,20 @@ def txn_topic(kafka_bootstrap: str) -> TxnLayout:
     return layout
 
 
-def plain_read(bootstrap: str, topic: str, start: int, settle_s: float = 1.5) -> tuple[list[int], int]:
-    """What a plain read_committed consumer assigned at `start` hands over: (offsets, its position)."""
+def plain_read(bootstrap: str, topic: str, start: int, end: int, timeout_s: float = 10.0) -> tuple[list[int], int]:
+    """What a plain read_committed consumer assigned at `start` hands over until its position
+    reaches `end`: (offsets, its position)."""
     c = Consumer(consumer_config(bootstrap, group=f"plain-{time.monotonic_ns()}"))
+    tp = TopicPartition(topic, 0)
     try:
         c.assign([TopicPartition(topic, 0, start)])
         got: list[int] = []
-        deadline = time.monotonic() + settle_s
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            got += [m.offset() for m in c.consume(1000, timeout=0.2) if m.error() is None]
-        return got, c.position([TopicPartition(topic, 0)])[0].offset
+            got += [m.offset() for m in c.consume(1000, timeout=0.1) if m.error() is None]
+            if c.position([tp])[0].offset >= end:
+                break
+        return got, c.position([tp])[0].offset
     finally:
         c.close()
 
@@ -67,7 +71,7 @@ def read_to_end(reader: CommittedReader, timeout_s: float = 20.0) -> list[int]:
 @pytest.mark.parametrize("start", [0, 5, 10, 11, 21])
 def test_read_committed_from_before_an_abort_marker_hands_over_the_committed_records(
         kafka_bootstrap: str, txn_topic: TxnLayout, start: int) -> None:
-    got, position = plain_read(kafka_bootstrap, txn_topic.topic, start)
+    got, position = plain_read(kafka_bootstrap, txn_topic.topic, start, txn_topic.end)
     assert got == txn_topic.committed_in(start, txn_topic.end)
     assert position == txn_topic.end
 
@@ -77,7 +81,7 @@ def test_defect_read_committed_from_after_an_abort_marker_hands_over_nothing(
         kafka_bootstrap: str, txn_topic: TxnLayout, start: int) -> None:
     """The defect we work around: the committed records 22-31 are passed silently (a real Kafka
     broker hands them over)."""
-    got, position = plain_read(kafka_bootstrap, txn_topic.topic, start)
+    got, position = plain_read(kafka_bootstrap, txn_topic.topic, start, txn_topic.end)
     assert got == [] and position == txn_topic.end
 
 
@@ -210,9 +214,9 @@ def test_restart_keeps_acknowledged_records_and_the_defect(tmp_path: Path) -> No
         time.sleep(1.5)  # nothing in flight: the broker has written what it acknowledged
         broker.stop()
         broker.start()
-        assert plain_read(broker.bootstrap, topic, 0) == (layout.committed, layout.end)
+        assert plain_read(broker.bootstrap, topic, 0, layout.end) == (layout.committed, layout.end)
         after = layout.aborted[0][1] + 1
-        assert plain_read(broker.bootstrap, topic, after)[0] == []  # the defect, after a restart too
+        assert plain_read(broker.bootstrap, topic, after, layout.end) == ([], layout.end)  # the defect, after a restart too
         counted = count_committed(broker.bootstrap, topic, {0: (after, layout.end)})
         assert counted.offsets[0].tolist() == layout.committed_in(after, layout.end)
     finally:
