@@ -11,7 +11,9 @@ records for aborted ones). A fetch that starts before the aborted transaction re
 so the same records come back when read again from further back.
 
 `CommittedReader` keeps its own position per partition: every offset below it was handed over
-or shown to hold no committed record. Where the client passed two or more offsets without a
+or shown to hold no committed record. It starts reading `lead` offsets before the positions it
+is given (what it reads there is remembered, not handed over), so a gap at the start is verified
+like any other. Where the client passed two or more offsets without a
 record (one is a commit marker), the reader reads the range again with a second consumer from a
 little before it (`probe_window` offsets), backing off (doubling) until the range's committed
 records arrive (they are handed over in offset order, before the records after them), or until a
@@ -98,6 +100,8 @@ class _Partition:
     """History holds every record handed over from this offset to the position."""
     origin: int | None = None
     """Where the last re-read that found passed records started: the next one starts there."""
+    warm_until: int = 0
+    """Records below this (read from `known_from`, before the start) only fill the history."""
 
     def handed(self, offset: int) -> None:
         self.took([offset])
@@ -108,6 +112,11 @@ class _Partition:
         if len(self.history) == self.history.maxlen:
             self.known_from = max(self.known_from, self.history[0])
         self.position = offsets[-1] + 1
+
+    def warm(self, offset: int) -> None:
+        """A record before the start position: evidence for re-reads, never handed over."""
+        if self.known_from <= offset < self.warm_until and (not self.history or offset > self.history[-1]):
+            self.history.append(offset)
 
     def known(self, start: int) -> list[int]:
         """Offsets handed over in [start, position), when the history reaches back to start."""
@@ -120,13 +129,14 @@ class CommittedReader:
     def __init__(self, broker: Broker, topic: str, positions: dict[int, int], *, group: str = "slipstream-committed",
                  consumer_overrides: dict[str, Any] | None = None, on_error: ErrorHandler | None = None,
                  probe_window: int = PROBE_WINDOW, reread_timeout_s: float = 30.0,
-                 check_interval_s: float = 0.2) -> None:
+                 check_interval_s: float = 0.2, lead: int = PROBE_WINDOW) -> None:
         self.broker, self.topic = as_access(broker), topic
         self.group = group
         self.on_error = on_error or self._default_error
         self.probe_window = max(2, int(probe_window))
         self.reread_timeout_s = reread_timeout_s
         self.check_interval_s = check_interval_s
+        self.lead = max(0, int(lead))
         self.stats = ReaderStats()
         self.consumer = Consumer(consumer_config(broker, group=group, **(consumer_overrides or {})))
         self._probe: Consumer | None = None
@@ -146,10 +156,20 @@ class CommittedReader:
         return sorted(self._parts)
 
     def seek(self, positions: dict[int, int]) -> None:
-        """Read `positions` ({partition: next offset}) from now on; other partitions are dropped."""
-        self._parts = {int(p): _Partition(int(o), known_from=int(o)) for p, o in positions.items()}
+        """Read `positions` ({partition: next offset}) from now on; other partitions are dropped.
+        The consumer starts `lead` offsets earlier: what it reads there is never handed over, only
+        remembered, so that a gap right at the start is verified by one short re-read."""
+        self._parts = {int(p): _Partition(int(o), known_from=int(o), warm_until=int(o)) for p, o in positions.items()}
         self._ends = {}
-        self.consumer.assign([TopicPartition(self.topic, p, s.position) for p, s in sorted(self._parts.items())])
+        if self.lead and self._parts:
+            try:
+                low = self.ends(low=True)
+            except KafkaException as e:  # e.g. the topic does not exist yet: nothing before the start
+                log.debug("no lead before the positions of %s: %s", self.topic, e)
+                low = {p: s.position for p, s in self._parts.items()}
+            for p, state in self._parts.items():
+                state.known_from = min(state.position, max(low.get(p, 0), state.position - self.lead))
+        self.consumer.assign([TopicPartition(self.topic, p, s.known_from) for p, s in sorted(self._parts.items())])
 
     # --- reading ----------------------------------------------------------------------------
     def poll(self, max_records: int, timeout_s: float) -> list[Message]:
@@ -195,7 +215,8 @@ class CommittedReader:
                 continue
             o = offset_of(m)
             if o < state.position:
-                continue  # a re-fetch after a reconnect (or a re-read) delivers what was handed over
+                state.warm(o)  # read before the start (or again after a reconnect: already handed over)
+                continue
             if o - state.position >= 2:
                 out.extend(self._verify(partition_of(m), state, o))
             state.handed(o)

@@ -60,15 +60,13 @@ def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int
     result = CommittedCount(topic, dict(ranges), {p: np.empty(0, np.int64) for p in ranges})
     if not todo:
         return result
-    reader = CommittedReader(broker, topic, {p: a for p, (a, _) in todo.items()},
+    reader = CommittedReader(broker, topic, {p: a for p, (a, _) in todo.items()}, lead=lead,
                              group=group or f"slipstream-count-{uuid.uuid4().hex[:8]}")
     offsets: dict[int, list[int]] = {p: [] for p in todo}
     values: list[bytes | None] = []
     where: list[tuple[int, int]] = []
     want_values = decode or spec is not None
     try:
-        low = reader.ends(low=True)
-        reader.seek({p: max(low.get(p, 0), a - lead) for p, (a, _) in todo.items()})
         total = sum(b - a for a, b in todo.values())
         started = last_log = time.monotonic()
         deadline = started + timeout_s

@@ -88,12 +88,14 @@ def test_defect_read_committed_from_after_an_abort_marker_hands_over_nothing(
 @pytest.mark.parametrize("start", [0, 5, 10, 11, 15, 21, 22, 25, 31, 32, 33])
 def test_committed_reader_hands_over_every_committed_record_from_any_offset(
         kafka_bootstrap: str, txn_topic: TxnLayout, start: int) -> None:
-    with CommittedReader(kafka_bootstrap, txn_topic.topic, {0: start}, group=f"any-{start}") as reader:
-        assert read_to_end(reader) == txn_topic.committed_in(start, txn_topic.end)
-        assert reader.positions == {0: txn_topic.end}
-        recovered = reader.stats.recovered
-    # a start up to the abort marker reads through it; after it, the client passes what follows
-    assert recovered == (len(txn_topic.committed_in(start, txn_topic.end)) if start > 21 else 0)
+    # lead=0: the client's first fetch starts at `start` (by default the reader starts a little before)
+    for lead in (0, 256):
+        with CommittedReader(kafka_bootstrap, txn_topic.topic, {0: start}, group=f"any-{start}-{lead}", lead=lead) as r:
+            assert read_to_end(r) == txn_topic.committed_in(start, txn_topic.end)
+            assert r.positions == {0: txn_topic.end}
+            recovered = r.stats.recovered
+        if lead == 0:  # a fetch from up to the abort marker reads through it; after it, the client passes the rest
+            assert recovered == (len(txn_topic.committed_in(start, txn_topic.end)) if start > 21 else 0)
 
 
 def test_defect_a_reader_that_read_through_an_abort_misses_the_producers_next_commits_and_ours_does_not(
