@@ -35,6 +35,11 @@ class StreamDataLost(SlipstreamError):
     the topic, partition and offsets."""
 
 
+class StreamReadError(SlipstreamError):
+    """Committed records of a Kafka partition could not be read (or verified absent) within the
+    time allowed; the message names the topic, partition and offsets."""
+
+
 class ResumeError(SlipstreamError):
     """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
 

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         from slipstream.stream.kafka import KafkaAccess
 
         manifest["produced_raw"] = produce_raw_stream(KafkaAccess.from_settings(settings), spec, data.stream_events,
-                                                      settings.topic_partitions)
+                                                      settings.topic_partitions, home=settings.home)
         log.info("raw events produced: the joiner (slipstream stack up --joiner, or slipstream joiner run) turns "
                  "them into %d samples on %s", data.stream.num_rows, settings.topic)
     elif not args.no_stream:

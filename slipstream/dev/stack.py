@@ -374,9 +374,29 @@ def effective_settings(settings: Settings) -> Settings:
                                      if k.removeprefix("SLIPSTREAM_").lower() in {f.name for f in dataclasses.fields(Settings)}})
 
 
+WRITERS = ("joiner",)
+"""Services that write to the broker: stopped before it (the joiner commits on SIGTERM)."""
+WRITER_GRACE_S = 60.0
+
+
 def down(settings: Settings) -> list[str]:
+    """Stop what `up` started, by PID, writers first: the joiner (it commits its open
+    transaction), then this home's registered producers (`slipstream.dev.producers`), then, once
+    the broker has been quiet for a moment (it has written what it acknowledged), the broker and
+    the rest. Returns "name (pid N)" of each process stopped, in order."""
+    from slipstream.dev.producers import stop_producers, wait_until_quiet
+
     state = StackState.load(settings.home)
     stopped = []
+    for name in [n for n in state.services if n in WRITERS]:
+        svc = state.services.pop(name)
+        stop_process(svc.pid, timeout_s=WRITER_GRACE_S)
+        stopped.append(f"{name} (pid {svc.pid})")
+        state.save(settings.home)
+    stopped += stop_producers(settings.home)
+    kafka = state.services.get("kafka")
+    if kafka is not None and pid_alive(kafka.pid):
+        wait_until_quiet(kafka.address)
     for name, svc in reversed(list(state.services.items())):
         stop_process(svc.pid)
         stopped.append(f"{name} (pid {svc.pid})")

@@ -295,28 +295,41 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
         return
     kafka = None
     start, end = _offsets(metrics.get("handoff_offsets")), _offsets(metrics.get("final_offsets"))
+    # up to the committed end when the stream phase stopped: what the run should have read
+    stop = _offsets(metrics.get("stop_offsets")) or end
+    stop = {p: max(o, end.get(p, 0)) for p, o in stop.items()}
     notes = []
-    if start and end and any(end.get(p, 0) > o for p, o in start.items()):
+    unverified = ""
+    if start and stop and any(stop.get(p, 0) > o for p, o in start.items()):
         own = run_settings(settings, metrics)
         topic, bootstrap = own.topic, own.kafka_bootstrap
         if "topic" not in metrics:
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")
         try:
-            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, end, spec=spec)
+            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, stop, spec=spec)
         except Exception as e:  # also a bad security setting: the rest of the report still renders
-            notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
+            unverified = f"the committed records of its Kafka range could not be read from {bootstrap} ({e})"
     else:
         notes.append("no stream phase (no Kafka offsets range in metrics.json)")
     result: AuditResult = audit_run(audit, window.ids, window.times, metrics, kafka)
-    verdict = "exactly once: 0 lost, 0 duplicated" if result.exactly_once else "NOT exactly once"
-    doc.p(verdict, "ok" if result.exactly_once else "bad")
+    if unverified:
+        doc.p(f"NOT verified: {unverified}", "bad")
+    else:
+        verdict = "exactly once: 0 lost, 0 duplicated" if result.exactly_once else "NOT exactly once"
+        doc.p(verdict, "ok" if result.exactly_once else "bad")
     doc.table(
         [(s.source, s.epoch, f"{s.expected:,}", f"{s.trained_rows:,}", s.lost, s.duplicated, s.unexpected,
-          ", ".join(s.lost_examples), ", ".join(s.duplicated_examples), ", ".join(s.unexpected_examples))
+          ", ".join(s.lost_examples), ", ".join(s.duplicated_examples), ", ".join(s.unexpected_examples),
+          "; ".join(s.lost_where), f"{s.unread:,}" + (f" ({'; '.join(s.unread_where)})" if s.unread_where else ""))
          for s in result.sources],
-        ("source", "epoch", "expected", "trained rows", "lost", "duplicated", "unexpected", "lost ids", "duplicated ids", "unexpected ids"),
+        ("source", "epoch", "expected", "trained rows", "lost", "duplicated", "unexpected", "lost ids", "duplicated ids",
+         "unexpected ids", "lost records (partition, offsets)", "unread at stop"),
     )
+    if result.committed_lag is not None:
+        per_partition = ", ".join(f"partition {p}: {n:,}" for p, n in result.committed_lag.items())
+        doc.p(f"Lag at the stop, from committed records (a fresh reader's count after each partition's final position): "
+              f"{sum(result.committed_lag.values()):,} ({per_partition})", "muted")
     for n in notes + result.notes:
         doc.p(n, "muted")
     doc.end()

@@ -216,17 +216,22 @@ def produce_samples(
     keys = [str(u).encode() for u in table.column(key_col).to_pylist()]
     ts_ms = pc.divide(pc.cast(table.column("event_time"), pa.int64()), 1000).to_pylist()
     started = time.monotonic()
-    for i, (k, v, ts) in enumerate(zip(keys, values, ts_ms)):
-        while True:
-            try:
-                producer.produce(topic, value=v, key=k, timestamp=int(ts), on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if progress_every and (i + 1) % progress_every == 0:
-            rate = (i + 1) / max(time.monotonic() - started, 1e-9)
-            log.info("produced %d/%d samples (%.0f/s, ETA %.0fs)", i + 1, len(values), rate, (len(values) - i - 1) / rate)
-        producer.poll(0)
+    try:
+        for i, (k, v, ts) in enumerate(zip(keys, values, ts_ms)):
+            while True:
+                try:
+                    producer.produce(topic, value=v, key=k, timestamp=int(ts), on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            if progress_every and (i + 1) % progress_every == 0:
+                rate = (i + 1) / max(time.monotonic() - started, 1e-9)
+                log.info("produced %d/%d samples (%.0f/s, ETA %.0fs)", i + 1, len(values), rate, (len(values) - i - 1) / rate)
+            producer.poll(0)
+    except BaseException:  # interrupted (SIGTERM from `stack down`, Ctrl-C): deliver what was produced first
+        left = producer.flush(10)
+        log.warning("producing to %s interrupted: %d produced samples not acknowledged", topic, left)
+        raise
     remaining = producer.flush(60)
     if remaining or errors:
         raise StackError(
