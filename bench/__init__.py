@@ -22,6 +22,8 @@ class Benchmark:
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("committed_reader", "the committed reader's records/s against a plain read_committed consumer, and a "
+              "tail's cost after an aborted transaction", ("--records", "4000", "--repeat", "1", "--commits", "2")),
     Benchmark("dag_parse", "what our DAG files cost the dag-processor, against a minimal TaskFlow DAG",
               ("--repeats", "1")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
