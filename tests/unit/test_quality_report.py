@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,14 +18,13 @@ from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from slipstream.settings import Settings
 from tests.quality_fixtures import DAYS, day_of, fill_samples, reference_days, write_fake_run
 
-
 FAST = GateConfig(data_docs=False)
 """GX Data Docs cost ~1 s per gate; one test checks them, the rest skip them."""
 
 
 def _t_handoff() -> datetime:
     d = day_of(DAYS - 1)
-    return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
 def _setup(settings: Settings) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -51,9 +50,9 @@ def test_full_report_has_plots_and_clean_audit(settings: Settings) -> None:
     assert {"summary", "freshness", "quality", "audit", "sources", "shuffle", "distributions", "drift", "ctr", "skew",
             "training"} <= _sections(text)
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,', text)) == 5
-    assert "exactly once: 0 lost, 0 duplicated" in text
+    assert "Exactly once: 0 lost, 0 duplicated." in text
     assert "no stream phase (no Kafka offsets range" in text  # no offsets recorded in this fake run
-    score = float(re.search(r"shuffle score ([0-9.]+)", text).group(1))  # type: ignore[union-attr]
+    score = float(re.search(r"Shuffle score ([0-9.]+)", text).group(1))  # type: ignore[union-attr]
     assert score > 0.9
     assert "0 failed" in text  # the gates ran clean under this run id
     assert "SKEW" not in text  # the stream comes from the same generator
@@ -64,10 +63,10 @@ def test_report_names_lost_and_duplicated_ids(settings: Settings) -> None:
     run = write_fake_run(Path(settings.runs_dir), "run-2", window, snapshot_id=snap, t_handoff=_t_handoff(), lose=3, duplicate=2)
     text = render_report(settings, "run-2").read_text()
     assert "NOT exactly once" in text
-    row = re.search(r"<tr><td>iceberg</td><td>0</td><td>[\d,]+</td><td>[\d,]+</td><td>(\d+)</td><td>(\d+)</td>", text)
+    row = re.search(r"<tr[^>]*><td>iceberg</td><td>0</td><td>[\d,]+</td><td>[\d,]+</td><td>(\d+)</td><td>(\d+)</td>", text)
     assert row is not None and row.groups() == ("3", "2")
     audit_ids = __import__("pyarrow.parquet").parquet.read_table(run / "audit" / "rank-0.parquet").column("sample_id").to_pylist()
-    assert "imp-" in text.split("NOT exactly once")[1]
+    assert "imp-" in text.split("NOT exactly once")[-1]  # the audit section, after the summary
     assert audit_ids  # the fake trainer wrote per-rank files
     assert "profiled now:" in text  # no stored profiles: the report profiled the window itself
 
@@ -78,11 +77,11 @@ def test_minimal_run_folder_degrades_gracefully(settings: Settings) -> None:
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(json.dumps({
         "run_id": "run-3", "snapshot_id": snap, "t_handoff": _t_handoff().isoformat(),
-        "window_start": datetime(2026, 11, 1, tzinfo=timezone.utc).isoformat(),
+        "window_start": datetime(2026, 11, 1, tzinfo=UTC).isoformat(),
     }))
     text = render_report(settings, "run-3").read_text()
     assert "no stream phase: the run has no stream_profile.json" in text
-    assert "No audit/rank-*.parquet" in text
+    assert "no audit/rank-*.parquet in the run folder" in text
     assert text.count("<img") == 3  # distributions, drift, CTR
     empty = Path(settings.runs_dir) / "run-4"
     empty.mkdir()
