@@ -11,9 +11,10 @@ from the stored profiles (`binning`), so a month of days costs a few vector sums
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import TypeVar
 
 import numpy as np
 
@@ -24,9 +25,12 @@ from slipstream.quality.profiles import ColumnProfile, FeatureProfile
 from slipstream.quality.wording import shift_detail
 from slipstream.samples.spec import Spec
 
+K = TypeVar("K", bound=Hashable)
 
-def feature_bins(profiles: Mapping[date, FeatureProfile], spec: Spec, basis: Sequence[date]) -> dict[str, Bins]:
-    """Each drift feature's bins, drawn from the merged profiles of the `basis` days."""
+
+def feature_bins(profiles: Mapping[K, FeatureProfile], spec: Spec, basis: Sequence[K]) -> dict[str, Bins]:
+    """Each drift feature's bins, drawn from the profiles of the `basis` days (or day-hours) taken
+    together."""
     out = {}
     for name in drift_features(spec):
         b = bins_of(name, [profiles[d].columns[name] for d in basis if name in profiles[d].columns])
@@ -88,11 +92,11 @@ def drift_over_days(profiles: Mapping[date, FeatureProfile], test_days: Sequence
             day.chance = chance(b.method, day.ref, day.counts, config, key=f"{name}|{d}",
                                 draws=None if d in judged else config.baseline_draws)
         for d in tested:
-            day = series.get(d)
-            if day is None or day.chance is None or day.ref is None:
+            judged_day = series.get(d)
+            if judged_day is None or judged_day.chance is None or judged_day.ref is None:
                 continue
             past = [series[k].excess for k in series if d - timedelta(days=config.baseline_days) <= k < d]
-            out[d].append(_verdict(name, b, day, usual_movement(past, config), profiles, d, history_days, config))
+            out[d].append(_verdict(name, b, judged_day, usual_movement(past, config), profiles, d, history_days, config))
     return {d: v for d, v in out.items() if v}
 
 

@@ -44,7 +44,7 @@ PSI_FLOOR_P = 1e-4
 class MovementConfig:
     bootstrap: int = 300
     """Draws of the sampling null of a judged comparison (its quantile needs them)."""
-    baseline_draws: int = 60
+    baseline_draws: int = 40
     """Draws of the sampling null of a past day or slice, whose mean alone is used."""
     quantile: float = 0.999
     """The sampling null's quantile a distance must pass."""
@@ -110,6 +110,13 @@ class Chance:
     upper: float
 
 
+def redraw(rng: np.random.Generator, n: int, p: np.ndarray, draws: int) -> np.ndarray:
+    """`draws` samples of about `n` rows from bin probabilities `p`: independent Poisson counts,
+    which given their total are exactly multinomial, and a distance only sees the proportions
+    (one vectorised draw, where numpy's multinomial loops over the draws)."""
+    return rng.poisson(n * p, size=(draws, len(p)))
+
+
 def chance(method: str, ref: np.ndarray, cur: np.ndarray, config: MovementConfig, key: str = "",
            draws: int | None = None) -> Chance:
     """The sampling null of `distance(method, ref, cur)`: both sides drawn again with their own
@@ -123,7 +130,7 @@ def chance(method: str, ref: np.ndarray, cur: np.ndarray, config: MovementConfig
     seed = zlib.crc32(f"{key}|{n_ref}|{n_cur}|{method}".encode())
     rng = np.random.default_rng(seed)
     b = draws or config.bootstrap
-    scores = distance(method, rng.multinomial(n_ref, pooled, size=b), rng.multinomial(n_cur, pooled, size=b))
+    scores = distance(method, redraw(rng, n_ref, pooled, b), redraw(rng, n_cur, pooled, b))
     return Chance(float(np.mean(scores)), float(np.quantile(scores, config.quantile)))
 
 

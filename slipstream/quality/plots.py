@@ -143,9 +143,14 @@ def training_curve(points: list[dict[str, Any]], final: dict[str, Any] | None = 
         # points as well as the line: a short run has one or two metrics lines, and a line through
         # a single point draws nothing
         ax.plot([a for a, _ in pts], [b for _, b in pts], label=k, marker="o" if len(pts) <= 50 else None, ms=4)
+        if len(pts) <= 3:  # a few points are numbers: write them
+            for a, b in pts:
+                ax.annotate(f"{b:.4f}", (a, b), textcoords="offset points", xytext=(6, 4), fontsize=8)
     for k in end_keys:
         assert final is not None
         ax.plot([final["step"]], [final[k]], marker="*", ms=12, ls="none", label=f"{k} at the end (held out, metrics.json)")
+        ax.annotate(f"{final[k]:.4f}", (final["step"], final[k]), textcoords="offset points", xytext=(8, 4), fontsize=8)
+    ax.set_xlim(left=0)  # from the first step: a short run reads as short
     ax.set_xlabel("step")
     ax.set_title("Training curve (metrics.jsonl" + (", end of run from metrics.json)" if end_keys else ")"))
     ax.legend(fontsize=7)

@@ -103,7 +103,7 @@ def render_report(settings: Settings, run_id: str) -> Path:
     gate, failed = _gate_results(settings, run_id)
     audit = _audit(settings, run_dir, metrics, window, plan.spec if plan is not None else None)
     series, lines = drift_lines(window)
-    drift = drift_finding(lines, len(window.days) if window else 0)
+    drift = drift_finding(lines, window)
     skew, why_not = skew_result(window, stream)
     skew_f = skew_finding(skew, why_not)
     empty = empty_days_finding(window) if window is not None else None

@@ -92,10 +92,13 @@ class Window:
         return out
 
 
-def drift_finding(lines: list[DriftLine], days: int) -> Finding:
+def drift_finding(lines: list[DriftLine], window: Window | None) -> Finding:
     drifted = [ln for ln in lines if ln.drifted]
+    if window is None:
+        return Finding("Drift", "Drift not judged: the Iceberg window is unknown.", None, anchor="drift")
+    days = len(window.days)
     if not lines:
-        return Finding("Drift", "Drift not judged: fewer than two profiled days.", None, anchor="drift")
+        return Finding("Drift", "Drift not judged: fewer than two days with data.", None, anchor="drift")
     if not drifted:
         return Finding("Drift", f"Drift: all {len(lines)} features stayed within their usual day-to-day movement "
                                 f"over the window's {days} days.", True, anchor="drift")

@@ -89,7 +89,7 @@ def freshness_section(doc: ReportDoc, m: dict[str, Any]) -> None:
         lag = m.get("kafka_lag_at_stop")
         doc.table([
             ("newest event time trained on", m.get("newest_event_time") or "unknown"),
-            ("Kafka lag at stop", f"{int(lag):,} records" if finite(lag) else "unknown"),
+            ("Kafka lag at stop", f"{lag:,.0f} records" if finite(lag) else "unknown"),
             ("handoff time T", m.get("t_handoff", "unknown")),
         ])
     else:
@@ -153,7 +153,7 @@ def training_section(doc: ReportDoc, run_dir: Path, m: dict[str, Any]) -> None:
     if finite(last) and (not points or max(p["step"] for p in points) < last):
         final = {"step": last, **{k: m[k] for k in ("logloss", "auc") if finite(m.get(k))}}
         logged = f"metrics.jsonl ends at step {int(max(p['step'] for p in points))}" if points else "metrics.jsonl has no line"
-        doc.p(f"{logged}; the run ended at step {int(last)} (the trainer logs every log_every_steps steps): its end-of-run "
+        doc.p(f"{logged}; the run ended at step {last:.0f} (the trainer logs every log_every_steps steps): its end-of-run "
               "scores from metrics.json are drawn there.", "muted")
     png = plots.training_curve(points, final)
     if png:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def batch_vs_stream(slices: Mapping[tuple[date, int], FeatureProfile], stream: F
 
 
 def _feature_skew(name: str, b: Bins, counts: Mapping[tuple[date, int], np.ndarray], matched: list[tuple[date, int]],
-                  groups: Mapping[object, np.ndarray], slices: Mapping[tuple[date, int], FeatureProfile],
+                  groups: Mapping[Any, np.ndarray], slices: Mapping[tuple[date, int], FeatureProfile],
                   stream: FeatureProfile, config: MovementConfig) -> FeatureShift | None:
     total = np.sum([counts[k] for k in matched], axis=0)
     cur = b.counts(stream.columns.get(name))

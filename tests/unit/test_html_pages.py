@@ -3,7 +3,7 @@ from data (ids, observed values, run ids) is shown as text, never run as markup.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift
@@ -15,7 +15,7 @@ EVIL = "<script>alert(1)</script>"
 
 
 def test_gate_page_shows_every_check_and_escapes_observed_values() -> None:
-    now = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 3, tzinfo=UTC)
     results = [CheckResult("unique.sample_id", "critical", False, f"2 (e.g. {EVIL})", "== 0", "no duplicate ids"),
                CheckResult("ctr", "warning", False, "0.9", "[0.005, 0.6]", "click-through rate"),
                CheckResult("schema", "critical", True, "ok", "ok", "columns and types")]
