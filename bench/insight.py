@@ -209,26 +209,38 @@ def _drifted(days: list[DayOutcome], drifts: tuple[Any, ...], outage: date, labe
     }
 
 
-def _skew(spec: Any, data: Any, history_days: int) -> dict[str, Any]:
-    """The stationary world's stream against its batch: hour-matched with a null, and as before."""
-    from slipstream.quality.drift import compare_profiles
+def _skew(spec: Any, data: Any, history_days: int, streams: int = 7) -> dict[str, Any]:
+    """Batch-vs-stream skew on the stationary world: its real stream (the hour after T) and, as
+    more streams, the first hour of each of the last `streams` - 1 days, each against the
+    `history_days` days before it; hour-matched with a null, and the whole days against fixed
+    thresholds (the baseline)."""
+    from slipstream.quality.drift import compare_profiles, drift_features
     from slipstream.quality.profiles import merge_profiles, profile_table
     from slipstream.quality.skew import batch_vs_stream, stream_hours
 
-    t = data.config.t_handoff
-    stream = data.stream.filter(pc.greater_equal(data.stream.column("event_time"), pa.scalar(t, pa.timestamp("us", tz="UTC"))))
-    sp = profile_table(stream, spec)
-    days = sorted(data.batch)[-history_days:]
-    slices = {}
-    for key in days:
-        tbl = data.batch[key]
+    keys = sorted(data.batch)
+    columns = ["event_time", *drift_features(spec)]
+    slices, whole = {}, {}
+    for key in keys[-(history_days + streams - 1):]:
+        tbl = data.batch[key].select(columns)
         hours = pc.cast(tbl.column("event_time"), pa.int64()).to_numpy() // 3_600_000_000 % 24
         for h in range(24):
             slices[(date.fromisoformat(key), h)] = profile_table(tbl.filter(pa.array(hours == h)), spec)
-    res = batch_vs_stream(slices, sp, spec, stream_hours(sp))
-    old = compare_profiles(merge_profiles(profile_table(data.batch[k], spec) for k in days), sp, spec)
-    return {"features": len(res.shifts), "flagged": [s.feature for s in res.skewed],
-            "baseline_flagged": [s.feature for s in old if s.drifted]}
+        whole[key] = merge_profiles(slices[(date.fromisoformat(key), h)] for h in range(24))
+    t = data.config.t_handoff
+    after_t = data.stream.filter(pc.greater_equal(data.stream.column("event_time"), pa.scalar(t, pa.timestamp("us", tz="UTC"))))
+    cases = [(len(keys), profile_table(after_t.select(columns), spec))]
+    cases += [(i, slices[(date.fromisoformat(keys[i]), 0)]) for i in range(len(keys) - streams + 1, len(keys))]
+    flagged, old, features = [], [], 0
+    for end, stream in cases:
+        before = keys[end - history_days:end]
+        res = batch_vs_stream({k: v for k, v in slices.items() if str(k[0]) in before}, stream, spec, stream_hours(stream))
+        features += len(res.shifts)
+        label = "after T" if end == len(keys) else f"{keys[end]} 00:00"
+        flagged += [f"{label}: {s.feature}" for s in res.skewed]
+        old += [f"{label}: {s.feature}" for s in compare_profiles(merge_profiles(whole[k] for k in before), stream, spec)
+                if s.drifted]
+    return {"streams": len(cases), "features": features, "flagged": flagged, "baseline_flagged": old}
 
 
 def main(argv: list[str]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ class FeatureShift:
     expected: float = math.nan
     """What chance alone gives at these sizes (NaN: a fixed threshold, not a null distribution)."""
     baseline_days: int = 0
-    """Past days whose movement made the threshold (0: chance and a fixed threshold only)."""
+    """Past days (or batch hours) whose movement made the threshold (0: too few of them to know the
+    usual movement: chance and a fixed threshold only)."""
 
     @property
     def drifted(self) -> bool:

@@ -113,7 +113,7 @@ def _verdict(name: str, b: Bins, day: _Day, usual: Usual, profiles: Mapping[date
     mean_b, null_b, _ = column_moments([profiles[d].columns[name]])
     return FeatureShift(name, b.method, day.score, limit(b.method, null, usual, config), mean_a, mean_b, null_a, null_b,
                         rows_a=int(day.ref.sum()), rows_b=int(day.counts.sum()), expected=null.mean,
-                        baseline_days=usual.days)
+                        baseline_days=usual.days if usual.known else 0)
 
 
 @dataclass(frozen=True)

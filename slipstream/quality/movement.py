@@ -142,15 +142,22 @@ class Usual:
     """The excess a day may show and still be usual (NaN: too few past days to know)."""
     days: int
 
+    @property
+    def known(self) -> bool:
+        return self.excess == self.excess
 
-def usual_movement(excess: Sequence[float], config: MovementConfig) -> Usual:
-    """`usual_factor` * sqrt(baseline_days / N) times the largest of the N past days' excess over
-    chance (NaN: fewer than `min_baseline` past days)."""
+
+def usual_movement(excess: Sequence[float], config: MovementConfig, units: int | None = None) -> Usual:
+    """`usual_factor` * sqrt(baseline_days / N) times the largest of the past excess over chance
+    (NaN: fewer than `min_baseline` of them). N is the number of independent units they come from:
+    the past days, or `units` when several values come from one day (the hours of a day share its
+    users, so 168 hours of 7 days are 7 looks at how much a day moves, not 168)."""
     x = np.asarray([e for e in excess if e == e], dtype=np.float64)
-    if len(x) < config.min_baseline:
-        return Usual(math.nan, len(x))
-    factor = config.usual_factor * math.sqrt(config.baseline_days / min(len(x), config.baseline_days))
-    return Usual(factor * max(float(x.max()), 0.0), len(x))
+    n = min(len(x), units) if units is not None else len(x)
+    if n < config.min_baseline:
+        return Usual(math.nan, n)
+    factor = config.usual_factor * math.sqrt(config.baseline_days / min(n, config.baseline_days))
+    return Usual(factor * max(float(x.max()), 0.0), n)
 
 
 def limit(method: str, null: Chance, usual: Usual, config: MovementConfig) -> float:

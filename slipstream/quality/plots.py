@@ -91,7 +91,7 @@ def drift_over_days(series: dict[date, list[FeatureShift]]) -> bytes:
     ax.axhline(1.0, color="red", ls="--", lw=0.8)
     ax.set_ylabel("distance / limit")
     ax.set_title("Drift over days (above the dashed line, circled: moved more than usual)")
-    ax.legend(fontsize=6, ncol=4)
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     return _png(fig)
 

@@ -111,9 +111,9 @@ def _feature_skew(name: str, b: Bins, counts: Mapping[tuple[date, int], np.ndarr
             null = chance(b.method, rest, part, config, key=f"skew|{name}|{g}", draws=config.baseline_draws)
             excess.append(float(distance(b.method, rest, part)) - null.mean)
     null = chance(b.method, total, cur, config, key=f"skew|{name}")
-    usual = usual_movement(excess, config)
+    usual = usual_movement(excess, config, units=len({k[0] for k in matched}))
     mean_a, null_a, _ = column_moments([slices[k].columns[name] for k in matched if name in slices[k].columns])
     mean_b, null_b, _ = column_moments([stream.columns[name]])
     return FeatureShift(name, b.method, float(distance(b.method, total, cur)), limit(b.method, null, usual, config),
                         mean_a, mean_b, null_a, null_b, rows_a=int(total.sum()), rows_b=int(cur.sum()),
-                        expected=null.mean, baseline_days=usual.days)
+                        expected=null.mean, baseline_days=usual.days if usual.known else 0)
