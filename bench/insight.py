@@ -70,6 +70,9 @@ class DayOutcome:
     baseline_blocked: bool = False
     worst: dict[str, float] = field(default_factory=dict)
     """feature -> score / limit (times the room), for the drift worlds' report."""
+    seconds: float = 0.0
+    history_s: float = 0.0
+    """The gate's drift and learned-bounds stage (`timings["history"]`)."""
 
 
 def _shipped_specs() -> list[str]:
@@ -152,7 +155,8 @@ def run_world(spec: Any, traffic: Any, args: argparse.Namespace, home: Path, lab
         prof = res.profile or profile_table(samples, spec)
         o = DayOutcome(day, res.rows, [r.name for r in res.critical_failures],
                        {s.feature for s in res.drift if s.drifted}, {s.feature for s in res.drift if s.score == s.score},
-                       worst={s.feature: s.times_limit for s in res.drift})
+                       worst={s.feature: s.times_limit for s in res.drift}, seconds=res.seconds,
+                       history_s=res.timings.get("history", 0.0))
         trailing = [profiles[d] for d in profiles if day - timedelta(days=spec.quality.history_days) <= d < day]
         if trailing:
             o.baseline_alarms = {s.feature for s in compare_profiles(merge_profiles(trailing), prof, spec) if s.drifted}
@@ -182,6 +186,8 @@ def _stationary(days: list[DayOutcome]) -> dict[str, Any]:
         "days_gated": len(gated), "days_blocked": sum(bool(d.blocked) for d in gated),
         "gate_false_block_rate": _rate(sum(bool(d.blocked) for d in gated), len(gated)),
         "baseline_gate_false_block_rate": _rate(sum(d.baseline_blocked for d in gated), len(gated)),
+        "gate_s_median": round(float(np.median([d.seconds for d in days])), 3),
+        "gate_history_s_median": round(float(np.median([d.history_s for d in days[28:]] or [0.0])), 3),
         "blocked": {str(d.day): d.blocked for d in gated if d.blocked},
         "alarmed": {str(d.day): sorted(d.alarms) for d in tested if d.alarms},
     }

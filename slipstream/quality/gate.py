@@ -168,10 +168,12 @@ def run_gate(
         timings["profile"] = time.monotonic() - t0 - timings["read"]
         history = hist.result()
 
+    mark = time.monotonic()
     _history_metrics(agg, history, spec, config, data.num_rows, start, end, the_day)
     drift = _day_drift(agg, history, spec, config, profile, the_day) if the_day is not None and data.num_rows else []
     learned = learn_bounds(spec.quality, config, history.counts, history.ctrs, start.date(), rows=data.num_rows)
     bounds = resolve_bounds(spec.quality, learned, overrides or GateOverrides())
+    timings["history"] = time.monotonic() - mark
 
     out_dir = run_dir(settings, run_id) / "quality"
     slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")

@@ -44,7 +44,7 @@ PSI_FLOOR_P = 1e-4
 class MovementConfig:
     bootstrap: int = 300
     """Draws of the sampling null of a judged comparison (its quantile needs them)."""
-    baseline_draws: int = 40
+    baseline_draws: int = 20
     """Draws of the sampling null of a past day or slice, whose mean alone is used."""
     quantile: float = 0.999
     """The sampling null's quantile a distance must pass."""
