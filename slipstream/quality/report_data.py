@@ -49,7 +49,7 @@ class Window:
         self.files = plan.files if plan else None
         catalog = get_catalog(settings)
         self.table = load_samples(catalog, settings.namespace)
-        keys = self._read(self.start, self.end, ("sample_id", "event_time"))
+        keys = self._read(self.start, self.end, ("sample_id", "event_time"), files=self.files)
         self.ids, self.times = keys.column("sample_id").combine_chunks(), keys.column("event_time").combine_chunks()
         days = window_days(self.start, self.end)
         self.history_days = self.spec.quality.history_days
@@ -70,9 +70,10 @@ class Window:
         self.profiled_here = [d for d in self.profiled_here if d not in self.empty_days]
         self.profile = merge_profiles(self.day_profiles[d] for d in days)
 
-    def _read(self, start: datetime, end: datetime, columns: tuple[str, ...]) -> pa.Table:
-        """The window's rows in [start, end) (a day's files may hold rows of other days)."""
-        t = read_interval(self.table, self.snapshot_id, start, end, columns, files=self.files)
+    def _read(self, start: datetime, end: datetime, columns: tuple[str, ...], files: Any = None) -> pa.Table:
+        """The window's rows in [start, end) (a day's files may hold rows of other days): of the
+        plan's `files` for the whole window, else of the files Iceberg plans for the interval."""
+        t = read_interval(self.table, self.snapshot_id, start, end, columns, files=files)
         ts = t.column("event_time")
         return t.filter(pc.and_(pc.greater_equal(ts, pa.scalar(start, ts.type)), pc.less(ts, pa.scalar(end, ts.type))))
 
