@@ -6,9 +6,9 @@ catalog, one commit per day, the profiles it stores becoming the next days' hist
 
 - **stationary**: nothing changes, but the traffic is bursty: quieter weekends, ±35 % volume from
   day to day, a spike day now and then, and 5-60 % of each day's events from three users;
-- **drift**: bursty volume, steady users, and on purpose: up to four features drift (one a few
-  days apart; a side table's features through its entities, one per table), then a day at 10 %
-  of the normal volume and a day with twice the label rate;
+- **drift**: bursty volume, steady users, and on purpose: up to four features drift (from 13 days
+  before the end, three days apart; a side table's features through its entities, one per
+  table), then a day at 10 % of the normal volume and a day with twice the label rate;
 - **drift, bursty users**: the drift world with the stationary world's bursty users (reported,
   not a goal: a drift smaller than the users' own day-to-day swings cannot be told from them).
 
@@ -46,7 +46,7 @@ GOALS = {"false_alarm_rate": 0.01, "drift_detected": 0.95, "outage_detected": 1.
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slipstream bench insight")
-    p.add_argument("--days", type=int, default=35, help="days of each world (drifts start from day 22)")
+    p.add_argument("--days", type=int, default=35, help="days of each world (drifts start 13 days before the end)")
     p.add_argument("--events", type=int, default=4000, help="events of an average day")
     p.add_argument("--specs", nargs="*", default=None, help="spec names (default: every spec in specs/)")
     p.add_argument("--seed", type=int, default=7)
@@ -54,8 +54,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary SLIPSTREAM_HOME")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.days < 30:
-        p.error(f"--days must be >= 30 (drifts start on day 22, outages follow), got {args.days}")
+    if args.days < 16:
+        p.error(f"--days must be >= 16 (a week of history and five days of usual movement before the first drift), "
+                f"got {args.days}")
     return args
 
 
@@ -97,7 +98,8 @@ def _drift_plan(spec: Any, seed: int, days: int) -> tuple[Any, ...]:
         tables |= {t} if t else set()
         if len(chosen) == 4:
             break
-    return tuple(Drift(name, START + timedelta(days=22 + 3 * i)) for i, name in enumerate(chosen) if 22 + 3 * i < days - 2)
+    first = days - 13  # three days apart, all before the two outage days at the end
+    return tuple(Drift(name, START + timedelta(days=first + 3 * i)) for i, name in enumerate(chosen))
 
 
 def _old_bounds_block(counts: dict[date, int], ctrs: dict[date, float], day: date, rows: int, ctr: float) -> bool:
