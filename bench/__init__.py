@@ -28,6 +28,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--repeats", "1")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
               "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
+    Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "
+              "and outage worlds, against fixed thresholds and quantile bounds",
+              ("--days", "16", "--events", "300", "--specs", "synthetic", "--no-bursty-drift")),
     Benchmark("joiner", "the sample joiner's samples/s against raw consumption, and its close-to-commit latency",
               ("--impressions", "2000", "--rate", "500", "--seconds", "2")),
     Benchmark("loader", "the batch-phase loader's samples/s against a raw read and a naive loader",

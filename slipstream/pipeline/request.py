@@ -105,9 +105,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gate_ctr_max", "number", None, "Quality gate: this run's highest allowed label rate (CTR); "
          "empty for the data set's.", minimum=0.0, maximum=1.0, nullable=True),
     Knob("gate_rows_ratio_min", "number", None, "Quality gate: this run's lowest allowed ratio of a "
-         "day's rows to the trailing days' mean; empty for the data set's.", minimum=0.0, maximum=1000.0, nullable=True),
+         "day's rows to the rows expected of it (its history's median); empty for the data set's.", minimum=0.0, maximum=1000.0, nullable=True),
     Knob("gate_rows_ratio_max", "number", None, "Quality gate: this run's highest allowed ratio of a "
-         "day's rows to the trailing days' mean; empty for the data set's.", exclusive_minimum=0.0, maximum=1000.0,
+         "day's rows to the rows expected of it; empty for the data set's.", exclusive_minimum=0.0, maximum=1000.0,
          nullable=True),
 )
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}

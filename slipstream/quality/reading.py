@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from datetime import date, datetime, timedelta, timezone
-from typing import Sequence
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,7 +35,7 @@ def load_samples(catalog: Catalog, namespace: str) -> Table:
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
-    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
@@ -125,5 +125,5 @@ def day_row_counts(table: Table, snapshot_id: int, start: datetime, end: datetim
         counts[EPOCH + timedelta(days=int(value))] += t.file.record_count
     return {
         d: n for d, n in sorted(counts.items())
-        if start.date() <= d and datetime(d.year, d.month, d.day, tzinfo=timezone.utc) < end
+        if start.date() <= d and datetime(d.year, d.month, d.day, tzinfo=UTC) < end
     }
