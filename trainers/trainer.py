@@ -267,6 +267,7 @@ class Trainer:
                     self._validate_epoch(st.epoch)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
+            self._maybe_log(last=True)
         finally:
             src.close()
         if validating:
@@ -419,6 +420,7 @@ class Trainer:
                     st.stop_reason = f"stream timeout {stop.timeout_s:.0f}s"
                     log.warning("stream phase stopped by data.stop.timeout_s with lag %d", int(g_lag))
                 if st.stop_reason:
+                    self._maybe_log(lag=g_lag, last=True)
                     break
                 if g_ckpt:
                     self.checkpoint()
@@ -483,9 +485,11 @@ class Trainer:
         st.last_checkpoint = str(self.ckpt.save(st.step, model, data, meta))
         self._last_ckpt_t = time.monotonic()
 
-    def _maybe_log(self, lag: float | None = None) -> None:
+    def _maybe_log(self, lag: float | None = None, *, last: bool = False) -> None:
+        """A metrics.jsonl line every `run.log_every_steps` steps; `last`: the phase's last step too,
+        unless it was just logged (a run shorter than the interval still has its curve)."""
         st, tp = self.state, self.tp
-        if not self.progress.due(st.step):
+        if not (self.progress.due(st.step) or (last and self.progress.logged_step != st.step and st.step > 0)):
             return
         values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch,
                                   "samples_iceberg_rank0": st.counters["samples_iceberg"],
