@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None, spark: SparkSettings) -> argparse.Namespa
     p.add_argument("--target-file-mb", type=int, default=spark.target_file_mb)
     p.add_argument("--write-mode", choices=("pyarrow", "native"), default=spark.write_mode)
     p.add_argument("--summary-out", default="", help="also write the JSON summary to this file")
+    p.add_argument("--day-by-day", action="store_true",
+                   help="one read, write and commit per day (the range job's reference; the default reads the days in one pass)")
     args = p.parse_args(argv)
     check_job_limits(args.max_reject_rate, args.target_file_mb)
     return args
@@ -65,6 +67,15 @@ def start_spark(spark_settings: SparkSettings, app: str) -> Any:
     return session
 
 
+def share_side_tables(spark: Any, blobs: dict[str, bytes]) -> Any:
+    """The side tables' bytes as the writer's tasks get them: a broadcast on a classic session; a
+    Spark Connect session has no SparkContext, so the bytes travel inside the task's closure."""
+    try:
+        return spark.sparkContext.broadcast(blobs)
+    except Exception:  # pyspark's Connect session refuses sparkContext  # noqa: BLE001
+        return blobs
+
+
 def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSettings) -> dict[str, Any]:
     """Run the job; returns the summary (also on failure, with `error` set)."""
     summary: dict[str, Any] = {"run_id": args.run_id, "days": [], "error": None, "error_type": None}
@@ -75,6 +86,7 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         from slipstream.samples.spec import load_spec
         from spark_jobs.day_job import DayOptions, preprocess_day, read_side_tables
         from spark_jobs.finisher import tables_to_ipc
+        from spark_jobs.range_job import preprocess_range
 
         spec = load_spec(args.spec or settings.spec)
         opts = DayOptions(
@@ -92,13 +104,17 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         if not spark_settings.is_local:
             summary["executor_code"] = executor_code(spark)
         tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
-        side = spark.sparkContext.broadcast(tables_to_ipc(tables)) if tables else None
+        side = share_side_tables(spark, tables_to_ipc(tables)) if tables else None
         days = sorted(set(args.days))
-        for i, day in enumerate(days):
-            result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})
-            summary["days"].append(result.to_dict())
-            done = time.monotonic() - t0
-            log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))
+        if args.day_by_day or opts.write_mode == "native":
+            for i, day in enumerate(days):
+                result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})
+                summary["days"].append(result.to_dict())
+                done = time.monotonic() - t0
+                log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))
+        else:
+            preprocess_range(spark, catalog, opts, days, side if side is not None else {},
+                             on_day=lambda r: summary["days"].append(r.to_dict()))
     except SlipstreamError as e:
         log.error("%s", e)
         summary.update(error=str(e), error_type=type(e).__name__)

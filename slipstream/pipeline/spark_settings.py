@@ -115,6 +115,10 @@ class SparkSettings:
             # up to this size (a day of ~10M impressions' clicks), so the impressions are shuffled
             # only once, by user. Above it Spark shuffles both sides by id (still correct).
             "spark.sql.autoBroadcastJoinThreshold": "64MB",
+            # Raw zones hold one file per source, day and hour: a year is ~10,000 small files. At
+            # Spark's 4 MB a file a 200-day read made ~150 tasks (each paying a Python worker's
+            # batch setup); what opening a local or object-store file costs is nearer 256 KB of reading.
+            "spark.sql.files.openCostInBytes": str(256 * 1024),
         }
         if self.executor_memory:
             conf["spark.executor.memory"] = self.executor_memory
