@@ -26,7 +26,7 @@ import time  # noqa: E402
 from datetime import date  # noqa: E402
 from typing import Any  # noqa: E402
 
-from slipstream.errors import SlipstreamError  # noqa: E402
+from slipstream.errors import ConfigError, SlipstreamError  # noqa: E402
 from slipstream.settings import Settings  # noqa: E402
 from slipstream.pipeline.spark_settings import SparkSettings, check_job_limits  # noqa: E402
 
@@ -53,8 +53,15 @@ def parse_args(argv: list[str] | None, spark: SparkSettings) -> argparse.Namespa
 
 
 def start_spark(spark_settings: SparkSettings, app: str) -> Any:
+    """A Spark session: a client of the warm Spark Connect server when SLIPSTREAM_SPARK_REMOTE names
+    one, else a Spark of its own (`local[*]` or the cluster's master)."""
     from pyspark.sql import SparkSession
 
+    if spark_settings.remote:
+        session = SparkSession.builder.remote(spark_settings.remote).getOrCreate()
+        for k, v in spark_settings.session_conf().items():
+            session.conf.set(k, v)
+        return session
     builder = SparkSession.builder.appName(app).master(spark_settings.master)
     conf = spark_settings.spark_conf()
     if spark_settings.is_local:
@@ -100,12 +107,16 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         catalog = get_catalog(settings)
         samples_table(catalog, settings.namespace, spec)  # a new feature evolves the table once, up front
         spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")
-        log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark_settings.master)
-        if not spark_settings.is_local:
+        log.info("Spark %s up in %.1fs (%s)", spark.version, time.monotonic() - t0,
+                 f"Spark Connect {spark_settings.remote}" if spark_settings.remote else f"master {spark_settings.master}")
+        if not spark_settings.is_local and not spark_settings.remote:
             summary["executor_code"] = executor_code(spark)
         tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
         side = share_side_tables(spark, tables_to_ipc(tables)) if tables else None
         days = sorted(set(args.days))
+        if (args.day_by_day or opts.write_mode == "native") and spark_settings.remote:
+            raise ConfigError("the day-by-day path and native writes need a Spark of the job's own (they use the "
+                              "SparkContext): unset SLIPSTREAM_SPARK_REMOTE for them")
         if args.day_by_day or opts.write_mode == "native":
             for i, day in enumerate(days):
                 result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})

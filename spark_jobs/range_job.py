@@ -52,8 +52,9 @@ from spark_jobs.day_job import (
     _observation,
     _observed,
     _read_error,
+    read_side_tables,
 )
-from spark_jobs.finisher import SampleFinisher
+from spark_jobs.finisher import SampleFinisher, tables_to_ipc
 from spark_jobs.range_input import DAY, RangeFiles, folder_day, folders, list_range_files, parquet_drift
 from spark_jobs.raw_input import read_raw_folders, spark_schema
 from spark_jobs.transforms import (
@@ -97,8 +98,12 @@ def preprocess_range(spark: SparkSession, catalog: Catalog, opts: DayOptions, da
                      on_day: Callable[[DayResult], None]) -> list[DayResult]:
     """Preprocess `days` (any order, repeats ignored) into `samples` and `samples_rejects`; calls
     `on_day` with each day's result once it is committed (or skipped: a day without events), so
-    a caller's summary holds what was committed even when a later pass fails."""
+    a caller's summary holds what was committed even when a later pass fails. `side_tables`: the
+    spec's side tables as `share_side_tables` gives them, read once per job by the caller; None
+    reads them here."""
     t0 = time.monotonic()
+    if side_tables is None:
+        side_tables = tables_to_ipc(read_side_tables(opts.spec, opts.raw_dir, opts.raw_io))
     days = sorted(set(days))
     spec = opts.spec
     files = list_range_files(spec, opts.raw_dir, days, opts.window_s, opts.raw_io)

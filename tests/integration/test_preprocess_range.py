@@ -27,8 +27,8 @@ from slipstream.pipeline.spark_settings import SparkSettings
 from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
-from spark_jobs.range_job import preprocess_range
 from spark_jobs.range_input import list_range_files
+from spark_jobs.range_job import preprocess_range
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def _both(spark: Any, root: Path, raw: Path, spec: Spec, days: list[date]) -> tu
     """The days through the range job and, into another catalog, day by day."""
     by_range, by_day = Settings(home=root / "range", raw_dir=str(raw)), Settings(home=root / "days", raw_dir=str(raw))
     seen: list[DayResult] = []
-    ranged = preprocess_range(spark, get_catalog(by_range), _opts(by_range, spec, "r1"), days, {}, on_day=seen.append)
+    ranged = preprocess_range(spark, get_catalog(by_range), _opts(by_range, spec, "r1"), days, None, on_day=seen.append)
     assert sorted(r.day for r in seen) == sorted(r.day for r in ranged)
     catalog = get_catalog(by_day)
     daily = [preprocess_day(spark, catalog, _opts(by_day, spec, "d1"), d) for d in days]
@@ -75,7 +75,7 @@ def _rejects(settings: Settings) -> pa.Table:
 
 def test_a_synthetic_range_equals_the_day_by_day_job(spark: Any, tmp_path: Path) -> None:
     raw = tmp_path / "raw"
-    cfg = GeneratorConfig(start_day=START, days=5, impressions_per_day=300, stream_minutes=1.0, corrupt_fraction=0.004)
+    cfg = GeneratorConfig(start_day=START, days=5, impressions_per_day=300, stream_minutes=1.0, corrupt_fraction=0.05)
     generate(cfg, raw)
     gap = START + timedelta(days=2)
     shutil.rmtree(raw / "impressions" / f"day={gap}")  # a day without events: skipped, nothing committed
@@ -137,7 +137,7 @@ def test_a_day_above_the_reject_limit_is_refused_and_the_others_commit(spark: An
     assert str(folder / "part-bad.jsonl") in list_range_files(spec, str(raw), days, 0, {}).events[bad_day]
     seen: list[DayResult] = []
     with pytest.raises(RejectRateExceeded, match=str(bad_day)) as err:
-        preprocess_range(spark, get_catalog(settings), _opts(settings, spec, "r1", max_reject_rate=0.05), days, {},
+        preprocess_range(spark, get_catalog(settings), _opts(settings, spec, "r1", max_reject_rate=0.05), days, None,
                          on_day=seen.append)
     assert "part-bad.jsonl" in str(err.value)
     committed = {r.day for r in seen if r.snapshot_id is not None}
