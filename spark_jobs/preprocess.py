@@ -1,7 +1,9 @@
-"""Preprocess raw days into the Iceberg table `samples`: one Spark session, one commit per day.
+"""Preprocess raw days into the Iceberg table `samples`: one Spark pass and one snapshot for all the
+days (`spark_jobs.range_job`; `--day-by-day`: one commit per day, `spark_jobs.day_job`).
 
     python -m spark_jobs.preprocess --day 2026-11-01 [--day 2026-11-02 ...] --run-id R
     spark-submit spark_jobs/preprocess.py --day 2026-11-01 --run-id R
+    SLIPSTREAM_SPARK_REMOTE=sc://127.0.0.1:15002 python -m spark_jobs.preprocess ...   # a warm Spark Connect server
 
 Settings come from the environment (`SLIPSTREAM_*` for the catalog and raw zone,
 `SLIPSTREAM_SPARK_*` for Spark); flags override the job limits. Spark's and our logs go to
