@@ -226,6 +226,9 @@ def _run_pass(spark: SparkSession, catalog: Catalog, opts: DayOptions, days: lis
     spec = opts.spec
     ev, lab = spec.events, spec.label_source
     classified = _classified(spark, opts, days, files)
+    if lab is not None:
+        # the labels are small and read twice (the join, then their count per day): read the files once
+        classified[lab.name] = classified[lab.name].persist()
     seen = {name: _observed(df, name) for name, df in classified.items()}
     good_events = with_sample_id(good(seen[ev.name][0]), spec)
     good_labels = good(seen[lab.name][0]).drop(DAY) if lab is not None else None
@@ -241,6 +244,9 @@ def _run_pass(spark: SparkSession, catalog: Catalog, opts: DayOptions, days: lis
     except (PySparkException, Py4JJavaError) as e:
         raise RawDataError(f"raw data of {what} could not be read: {_read_error(e)}. Replace or remove that file and "
                            "re-run; `samples` was left unchanged") from e
+    finally:
+        if lab is not None:
+            classified[lab.name].unpersist()
     n_rejects = sum(g["rejects"] for g in got.values())
     props = {"run_id": opts.run_id, "spec": f"{spec.name}@{spec.version}:{spec.digest}", **_day_props(days)}
     rejects_by_day = _write_rejects(catalog, opts, days, classified, n_rejects > 0, {**props, "rejects": str(n_rejects)})

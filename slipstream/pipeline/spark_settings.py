@@ -133,6 +133,10 @@ class SparkSettings:
             # Spark's 4 MB a file a 200-day read made ~150 tasks (each paying a Python worker's
             # batch setup); what opening a local or object-store file costs is nearer 256 KB of reading.
             "spark.sql.files.openCostInBytes": str(256 * 1024),
+            # A range reads one folder per day and source. Above 32 folders Spark lists them with a
+            # Spark job of one task per folder (400 tasks for 200 days, tens of seconds on 2 cores);
+            # the driver lists a few hundred folders in well under a second.
+            "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
         }
         if self.executor_memory:
             conf["spark.executor.memory"] = self.executor_memory
