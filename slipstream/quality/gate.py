@@ -116,13 +116,15 @@ def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, sp
 
 def _split_days(data: pa.Table, start: datetime, end: datetime,
                 skip: set[date] | frozenset[date] = frozenset()) -> dict[date, pa.Table]:
-    """The rows of each day of [start, end) but `skip`: one sort by day, then a slice per day."""
+    """The rows of each day of [start, end) but `skip`: one sort by day (one take of the table),
+    then a zero-copy slice per day."""
     if data.num_rows == 0:
         return {}
     days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32()).to_numpy(
         zero_copy_only=False)
     order = np.argsort(days, kind="stable")
     sorted_days = days[order]
+    ordered = data.take(pa.array(order)).combine_chunks()
     epoch = date(1970, 1, 1)
     out = {}
     for d in days_of(start, end):
@@ -130,7 +132,7 @@ def _split_days(data: pa.Table, start: datetime, end: datetime,
             continue
         k = (d - epoch).days
         lo, hi = np.searchsorted(sorted_days, [k, k + 1])
-        out[d] = data.take(pa.array(order[lo:hi]))
+        out[d] = ordered.slice(int(lo), int(hi - lo))
     return out
 
 
