@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pytest
+from slipstream_airflow.data_tasks import DayRange
 
 from slipstream.errors import ConfigError
-from slipstream_airflow.data_tasks import DayRange
 
 DAY = date(2026, 11, 5)
 
@@ -22,7 +22,7 @@ def test_a_range_names_every_day_once_and_its_window() -> None:
     span = DayRange.of_run(DAY, {"range_from": "2025-12-30", "range_to": "2026-01-02"})
     assert span.days == [date(2025, 12, 30), date(2025, 12, 31), date(2026, 1, 1), date(2026, 1, 2)]
     assert span.run_id == "preprocess-20251230-20260102"
-    assert span.window() == (datetime(2025, 12, 30, tzinfo=timezone.utc), datetime(2026, 1, 3, tzinfo=timezone.utc))
+    assert span.window() == (datetime(2025, 12, 30, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC))
 
 
 @pytest.mark.parametrize("params, match", [

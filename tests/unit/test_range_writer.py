@@ -4,7 +4,7 @@ long range is cut into passes."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +18,7 @@ SCHEMA = pa.schema([("event_time", pa.timestamp("us", tz="UTC")), ("x", pa.int64
 
 
 def _batch(day: date, n: int, start: int) -> pa.RecordBatch:
-    t0 = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    t0 = datetime(day.year, day.month, day.day, tzinfo=UTC)
     times = [t0 + timedelta(minutes=i) for i in range(n)]
     return pa.RecordBatch.from_pydict({"event_time": times, "x": list(range(start, start + n)),
                                        "_day": pa.array([day] * n, pa.date32())})
