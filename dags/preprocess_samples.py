@@ -6,6 +6,11 @@ Daily and backfillable (`airflow backfill create --dag-id preprocess_samples --f
 and a second backfill over them changes nothing. The gate (Great Expectations suite over the new
 day at the snapshot that wrote it) fails the run on a critical failure; only a day that passed
 emits the `samples` Asset, which triggers `cache_warmup`.
+
+A long history goes in one run instead: trigger it with `range_from` and `range_to` (days, both
+included), e.g. `airflow dags trigger preprocess_samples --conf '{"range_from": "2025-01-01",
+"range_to": "2025-12-31"}'`: one Spark job reads every day of the range and commits it as one
+snapshot, and the gate checks the range as one window and stores every day's profile in one write.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, PokeReturnValue, dag, task
-
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.params import GATE_KNOBS, train_params
@@ -32,6 +36,11 @@ SAMPLES = Asset("slipstream://samples")
         "attribution_s": Param(3600, type="integer", minimum=0, maximum=7 * 86_400, title="Attribution window (s)",
                                description="Clicks may arrive this long after their impression; the day is "
                                "processed once its raw files reach this far past midnight."),
+        "range_from": Param(None, type=["null", "string"], format="date", title="Range backfill: first day",
+                            description="With range_to: build every day from this one to range_to (both included) "
+                            "in one Spark job and one snapshot, instead of the run's own day."),
+        "range_to": Param(None, type=["null", "string"], format="date", title="Range backfill: last day",
+                          description="The range's last day (included)."),
         **train_params(only=GATE_KNOBS),
     },
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "on_failure_callback": log_failure},
@@ -41,11 +50,12 @@ SAMPLES = Asset("slipstream://samples")
 def preprocess_samples() -> None:
     @task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
     def raw_day_ready(params=None, data_interval_start=None) -> PokeReturnValue:  # type: ignore[no-untyped-def]
-        return PokeReturnValue(is_done=data_tasks.raw_ready(data_interval_start.date(), int(params["attribution_s"])))
+        last = data_tasks.DayRange.of_run(data_interval_start.date(), params).last  # a range waits for its last day
+        return PokeReturnValue(is_done=data_tasks.raw_ready(last, int(params["attribution_s"])))
 
     @task
-    def preprocess(data_interval_start=None, run_id=None):  # type: ignore[no-untyped-def]
-        return data_tasks.preprocess_day(data_interval_start.date(), run_id)
+    def preprocess(params=None, data_interval_start=None, run_id=None):  # type: ignore[no-untyped-def]
+        return data_tasks.preprocess_days(data_interval_start.date(), run_id, params)
 
     @task(outlets=[SAMPLES], retries=0)  # a failed expectation fails again on retry: stop at once
     def quality_gate(pre, params=None, data_interval_start=None):  # type: ignore[no-untyped-def]

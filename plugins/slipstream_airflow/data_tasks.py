@@ -1,11 +1,14 @@
-"""Work behind `preprocess_samples` and `cache_warmup` (one day; the recent window)."""
+"""Work behind `preprocess_samples` and `cache_warmup` (one day or a backfilled range; the recent window)."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
+from slipstream.errors import ConfigError
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,67 @@ def preprocess_run_id(day: Any) -> str:
     return f"preprocess-{day:%Y%m%d}"
 
 
+@dataclass(frozen=True)
+class DayRange:
+    """The days a `preprocess_samples` run builds: its own day, or the `range_from`..`range_to`
+    params (both ends included) of a range backfill."""
+
+    first: date
+    last: date
+
+    @classmethod
+    def of_run(cls, day: date, params: Mapping[str, Any] | None) -> DayRange:
+        params = params or {}
+        lo, hi = params.get("range_from"), params.get("range_to")
+        if not lo and not hi:
+            return cls(day, day)
+        if not lo or not hi:
+            raise ConfigError(f"a range backfill needs both range_from and range_to (YYYY-MM-DD), got {lo!r} and {hi!r}")
+        try:
+            first, last = date.fromisoformat(str(lo)), date.fromisoformat(str(hi))
+        except ValueError:
+            raise ConfigError(f"range_from and range_to must be days (YYYY-MM-DD), got {lo!r} and {hi!r}") from None
+        if first > last:
+            raise ConfigError(f"range_from {first} is after range_to {last}: give the first day, then the last")
+        return cls(first, last)
+
+    @property
+    def days(self) -> list[date]:
+        return [self.first + timedelta(days=i) for i in range((self.last - self.first).days + 1)]
+
+    @property
+    def run_id(self) -> str:
+        """The day's run id, or one per range: a re-run of the same range replaces its gate results."""
+        if self.first == self.last:
+            return preprocess_run_id(self.first)
+        return f"preprocess-{self.first:%Y%m%d}-{self.last:%Y%m%d}"
+
+    def window(self) -> tuple[datetime, datetime]:
+        start = datetime(self.first.year, self.first.month, self.first.day, tzinfo=UTC)
+        return start, start + timedelta(days=(self.last - self.first).days + 1)
+
+
+def preprocess_days(day: Any, dag_run_id: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replace the run's day, or every day of its range params, in ONE Spark job (idempotent: a
+    re-run rewrites the same days). Returns small counts and the snapshot that holds them all."""
+    from slipstream.pipeline.preprocess_launch import run_preprocess_days
+
+    span = DayRange.of_run(day, params)
+    if span.first == span.last:
+        return preprocess_day(span.first, dag_run_id)
+    settings = Settings.from_env()
+    results = run_preprocess_days(settings, span.days, span.run_id)
+    committed = [r for r in results if r.snapshot_id is not None]
+    empty = [str(r.day) for r in results if r.empty]
+    rows, rejects = sum(r.rows for r in results), sum(r.rejects for r in results)
+    # passes commit in day order: the last one's snapshot holds every day of the range
+    snapshot = int(committed[-1].snapshot_id) if committed else None  # type: ignore[arg-type]
+    log.info("days %s..%s: %d rows, %d rejects, %d days without raw events, snapshot %s (DAG run %s)", span.first,
+             span.last, rows, rejects, len(empty), snapshot, dag_run_id)
+    return {"range_from": str(span.first), "range_to": str(span.last), "days": len(results), "snapshot_id": snapshot,
+            "rows": rows, "rejects": rejects, "empty": not committed, "empty_days": len(empty)}
+
+
 def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
     """Replace one day in `samples` (idempotent: a re-run or a backfill rewrites the same day)."""
     from slipstream.pipeline.preprocess_launch import run_preprocess
@@ -39,7 +103,7 @@ def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
 
 
 def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The quality gate over the day just written, at the snapshot that wrote it: a critical
+    """The quality gate over the day (or the range) just written, at the snapshot that wrote it: a critical
     failure fails the task (QualityGateFailed lists each failed expectation with its value), so
     the `samples` Asset is not emitted and nothing downstream reads the day. Results go to
     `quality_results` under the preprocess run id, the day's profile to `sample_profiles`. The
@@ -51,13 +115,16 @@ def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None 
     from slipstream.quality.gate import run_gate
     from slipstream.samples.spec import load_spec
 
+    span = DayRange.of_run(day, params)
     if pre.get("empty") or pre.get("snapshot_id") is None:
-        raise AirflowSkipException(f"day {day} had no raw events: nothing committed, nothing to gate")
+        raise AirflowSkipException(f"days {span.first}..{span.last} had no raw events: nothing committed, nothing to gate")
     settings = Settings.from_env()
-    result = run_gate(settings, spec=load_spec(settings.spec), day=day, window=None, snapshot_id=int(pre["snapshot_id"]),
-                      run_id=preprocess_run_id(day), overrides=GateOverrides.from_params(params))
+    # a range is gated as one window (its expectations in one pass, every day's profile in one write)
+    window = span.window() if span.first != span.last else None
+    result = run_gate(settings, spec=load_spec(settings.spec), day=None if window else span.first, window=window,
+                      snapshot_id=int(pre["snapshot_id"]), run_id=span.run_id, overrides=GateOverrides.from_params(params))
     detail = result.to_dict()
-    log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
+    log.info("%s passed the quality gate at snapshot %s: %d warnings (%s)", result.scope, pre["snapshot_id"],
              len(detail["warnings"]), detail["html"])
     return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")}
 
@@ -67,8 +134,8 @@ def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None)
     from slipstream.cache.warm import warm_window
 
     settings = Settings.from_env()
-    now = run_after.astimezone(timezone.utc)
-    end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+    now = run_after.astimezone(UTC)
+    end = datetime(now.year, now.month, now.day, tzinfo=UTC)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
     detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
     log.info("warmed [%s, %s): %s", detail.get("window_start"), detail.get("window_end"), detail)

@@ -206,10 +206,11 @@ def start_s3_if_wanted(settings: Settings, state: StackState, *, force: bool = F
 
 
 def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, profile: str = "local",
-       joiner: bool = False) -> StackState:
+       joiner: bool = False, spark_connect: bool = False) -> StackState:
     """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME); with
     `spark_workers`, also a Spark standalone master and that many workers; with `joiner`, also the
-    sample joiner (raw impressions + clicks -> the sample topic). The `cluster` profile
+    sample joiner (raw impressions + clicks -> the sample topic); with `spark_connect`, a warm Spark
+    Connect server that preprocessing runs submit to (`slipstream.dev.spark_connect`). The `cluster` profile
     is the production-like one: S3 (SeaweedFS), its Iceberg REST catalog over the S3 warehouse,
     a Spark cluster (2 workers unless `spark_workers` says otherwise) and the broker. When any step
     fails or the command is interrupted, the servers this call started are stopped again (those
@@ -219,7 +220,7 @@ def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, prof
         if profile not in PROFILES:
             raise ConfigError(f"stack profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         _up(settings, state, airflow, spark_workers or (CLUSTER_SPARK_WORKERS if profile == "cluster" else 0),
-            profile == "cluster")
+            profile == "cluster", spark_connect)
         if joiner:
             running = state.services.get("joiner")
             if running and pid_alive(running.pid):
@@ -272,6 +273,22 @@ def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
     state.env["SLIPSTREAM_SPARK_EXECUTOR_MEMORY"] = SPARK_EXECUTOR_MEMORY
 
 
+def start_connect_if_wanted(home: Path, state: StackState) -> None:
+    """The Spark Connect server (once; a running one is kept), recorded as a service; the
+    preprocess launcher finds it through SLIPSTREAM_SPARK_REMOTE in the settings file."""
+    running = state.services.get("spark-connect")
+    if running and pid_alive(running.pid):
+        log.info("spark connect server already running (pid %d) at %s", running.pid, running.address)
+    else:
+        from slipstream.dev.spark_connect import start_connect_server
+
+        server = start_connect_server(home)
+        state.services["spark-connect"] = ServiceState("spark-connect", server.pid, server.url, str(server.log_path))
+        state.started.append("spark-connect")
+    state.env["SLIPSTREAM_SPARK_REMOTE"] = state.services["spark-connect"].address
+    state.save(home)
+
+
 JOINER_IDLE_FLUSH_S = 5
 """The local stack replays generated events: once the input is read and quiet this long, the
 joiner closes every window (a live deployment leaves this off)."""
@@ -304,7 +321,8 @@ def start_joiner(settings: Settings) -> ServiceState:
     return ServiceState("joiner", pid, url, str(log_path))
 
 
-def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool) -> None:
+def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool,
+        spark_connect: bool = False) -> None:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
     kafka = state.services.get("kafka")
@@ -322,6 +340,8 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
             state.started.append("s3")
         state.save(home)
     start_spark_if_wanted(home, state, spark_workers)
+    if spark_connect:
+        start_connect_if_wanted(home, state)
     from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address

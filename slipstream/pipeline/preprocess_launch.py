@@ -1,8 +1,10 @@
 """Launching the Spark preprocessing job as a process, and reading its one-line JSON summary.
 
 Airflow tasks, the demo and the benchmark call `run_preprocess` / `run_preprocess_days`; they never
-import pyspark (layering): the job runs as `python -m spark_jobs.preprocess` (Spark `local[*]`)
-or through `spark-submit` on a cluster (`SLIPSTREAM_SPARK_MASTER` / `SLIPSTREAM_SPARK_SUBMIT`).
+import pyspark (layering): the job runs as `python -m spark_jobs.preprocess` (Spark `local[*]`, or a
+client of a warm Spark Connect server with `SLIPSTREAM_SPARK_REMOTE`) or through `spark-submit` on
+a cluster (`SLIPSTREAM_SPARK_MASTER` / `SLIPSTREAM_SPARK_SUBMIT`). Any number of days is one range
+job: one Spark pass and one snapshot.
 The job's log (stderr) is streamed line by line into this module's logger, so an Airflow task log
 shows Spark's progress as it happens.
 """
@@ -84,7 +86,7 @@ def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[s
 
 
 def preprocess_days_command(settings: Settings, days: Sequence[date], run_id: str, **opts: Any) -> list[str]:
-    """The argument list that preprocesses `days` in one Spark session (one commit per day)."""
+    """The argument list that preprocesses `days` in one Spark pass (one snapshot for all of them)."""
     spark = job_spark_settings(settings, opts)
     job_args = _job_args(days, run_id, opts)
     if not spark.uses_submit:
@@ -169,7 +171,7 @@ def _failure(days: Sequence[date], run_id: str, summary: dict[str, Any] | None, 
 
 
 def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, **opts: Any) -> list[PreprocessResult]:
-    """Preprocess `days` in one Spark process; one Iceberg commit per day. Raises the job's domain
+    """Preprocess `days` in one Spark pass and one Iceberg snapshot (the range job). Raises the job's domain
     error (`RawDataError`, `RejectRateExceeded`, `CommitConflict`) or `PreprocessError`, with the
     tail of the job's log."""
     spark = job_spark_settings(settings, opts)

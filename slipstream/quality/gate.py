@@ -37,7 +37,7 @@ from slipstream.quality.gate_result import GateResult
 from slipstream.quality.metrics import Aggregates, compute_aggregates, duplicate_ids
 from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, profile_table, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
-from slipstream.quality.store import label_rate, read_profile_docs, read_profiles, write_profile, write_results
+from slipstream.quality.store import label_rate, read_profile_docs, write_profile, write_profiles, write_results
 from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
 from slipstream.quality.wording import shift_detail
 from slipstream.samples.spec import Spec
@@ -112,9 +112,26 @@ def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, sp
     return _History(window_counts, profiles, counts, ctrs)
 
 
-def _split_days(data: pa.Table, start: datetime, end: datetime) -> dict[date, pa.Table]:
-    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32())
-    return {d: data.filter(pc.equal(days, (d - date(1970, 1, 1)).days)) for d in days_of(start, end)}
+def _split_days(data: pa.Table, start: datetime, end: datetime,
+                skip: set[date] | frozenset[date] = frozenset()) -> dict[date, pa.Table]:
+    """The rows of each day of [start, end) but `skip`: one sort by day (one take of the table),
+    then a zero-copy slice per day."""
+    if data.num_rows == 0:
+        return {}
+    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32()).to_numpy(
+        zero_copy_only=False)
+    order = np.argsort(days, kind="stable")
+    sorted_days = days[order]
+    ordered = data.take(pa.array(order)).combine_chunks()
+    epoch = date(1970, 1, 1)
+    out = {}
+    for d in days_of(start, end):
+        if d in skip:
+            continue
+        k = (d - epoch).days
+        lo, hi = np.searchsorted(sorted_days, [k, k + 1])
+        out[d] = ordered.slice(int(lo), int(hi - lo))
+    return out
 
 
 def run_gate(
@@ -256,14 +273,14 @@ def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]
 def _store_profiles(catalog: Any, namespace: str, spec: Spec, data: pa.Table, profile: FeatureProfile,
                     the_day: date | None, start: datetime, end: datetime, snapshot_id: int, run_id: str) -> None:
     """Day mode: the day's profile. Window mode: a profile of each day of the window that has rows
-    and no stored profile yet."""
+    and no stored profile yet, all in one table write."""
     if the_day is not None:
         write_profile(catalog, namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
         return
-    have = read_profiles(catalog, namespace, start.date(), end.date() + timedelta(days=1))
-    for d, part in _split_days(data, start, end).items():
-        if d not in have and part.num_rows:
-            write_profile(catalog, namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part, spec))
+    have = set(read_profile_docs(catalog, namespace, start.date(), end.date() + timedelta(days=1)))
+    todo = {d: part for d, part in _split_days(data, start, end, skip=have).items() if part.num_rows}
+    write_profiles(catalog, namespace, {d: profile_table(part, spec) for d, part in todo.items()},
+                   snapshot_id=snapshot_id, run_id=run_id)
 
 
 def _report(result: GateResult, snapshot_id: int) -> None:
