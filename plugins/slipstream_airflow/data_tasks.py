@@ -1,4 +1,4 @@
-"""Work behind `preprocess_samples` and `cache_warmup` (one day; the recent window)."""
+"""Work behind `preprocess_samples` and `cache_warmup` (one day; the recent window) of one data set."""
 
 from __future__ import annotations
 
@@ -6,39 +6,54 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from slipstream.settings import Settings
+from slipstream.pipeline.datasets import DatasetRef
+from slipstream_airflow.callbacks import fail_fast
 
 log = logging.getLogger(__name__)
 
 
-def raw_ready(day: Any, attribution_s: int) -> bool:
-    """Sensor poke: the raw day is complete once its click attribution window has passed."""
+@fail_fast
+def raw_ready(day: Any, attribution_s: int, dataset: DatasetRef) -> bool:
+    """Sensor poke: the raw day is complete once its click attribution window has passed. A raw
+    zone that holds another data set's sources fails the sensor at once (DatasetMismatch)."""
+    from slipstream.pipeline.datasets import check_raw_zone
     from slipstream.pipeline.preprocess_launch import raw_day_ready
+    from slipstream.samples.spec import load_spec
 
-    settings = Settings.from_env()
-    ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s, io_properties=settings.s3_io_properties()))
+    settings = dataset.settings()
+    spec = load_spec(settings.spec)
+    check_raw_zone(settings, spec)
+    labels = spec.label_source
+    ready = bool(raw_day_ready(settings.raw_dir, day, attribution_s, io_properties=settings.s3_io_properties(),
+                               events=spec.events.name, labels=labels.name if labels is not None else None))
     log.info("raw day %s under %s ready: %s", day, settings.raw_dir, ready)
     return ready
 
 
-def preprocess_run_id(day: Any) -> str:
-    """One run id per day: a re-run or a backfill of the day replaces its rows and its gate results."""
-    return f"preprocess-{day:%Y%m%d}"
+def preprocess_run_id(day: Any, dataset: DatasetRef | None = None) -> str:
+    """One run id per day (and data set): a re-run or a backfill of the day replaces its rows and
+    its gate results."""
+    return f"{dataset.run_kind('preprocess') if dataset else 'preprocess'}-{day:%Y%m%d}"
 
 
-def preprocess_day(day: Any, dag_run_id: str) -> dict[str, Any]:
-    """Replace one day in `samples` (idempotent: a re-run or a backfill rewrites the same day)."""
+@fail_fast
+def preprocess_day(day: Any, dag_run_id: str, dataset: DatasetRef) -> dict[str, Any]:
+    """Replace one day in the data set's `samples` (idempotent: a re-run or a backfill rewrites the
+    same day), once its table is checked to be the data set's."""
+    from slipstream.pipeline.datasets import open_dataset_table
     from slipstream.pipeline.preprocess_launch import run_preprocess
+    from slipstream.samples.spec import load_spec
 
-    settings = Settings.from_env()
-    result = run_preprocess(settings, day, preprocess_run_id(day))
+    settings = dataset.settings()
+    open_dataset_table(settings, load_spec(settings.spec))
+    result = run_preprocess(settings, day, preprocess_run_id(day, dataset))
     log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id, dag_run_id)
     snapshot = None if result.snapshot_id is None else int(result.snapshot_id)
     return {"day": str(result.day), "snapshot_id": snapshot, "rows": int(result.rows), "rejects": int(result.rejects),
             "empty": bool(result.empty)}
 
 
-def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def gate_day(day: Any, pre: Mapping[str, Any], dataset: DatasetRef, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The quality gate over the day just written, at the snapshot that wrote it: a critical
     failure fails the task (QualityGateFailed lists each failed expectation with its value), so
     the `samples` Asset is not emitted and nothing downstream reads the day. Results go to
@@ -53,20 +68,20 @@ def gate_day(day: Any, pre: Mapping[str, Any], params: Mapping[str, Any] | None 
 
     if pre.get("empty") or pre.get("snapshot_id") is None:
         raise AirflowSkipException(f"day {day} had no raw events: nothing committed, nothing to gate")
-    settings = Settings.from_env()
+    settings = dataset.settings()
     result = run_gate(settings, spec=load_spec(settings.spec), day=day, window=None, snapshot_id=int(pre["snapshot_id"]),
-                      run_id=preprocess_run_id(day), overrides=GateOverrides.from_params(params))
+                      run_id=preprocess_run_id(day, dataset), overrides=GateOverrides.from_params(params))
     detail = result.to_dict()
     log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
              len(detail["warnings"]), detail["html"])
     return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")}
 
 
-def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None) -> dict[str, Any]:
-    """Warm the window the next daily training will read: the `window_days` days before today."""
+def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None, dataset: DatasetRef) -> dict[str, Any]:
+    """Warm the window the data set's next daily training will read: the `window_days` days before today."""
     from slipstream.cache.warm import warm_window
 
-    settings = Settings.from_env()
+    settings = dataset.settings()
     now = run_after.astimezone(timezone.utc)
     end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)

@@ -58,7 +58,9 @@ SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "base
 @dataclass(frozen=True, kw_only=True)
 class RegistryConfig:
     location: str
-    """SLIPSTREAM_REGISTRY: folder or s3://bucket/prefix of the model registry (default <home>/registry)."""
+    """The data set's registry, a folder or s3://bucket/prefix: `Settings.registry` (SLIPSTREAM_REGISTRY,
+    or SLIPSTREAM_DATASET__<NAME>__REGISTRY; default <home>/registry/<data set>). One per data set:
+    a champion is only ever compared with models of its own data set."""
     tolerance: float = DEFAULT_TOLERANCE
     """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: promote when challenger AUC >= champion AUC - this."""
 
@@ -68,8 +70,10 @@ class RegistryConfig:
 
     @classmethod
     def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "RegistryConfig":
+        """The registry of `settings`' data set (the location is the settings', never re-read from
+        the environment, which names the deployment's default data set's), with the tolerance of `env`."""
         return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_REGISTRY_ENV,
-                                 defaults={"location": str(settings.home / "registry")})
+                                 given={"location": settings.registry})
 
 
 _REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE"}

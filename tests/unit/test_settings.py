@@ -82,7 +82,7 @@ def test_each_setting_reads_its_own_variable(tmp_path: Path) -> None:
     spark = SparkSettings.from_env({"SLIPSTREAM_SPARK_CONF": '{"spark.executor.memory": "8g", "spark.x": 3}'})
     assert spark.conf == {"spark.executor.memory": "8g", "spark.x": "3"}
     registry = RegistryConfig.from_env(Settings(home=tmp_path), {"SLIPSTREAM_PROMOTION_AUC_TOLERANCE": "0.01"})
-    assert (registry.location, registry.tolerance) == (str(tmp_path / "registry"), 0.01)
+    assert (registry.location, registry.tolerance) == (str(tmp_path / "registry" / "synthetic"), 0.01)
     # the cache root is the Settings' (a CLI flag may have set it), never re-read from the environment
     cache = CacheSettings.from_env(Settings(home=tmp_path, cache_dir="/a"), {"SLIPSTREAM_CACHE_DIR": "/b",
                                                                              "SLIPSTREAM_CACHE_BUDGET_BYTES": "2GiB"})
