@@ -72,8 +72,10 @@ def conf_problem(path: str, body: bytes, names_of: Callable[[str], set[str] | No
 class UnknownConfGuard:
     """The ASGI middleware (see the module docstring)."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]],
+                 names_of: Callable[[str], set[str] | None] | None = None) -> None:
         self.app = app
+        self.names_of = names_of or dag_param_names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
@@ -94,7 +96,7 @@ class UnknownConfGuard:
             import anyio.to_thread
 
             try:
-                problem = await anyio.to_thread.run_sync(conf_problem, path, body)
+                problem = await anyio.to_thread.run_sync(conf_problem, path, body, self.names_of)
             except Exception:  # noqa: BLE001 - the guard must never break triggering: Airflow still validates
                 log.exception("could not check the conf of %s; passing it on", path)
         if problem:

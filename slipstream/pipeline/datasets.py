@@ -124,7 +124,8 @@ def _override(settings: Settings, field: str) -> str:
 
 def check_table(table: "Table", settings: Settings, spec: "Spec") -> None:
     """Refuse a table that holds another data set: its `slipstream.dataset` property names another,
-    or (a table from before the property) none of its feature columns is one of the spec's."""
+    or (a table from before the property) it has fewer than half of the spec's features (a spec
+    that added a feature or two is the same data set, evolving; one that shares only ids is not)."""
     ident = ".".join(table.name())
     owner = table.properties.get(DATASET_PROPERTY)
     fix = f"give this data set its own namespace ({_override(settings, 'namespace')}), or run the table's own spec"
@@ -136,11 +137,12 @@ def check_table(table: "Table", settings: Settings, spec: "Spec") -> None:
         return
     columns = {f.name for f in table.schema().fields} - BASE_COLUMNS
     features = {f.name for f in spec.features}
-    if columns and not columns & features:
-        shown = ", ".join(sorted(columns)[:6]) + (" ..." if len(columns) > 6 else "")
+    if columns and 2 * len(columns & features) < len(features):
+        missing = sorted(features - columns)
+        shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
         raise DatasetMismatch(
-            f"spec {spec.name} (data set {settings.dataset}) does not match table {ident}: its columns ({shown}) "
-            f"are none of the spec's features; {fix}")
+            f"spec {spec.name} (data set {settings.dataset}) does not match table {ident}: it has "
+            f"{len(columns & features)} of the spec's {len(features)} features (not {shown}); {fix}")
 
 
 def open_dataset_table(settings: Settings, spec: "Spec") -> "Table":

@@ -229,8 +229,12 @@ def unknown_keys_message(conf: Collection[str], valid: Collection[str]) -> str:
     if not unknown:
         return ""
     names = sorted(valid)
-    near = {k: difflib.get_close_matches(k, names, n=1, cutoff=0.6) for k in unknown}
-    hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k, m in near.items() if m)
+    # a knob is also found by its title in words: `learning_rate` is the "Learning rate", `lr`
+    by_title = {re.sub(r"\W+", "_", re.sub(r"\(.*?\)", "", k.title)).strip("_").lower(): k.name
+                for k in KNOBS if k.title and k.name in valid}
+    candidates = {**by_title, **{n: n for n in names}}
+    near = {k: difflib.get_close_matches(k.lower(), list(candidates), n=1, cutoff=0.6) for k in unknown}
+    hints = "".join(f" ({k!r}: did you mean {candidates[m[0]]!r}?)" for k, m in near.items() if m)
     return (f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in the run's "
             f"conf{hints}; the valid names are: {', '.join(names)}")
 
