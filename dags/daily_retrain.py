@@ -23,13 +23,13 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, dag, task
-
-from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator
 from slipstream_airflow.params import train_params
+
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"  # env only: no database or network
 BACKENDS = ("local", "kubernetes") if BACKEND == "kubernetes" else ("local",)

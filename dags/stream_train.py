@@ -18,13 +18,13 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Param, dag, task
-
-from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import stream_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator
 from slipstream_airflow.params import train_params
+
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"
 

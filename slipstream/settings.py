@@ -15,7 +15,8 @@ Its Iceberg namespace, sample topic, dead-letter topic, raw zone and model regis
 the data set (the spec file's name, `dataset_name`), so two data sets on one deployment never share
 a table, a topic or a champion: `criteo` gets namespace `slipstream_criteo`, topics
 `criteo.samples` and `criteo.samples.dlq`, raw zone `<home>/raw/criteo`, registry
-`<home>/registry/criteo`. Each name can be set: `SLIPSTREAM_DATASET__<NAME>__<FIELD>` for one data
+`<home>/registry/criteo` (the last two under SLIPSTREAM_RAW_ROOT and SLIPSTREAM_REGISTRY_ROOT, which
+every data set shares). Each name can be set: `SLIPSTREAM_DATASET__<NAME>__<FIELD>` for one data
 set (`SLIPSTREAM_DATASET__CRITEO__TOPIC=ctr.criteo`), or the plain variable (`SLIPSTREAM_TOPIC`) for
 the data set of `SLIPSTREAM_SPEC`. `for_dataset` gives the settings of another data set.
 """
@@ -28,7 +29,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
@@ -76,7 +77,11 @@ class Settings:
 
     raw_dir: str = ""
     """SLIPSTREAM_RAW_DIR: the data set's raw zone, one folder per source of its spec (default
-    <home>/raw/<data set>)."""
+    <raw_root>/<data set>)."""
+
+    raw_root: str = ""
+    """SLIPSTREAM_RAW_ROOT: the folder (or s3://bucket/prefix) holding each data set's raw zone,
+    `<raw_root>/<data set>` (default <home>/raw)."""
 
     kafka_bootstrap: str = ""
     """SLIPSTREAM_KAFKA_BOOTSTRAP: bootstrap.servers of the broker holding the sample stream
@@ -124,7 +129,11 @@ class Settings:
 
     registry: str = ""
     """SLIPSTREAM_REGISTRY: the data set's model registry, a folder or s3://bucket/prefix (default
-    <home>/registry/<data set>); its champion is the data set's."""
+    <registry_root>/<data set>); its champion is the data set's."""
+
+    registry_root: str = ""
+    """SLIPSTREAM_REGISTRY_ROOT: the folder (or s3://bucket/prefix) holding each data set's registry,
+    `<registry_root>/<data set>` (default <home>/registry)."""
 
     topic_partitions: int = 4
     """SLIPSTREAM_TOPIC_PARTITIONS: partitions of the sample topic when Slipstream creates it."""
@@ -180,12 +189,16 @@ class Settings:
             object.__setattr__(self, "kafka_bootstrap", f"127.0.0.1:{self.kafka_port}")
         name = dataset_name(self.spec)
         topic = self.topic or f"{name}.samples"
+        raw_root = self.raw_root or str(home / "raw")
+        registry_root = self.registry_root or str(home / "registry")
         for name_, default in (
+            ("raw_root", raw_root),
+            ("registry_root", registry_root),
             ("namespace", f"slipstream_{name.replace('-', '_')}"),
             ("topic", topic),
             ("dlq_topic", f"{topic}.dlq"),
-            ("raw_dir", str(home / "raw" / name)),
-            ("registry", str(home / "registry" / name)),
+            ("raw_dir", f"{raw_root.rstrip('/')}/{name}"),
+            ("registry", f"{registry_root.rstrip('/')}/{name}"),
             ("warehouse", (home / "warehouse").as_uri()),
             ("cache_dir", str(home / "cache")),
             ("runs_dir", str(home / "runs")),
@@ -220,7 +233,8 @@ class Settings:
         env = os.environ if env is None else env
         merged = {**read_settings_file(self.home), **{k: v for k, v in env.items() if v != ""}}
         own = dataset_overrides(merged, name)
-        return dataclasses.replace(self, spec=spec, **{f: own.get(f, "") for f in DATASET_FIELDS})
+        names: dict[str, Any] = {f: own.get(f, "") for f in DATASET_FIELDS}  # "" : named from the data set
+        return dataclasses.replace(self, spec=spec, **names)
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables, for child processes (torchrun, spark-submit);

@@ -18,7 +18,8 @@ import json
 import logging
 import re
 import urllib.parse
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def conf_problem(path: str, body: bytes, names_of: Callable[[str], set[str] | No
         return ""  # not JSON: Airflow answers it
     if not isinstance(doc, dict):
         return ""
+    dag_id: Any
     if trigger:
         dag_id, conf = urllib.parse.unquote(trigger.group(1)), doc.get("conf")
     elif backfill:

@@ -11,8 +11,9 @@ pods get them as `secretKeyRef`s, a local child from the settings file.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

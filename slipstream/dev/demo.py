@@ -57,7 +57,8 @@ def demo_settings(base: Settings) -> Settings:
     home = base.home / "demo"
     port = stack.free_port()
     return dataclasses.replace(
-        base, home=home, warehouse="", raw_dir="", cache_dir="", runs_dir="", registry="", specs_dir="",
+        base, home=home, warehouse="", raw_dir="", raw_root="", cache_dir="", runs_dir="", registry="", registry_root="",
+        specs_dir="",
         kafka_port=port, kafka_bootstrap=f"127.0.0.1:{port}",
     )
 

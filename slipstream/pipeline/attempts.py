@@ -19,7 +19,13 @@ from pathlib import Path
 
 from slipstream.errors import PlanError
 from slipstream.pipeline.runlayout import (
-    RunInfo, attempt_dirs, attempt_of, attempt_run_id, read_run_info, run_dir, write_run_info,
+    RunInfo,
+    attempt_dirs,
+    attempt_of,
+    attempt_run_id,
+    read_run_info,
+    run_dir,
+    write_run_info,
 )
 from slipstream.pipeline.runplan import RunPlan, plan_path, read_plan, write_plan
 from slipstream.settings import Settings

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from slipstream.errors import DatasetMismatch
 from slipstream.settings import DEFAULT_SPEC, Settings, dataset_name
@@ -93,11 +94,11 @@ def dataset_refs(env: Mapping[str, str] | None = None) -> tuple[DatasetRef, ...]
     return refs
 
 
-def spec_label(spec: "Spec") -> str:
+def spec_label(spec: Spec) -> str:
     return f"{spec.name} v{spec.version} {spec.digest}"
 
 
-def check_raw_zone(settings: Settings, spec: "Spec") -> None:
+def check_raw_zone(settings: Settings, spec: Spec) -> None:
     """Refuse a raw zone that holds another data set's sources: its folders (names starting with
     `_` or `.` aside) must include a source of the spec. An empty or missing zone passes (nothing
     landed yet: the sensor waits)."""
@@ -122,7 +123,7 @@ def _override(settings: Settings, field: str) -> str:
     return f"SLIPSTREAM_DATASET__{settings.dataset.upper().replace('-', '_')}__{field.upper()}"
 
 
-def check_table(table: "Table", settings: Settings, spec: "Spec") -> None:
+def check_table(table: Table, settings: Settings, spec: Spec) -> None:
     """Refuse a table that holds another data set: its `slipstream.dataset` property names another,
     or (a table from before the property) it has fewer than half of the spec's features (a spec
     that added a feature or two is the same data set, evolving; one that shares only ids is not)."""
@@ -145,7 +146,7 @@ def check_table(table: "Table", settings: Settings, spec: "Spec") -> None:
             f"{len(columns & features)} of the spec's {len(features)} features (not {shown}); {fix}")
 
 
-def open_dataset_table(settings: Settings, spec: "Spec") -> "Table":
+def open_dataset_table(settings: Settings, spec: Spec) -> Table:
     """The data set's `samples` table (created from the spec when missing, evolved by it when the
     spec added features), once `check_table` passed; the table is marked as the data set's."""
     from pyiceberg.exceptions import CommitFailedException

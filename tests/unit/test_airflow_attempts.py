@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from slipstream.lake.planning import WindowFile
@@ -17,7 +17,7 @@ from slipstream.settings import Settings
 from tests.airflow_fixtures import plan_for
 
 DAG, DAG_RUN = "daily_retrain", "manual__2025-01-04T00:00:00+00:00"
-BASE = make_run_id("daily", datetime(2025, 1, 4, tzinfo=timezone.utc), DAG_RUN)
+BASE = make_run_id("daily", datetime(2025, 1, 4, tzinfo=UTC), DAG_RUN)
 
 
 def _plan(settings: Settings, snapshot: int, **request: object):  # type: ignore[no-untyped-def]

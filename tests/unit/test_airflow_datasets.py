@@ -58,7 +58,8 @@ def test_a_table_from_before_the_mark_is_judged_by_its_columns(settings: Setting
     samples_table(get_catalog(settings), settings.namespace, load_spec("synthetic"))  # no data set mark
     ratings = settings.for_dataset("ratings", env={"SLIPSTREAM_DATASET__RATINGS__NAMESPACE": settings.namespace})
     with pytest.raises(DatasetMismatch, match=r"^spec ratings \(data set ratings\) does not match table "
-                                              r"slipstream_synthetic.samples: it has 3 of the spec's 8 features \(not age, gender, genres, "):
+                                              r"slipstream_synthetic.samples: it has 3 of the spec's 8 features "
+                                              r"\(not age, gender, genres, "):
         open_dataset_table(ratings, load_spec("ratings"))
     assert open_dataset_table(settings, load_spec("synthetic")).properties[DATASET_PROPERTY] == "synthetic"
 

@@ -104,6 +104,11 @@ def test_each_data_set_is_named_from_its_spec(tmp_path: Path) -> None:
         "my-avazu", "slipstream_my_avazu", "my-avazu.samples", "my-avazu.samples.dlq")
     assert avazu.raw_dir == str(home / "raw" / "my-avazu") and avazu.registry == str(home / "registry" / "my-avazu")
     assert avazu.warehouse == synthetic.warehouse and avazu.runs_dir == synthetic.runs_dir  # shared by all data sets
+    on_s3 = Settings.from_env({"SLIPSTREAM_HOME": str(home), "SLIPSTREAM_REGISTRY_ROOT": "s3://models/registry/",
+                               "SLIPSTREAM_RAW_ROOT": "s3://lake/raw"})
+    assert (on_s3.registry, on_s3.for_dataset("criteo", env={}).registry) == ("s3://models/registry/synthetic",
+                                                                            "s3://models/registry/criteo")
+    assert on_s3.for_dataset("criteo", env={}).raw_dir == "s3://lake/raw/criteo"
     # the child of a run gets its data set's names, and reads them back as they were
     assert Settings.from_env({**avazu.as_env(), "SLIPSTREAM_HOME": str(home)}).table == avazu.table
 
