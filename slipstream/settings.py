@@ -27,9 +27,10 @@ import dataclasses
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
@@ -42,7 +43,8 @@ DATASET_FIELDS = ("namespace", "topic", "dlq_topic", "raw_dir", "registry")
 DATASET_ENV_PREFIX = "SLIPSTREAM_DATASET__"
 DEFAULT_SPEC = "synthetic"
 _SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-SECRET_FIELDS = ("s3_secret_access_key", "catalog_credential", "kafka_sasl_username", "kafka_sasl_password", "kafka_ssl_key_password")
+SECRET_FIELDS = ("s3_secret_access_key", "catalog_credential", "kafka_sasl_username", "kafka_sasl_password",
+                 "kafka_ssl_key_password")
 """Never copied into a child's environment by `as_env` (pods get them from Secrets; local
 children read them from the settings file of the same home)."""
 
@@ -212,7 +214,7 @@ class Settings:
         return dataset_name(self.spec)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """From the environment (or `env`), over the settings file of the home it names."""
         env = os.environ if env is None else env
         home = Path(env.get("SLIPSTREAM_HOME") or ".slipstream")
@@ -222,7 +224,7 @@ class Settings:
             merged[f"SLIPSTREAM_{key.upper()}"] = value
         return settings_from_env(cls, merged, prefix="SLIPSTREAM_")
 
-    def for_dataset(self, spec: str, env: Mapping[str, str] | None = None) -> "Settings":
+    def for_dataset(self, spec: str, env: Mapping[str, str] | None = None) -> Settings:
         """The settings of the data set of `spec` (a shipped name or a spec file's path) on this
         deployment: its own names (`SLIPSTREAM_DATASET__<NAME>__*` in `env`, the process
         environment by default, over the settings file, else named from the data set); the plain

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_TRAINER = "tests.airflow_standin_trainer"
-T_HANDOFF = datetime(2025, 1, 4, tzinfo=timezone.utc)
+T_HANDOFF = datetime(2025, 1, 4, tzinfo=UTC)
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -83,8 +83,8 @@ def plan_for(settings: Any, request: Any, *, run_id: str, snapshot_id: int, cach
 
 def airflow_cli_env(home: Path) -> dict[str, str]:
     """Environment of an Airflow CLI subprocess on a SQLite database under `home`."""
-    from slipstream.settings import Settings
     from slipstream.dev.stack import airflow_env
+    from slipstream.settings import Settings
 
     env = {**os.environ, **airflow_env(Settings(home=home))}
     env["SLIPSTREAM_HOME"] = str(home)
@@ -140,7 +140,7 @@ class SocketWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "SocketWatch":
+    def __enter__(self) -> SocketWatch:
         self._thread.start()
         return self
 

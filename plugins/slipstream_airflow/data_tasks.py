@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from slipstream.pipeline.datasets import DatasetRef
+from slipstream.pipeline.runlayout import RunInfo, run_dir, write_run_info
 from slipstream_airflow.callbacks import fail_fast
 
 log = logging.getLogger(__name__)
@@ -46,14 +48,20 @@ def preprocess_day(day: Any, dag_run_id: str, dataset: DatasetRef) -> dict[str, 
 
     settings = dataset.settings()
     open_dataset_table(settings, load_spec(settings.spec))
-    result = run_preprocess(settings, day, preprocess_run_id(day, dataset))
-    log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id, dag_run_id)
+    run_id = preprocess_run_id(day, dataset)
+    # the day's folder (its gate pages) belongs to this DAG: the UI checks access to it by run.json
+    write_run_info(run_dir(settings, run_id), RunInfo(dag_id=dataset.dag_id("preprocess_samples"), dag_run_id=dag_run_id,
+                                                      dataset=settings.dataset, reason=f"day {day}"))
+    result = run_preprocess(settings, day, run_id)
+    log.info("day %s: %d rows, %d rejects, snapshot %s (DAG run %s)", day, result.rows, result.rejects, result.snapshot_id,
+             dag_run_id)
     snapshot = None if result.snapshot_id is None else int(result.snapshot_id)
     return {"day": str(result.day), "snapshot_id": snapshot, "rows": int(result.rows), "rejects": int(result.rejects),
             "empty": bool(result.empty)}
 
 
-def gate_day(day: Any, pre: Mapping[str, Any], dataset: DatasetRef, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def gate_day(day: Any, pre: Mapping[str, Any], dataset: DatasetRef,
+             params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The quality gate over the day just written, at the snapshot that wrote it: a critical
     failure fails the task (QualityGateFailed lists each failed expectation with its value), so
     the `samples` Asset is not emitted and nothing downstream reads the day. Results go to
@@ -74,7 +82,8 @@ def gate_day(day: Any, pre: Mapping[str, Any], dataset: DatasetRef, params: Mapp
     detail = result.to_dict()
     log.info("day %s passed the quality gate at snapshot %s: %d warnings (%s)", day, pre["snapshot_id"],
              len(detail["warnings"]), detail["html"])
-    return {k: v for k, v in detail.items() if k in ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")}
+    keep = ("run_id", "scope", "snapshot_id", "rows", "passed", "html", "data_docs", "bounds")
+    return {k: v for k, v in detail.items() if k in keep}
 
 
 def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None, dataset: DatasetRef) -> dict[str, Any]:
@@ -82,8 +91,8 @@ def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None,
     from slipstream.cache.warm import warm_window
 
     settings = dataset.settings()
-    now = run_after.astimezone(timezone.utc)
-    end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+    now = run_after.astimezone(UTC)
+    end = datetime(now.year, now.month, now.day, tzinfo=UTC)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
     detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
     log.info("warmed [%s, %s): %s", detail.get("window_start"), detail.get("window_end"), detail)

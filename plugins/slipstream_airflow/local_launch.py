@@ -17,14 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from slipstream.pipeline.jobspec import TrainJobSpec
-from slipstream.processes import descendants, pid_alive, signal_quietly
 from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
+from slipstream.processes import descendants, pid_alive, signal_quietly
 from slipstream.settings import SECRET_FIELDS, Settings
 from slipstream_airflow.dryrun import report_dry_run
 from slipstream_airflow.jobxcom import RENDER_TASK_ID, pull_job

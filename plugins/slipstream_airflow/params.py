@@ -10,7 +10,8 @@ checks keys and bounds again inside the tasks for runs created another way (`air
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import Param
 

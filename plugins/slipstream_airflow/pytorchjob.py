@@ -15,12 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.sdk import BaseOperator
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
-
-from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-from airflow.sdk import BaseOperator
 
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.jobspec import TrainJobSpec
@@ -131,7 +130,8 @@ class PyTorchJobOperator(BaseOperator):
         hook = self.hook
         try:
             hook.create_custom_object(group=GROUP, version=VERSION, plural=PLURAL, body=manifest, namespace=ns)
-            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes, job.spec.nproc_per_node)
+            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes,
+                          job.spec.nproc_per_node)
         except ApiException as e:
             if e.status != 409:
                 raise

@@ -19,15 +19,23 @@ Its own pages are Jinja2 templates in `templates/`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runlayout import (
-    REPORT_FILE, RUN_ID_PATTERN, attempt_of, dag_of_run, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
+    REPORT_FILE,
+    RUN_ID_PATTERN,
+    attempt_of,
+    dag_of_run,
+    list_runs,
+    run_dir,
+    run_dirs_of_dag_run,
+    run_listing,
 )
 from slipstream.settings import Settings
 from slipstream.templating import render

@@ -11,8 +11,9 @@ training on other data.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.datasets import DatasetRef
@@ -42,7 +43,7 @@ def new_stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, r
     if not days:
         raise RuntimeError(f"{settings.table} holds no day yet: run preprocess_samples first")
     last = max(days) + timedelta(days=1)
-    t_handoff = datetime(last.year, last.month, last.day, tzinfo=timezone.utc)
+    t_handoff = datetime(last.year, last.month, last.day, tzinfo=UTC)
     return plan_request(settings, table, run_id=run_id, request=request, t_handoff=t_handoff,
                         cache_dir=trainer_cache_dir(settings, cluster, request.backend))
 

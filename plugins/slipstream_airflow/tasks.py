@@ -14,10 +14,11 @@ paths, counts) — never data.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.datasets import DatasetRef
@@ -39,8 +40,8 @@ def interval(context: Mapping[str, Any]) -> tuple[datetime, datetime]:
             "(the daily timetable gives scheduled and manual runs one)"
         )
     # plain UTC datetimes, not pendulum's: arithmetic on those can lose the zone
-    return (datetime.fromtimestamp(start.timestamp(), tz=timezone.utc),
-            datetime.fromtimestamp(end.timestamp(), tz=timezone.utc))
+    return (datetime.fromtimestamp(start.timestamp(), tz=UTC),
+            datetime.fromtimestamp(end.timestamp(), tz=UTC))
 
 
 def run_id_of(context: Mapping[str, Any], dataset: DatasetRef, kind: str = "daily") -> str:

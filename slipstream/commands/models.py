@@ -11,7 +11,8 @@ from slipstream.settings import Settings
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list or show model packages in the registry")
     p.add_argument("--registry", default=None, help="registry folder or s3:// URI (default: the data set's, SLIPSTREAM_REGISTRY)")
-    p.add_argument("--spec", default=None, help="the data set whose registry to use: a spec name or file (default SLIPSTREAM_SPEC)")
+    p.add_argument("--spec", default=None,
+                   help="the data set whose registry to use: a spec name or file (default SLIPSTREAM_SPEC)")
     msub = p.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="one line per model package, champion marked with *")
     ls.add_argument("--json", action="store_true", help="print the packages as JSON")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
@@ -131,7 +132,7 @@ class TrainJobSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrainJobSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainJobSpec:
         d = dict(d)
         d["secret_env"] = tuple(SecretEnv(**s) for s in d.get("secret_env") or ())
         for name in ("cache_volume", "runs_volume"):

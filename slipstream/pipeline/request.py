@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Collection, Mapping
+from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.settings import BACKENDS
@@ -202,7 +203,7 @@ class TrainRequest:
                 raise ConfigError(f"{lo} must be < {hi}, got {a} and {b}")
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> "TrainRequest":
+    def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> TrainRequest:
         """From DAG params (or any mapping); missing keys take defaults. A key that is neither a knob
         nor one of the DAG's `other_params` is refused with the valid names: a misspelt key
         (`learning_rate` for `lr`) would otherwise be ignored and the run train with the default."""

@@ -21,10 +21,11 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.errors import ConfigError, SlipstreamError
 from slipstream.settings import Settings
@@ -292,5 +293,5 @@ def run_listing(path: Path) -> RunListing:
         stages = tuple(read_summary(path)) if (path / SUMMARY_FILE).exists() else ()
     except RunArtifactMissing:  # a broken summary: list the run anyway
         stages = ()
-    return RunListing(path.name, path, datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc),
+    return RunListing(path.name, path, datetime.fromtimestamp(path.stat().st_mtime, tz=UTC),
                       (path / REPORT_FILE).is_file(), stages, read_run_info(path))

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from slipstream.errors import ConfigError, PlanError
 from slipstream.lake.planning import WindowFile, WindowPlan, pin_snapshot, plan_window_files, window_bounds
@@ -49,7 +50,7 @@ def _utc(value: datetime, key: str) -> datetime:
     if value.tzinfo is None:
         raise PlanError(f"plan key {key!r} must be timezone-aware (UTC), got {value.isoformat()}")
     # a plain datetime: pendulum's (Airflow's data intervals) loses a stdlib zone in arithmetic
-    return datetime.fromtimestamp(value.timestamp(), tz=timezone.utc)
+    return datetime.fromtimestamp(value.timestamp(), tz=UTC)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,12 +152,12 @@ class RunPlan:
         """The file plan as `lake.planning` describes it."""
         return WindowPlan(self.table, self.snapshot_id, self.window_start, self.t_handoff, self.files)
 
-    def data_differences(self, other: "RunPlan") -> list[str]:
+    def data_differences(self, other: RunPlan) -> list[str]:
         """The data facts in which two plans differ (empty: they train on the same data)."""
         keys = ("table", "snapshot_id", "window_start", "t_handoff", "topic", "files", "spec")
         return [k for k in keys if getattr(self, k) != getattr(other, k)]
 
-    def changes(self, other: "RunPlan") -> list[str]:
+    def changes(self, other: RunPlan) -> list[str]:
         """Every key in which two plans differ, apart from the run id and folder (empty: a run of
         one may continue as the other); a knob of the request is named `request.<knob>`."""
         a, b = self.to_dict(), other.to_dict()
@@ -189,7 +190,7 @@ class RunPlan:
         }
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "plan") -> "RunPlan":
+    def from_dict(cls, raw: Any, where: str = "plan") -> RunPlan:
         """The plan a dict describes, every key checked; errors name `where` and the key."""
         if not isinstance(raw, Mapping):
             raise PlanError(f"{where} must hold a JSON object, got {type(raw).__name__}")
@@ -303,7 +304,7 @@ def read_plan(path: Path) -> RunPlan:
     return RunPlan.from_dict(raw, where=str(path))
 
 
-def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
+def build_run_plan(table: Table, *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
                    snapshot_id: int | None, topic: str, bootstrap: str, cache_dir: str,
                    max_lateness_s: float = DEFAULT_MAX_LATENESS_S, request: TrainRequest | None = None,
                    spec: Spec | None = None, dlq_topic: str = "") -> RunPlan:
@@ -320,7 +321,7 @@ def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handof
                    spec=spec if spec is not None else load_spec(), dlq_topic=dlq_topic)
 
 
-def plan_request(settings: Settings, table: "Table", *, run_id: str, request: TrainRequest, t_handoff: datetime,
+def plan_request(settings: Settings, table: Table, *, run_id: str, request: TrainRequest, t_handoff: datetime,
                  cache_dir: str, snapshot_id: int | None = None, spec: Spec | None = None) -> RunPlan:
     """The plan of an orchestrated run: the request's window ending at T, the data set's topics,
     the broker and run folder (`build_run_plan` does the work)."""
@@ -330,7 +331,7 @@ def plan_request(settings: Settings, table: "Table", *, run_id: str, request: Tr
                           spec=spec if spec is not None else load_spec(settings.spec), dlq_topic=settings.dlq_topic)
 
 
-def check_plan_files(table: "Table", plan: RunPlan) -> None:
+def check_plan_files(table: Table, plan: RunPlan) -> None:
     """Refuse a plan whose files are not exactly the window's files at its snapshot (an edited
     plan, or one built for another table): the trainer must read what the warmup copied."""
     pin_snapshot(table, plan.snapshot_id)

@@ -81,11 +81,19 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     import threading
     import time
 
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
+
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
     from slipstream.stream.kafka import create_topic, produce_samples
-    from slipstream_airflow.local_launch import LocalTorchrunOperator
-    from tests.trainer_fixtures import (assert_trained_once, checkpoint_meta, generated, in_stream_with_progress,
-                                        make_samples, stream_ids, training_ids)
+    from tests.trainer_fixtures import (
+        assert_trained_once,
+        checkpoint_meta,
+        generated,
+        in_stream_with_progress,
+        make_samples,
+        stream_ids,
+        training_ids,
+    )
     from trainers.audit import read_audit
 
     fx = make_samples(settings.home, days=1, per_day=1500, row_group_rows=500, stream_minutes=240.0)

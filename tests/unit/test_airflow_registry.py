@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.pipeline.registry import ModelRegistry, decide_promotion
-from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, update_summary, read_summary
+from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, read_summary, update_summary
 from slipstream.settings import Settings
 from tests.airflow_fixtures import T_HANDOFF, write_run
 

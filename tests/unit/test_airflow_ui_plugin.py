@@ -4,24 +4,24 @@ required, third-party HTML sandboxed."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
+from slipstream_airflow.report_views import create_app
 
 from slipstream.pipeline.runlayout import make_run_id
 from slipstream.settings import Settings
-from slipstream_airflow.report_views import create_app
 
 DONE_RUN = "scheduled__2026-11-04T00:00:00+00:00"
 BUSY_RUN = "manual__2026-11-05T09:30:00+00:00"
 
 
 def _run(settings: Settings, dag_run_id: str, day: int, stages: dict[str, Any], files: dict[str, str]) -> Path:
-    path = Path(settings.runs_dir) / make_run_id("daily", datetime(2026, 11, day, tzinfo=timezone.utc), dag_run_id)
+    path = Path(settings.runs_dir) / make_run_id("daily", datetime(2026, 11, day, tzinfo=UTC), dag_run_id)
     path.mkdir(parents=True)
     (path / "summary.json").write_text(json.dumps(stages))
     for name, text in files.items():
