@@ -62,24 +62,22 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
     (run,) = [p for p in Path(settings.runs_dir).iterdir() if p.name.startswith(f"daily-{t_day:%Y%m%d}-")]
     _check_first_run(settings, run)
 
-    # The same day again (`dags test` of the same logical date replaces the DAG run, as a Clear
-    # does): preprocessing commits the day anew, so the plan changed and the run trains a second
-    # attempt in a folder of its own. It used to fail in train_local ("checkpoint ... has
-    # snapshot_id=... but the plan says ...") in a folder mixing the new plan with the old results.
-    kept = {name: (run / name).read_bytes() for name in ("plan.json", "metrics.json", "report.html")}
-    out = airflow(["dags", "test", "daily_retrain", t_day.isoformat(), "-c", json.dumps(conf)], env, timeout=600)
-    assert out.returncode == 0 and "state=success" in out.stdout + out.stderr, out.stdout[-4000:] + out.stderr[-4000:]
-    second = run.parent / f"{run.name}-a2"
-    assert sorted(p.name for p in run.parent.glob(f"{run.name}*")) == [run.name, second.name]
-    assert {name: (run / name).read_bytes() for name in kept} == kept  # attempt 1 untouched
-    plans = [json.loads((r / "plan.json").read_text()) for r in (run, second)]
-    metrics2 = json.loads((second / "metrics.json").read_text())
-    assert plans[1]["snapshot_id"] != plans[0]["snapshot_id"]
-    assert metrics2["run_id"] == second.name and metrics2["snapshot_id"] == plans[1]["snapshot_id"]
-    summary2 = json.loads((second / "summary.json").read_text())
-    assert summary2["attempt"]["attempt"] == 2 and "snapshot_id" in summary2["attempt"]["reason"]
-    assert summary2["train"]["snapshot_id"] == plans[1]["snapshot_id"] and (second / "report.html").exists()
-    assert summary2["publish"]["challenger_run_id"] == second.name
+    # Clear of train_local (or its retry) with nothing changed: the attempt goes on. The launch of
+    # the same plan in the same folder resumes the finished run, which the trainer does not train
+    # again: same metrics, no second attempt.
+    from slipstream.pipeline.cluster import ClusterSettings
+    from slipstream.pipeline.jobspec import build_train_spec
+    from slipstream.pipeline.runplan import read_plan
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
+
+    info = json.loads((run / "run.json").read_text())
+    assert (info["dag_id"], info["attempt"]) == ("daily_retrain", 1)
+    before = (run / "metrics.json").read_bytes()
+    here = Settings.from_env(env)
+    cluster = ClusterSettings.from_env(env)
+    lineage = LocalTorchrunOperator(task_id="train_local").run_spec(build_train_spec(here, cluster, read_plan(run / "plan.json")))
+    assert lineage["run_id"] == run.name and (run / "metrics.json").read_bytes() == before
+    assert sorted(p.name for p in run.parent.iterdir()) == [run.name]
 
 
 def _check_first_run(settings: Settings, run: Path) -> None:

@@ -54,11 +54,16 @@ class _TaskInstance:
 
 
 def _render(params: dict[str, object]) -> tuple[dict[str, object], object]:
+    from types import SimpleNamespace
+
     from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob
     from slipstream_airflow.stream_tasks import render_stream_job
 
+    from slipstream.pipeline.datasets import DatasetRef
+
     ti = _TaskInstance()
-    out = render_stream_job({"ti": ti}, params)
+    context = {"ti": ti, "dag": SimpleNamespace(dag_id="stream_train"), "dag_run": SimpleNamespace(run_id="manual__1")}
+    out = render_stream_job(context, params, DatasetRef("synthetic", "synthetic"))
     return out, RenderedJob.from_xcom(ti.pushed[JOB_XCOM_KEY])  # type: ignore[arg-type]
 
 
