@@ -101,8 +101,17 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any], dat
         log.info("preprocessed %s: %d rows, %d rejects in %.1fs", day, r["rows"], r["rejects"], r["seconds"])
     # Days may commit concurrently, in any order: pin the table's snapshot now that every commit
     # has finished; it holds all of them, and every later task reads the plan, never "the latest".
-    fresh = plan_request(settings, table.refresh(), run_id=run_id, request=request, t_handoff=end,
-                         cache_dir=trainer_cache_dir(settings, cluster, request.backend), spec=spec)
+    empty = table.refresh().current_snapshot() is None
+    fresh = None if empty else plan_request(settings, table, run_id=run_id, request=request, t_handoff=end,
+                                            cache_dir=trainer_cache_dir(settings, cluster, request.backend), spec=spec)
+    if fresh is None or not fresh.files:
+        from slipstream.errors import RawDataError
+
+        raise RawDataError(
+            f"data set {settings.dataset} (spec {settings.spec}) has no samples in the window ending {end.date()}: "
+            f"its raw zone {settings.raw_dir} holds no file of {', '.join(str(d) for d in days)} and {settings.table} "
+            "no row of the window; land the raw files there, or point SLIPSTREAM_SPEC / the data set's RAW_DIR at the "
+            "data you meant (docs/datasets.md)")
     placed = place_plan(settings, fresh, dag_id=context["dag"].dag_id, dag_run_id=context["dag_run"].run_id)
     plan, path = placed.plan, run_dir(settings, placed.plan.run_id)
     if placed.continued:  # the same plan: the attempt goes on; its files stay as they are

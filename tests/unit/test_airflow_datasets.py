@@ -4,6 +4,7 @@ zone refused in the error's first line (a real SQLite Iceberg catalog)."""
 from __future__ import annotations
 
 import shutil
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,28 @@ def test_a_raw_zone_of_another_data_set_is_refused(settings: Settings) -> None:
                                               r"clicks/, impressions/ but the spec reads items/, ratings/, users/; point "
                                               r"SLIPSTREAM_DATASET__RATINGS__RAW_DIR"):
         check_raw_zone(ratings, load_spec("ratings"))
+
+
+def test_a_run_without_data_names_its_data_set_and_raw_zone(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh deployment whose raw files are elsewhere: the first task says which data set, spec,
+    raw zone and days, instead of a "table has no snapshot yet" far down the run. (Spark is not the
+    subject here: the day it would find empty is reported as such.)"""
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from slipstream_airflow import tasks
+
+    from slipstream.errors import RawDataError
+    from slipstream.pipeline import preprocess_launch
+    from slipstream.pipeline.datasets import DatasetRef
+    from slipstream.pipeline.preprocess_launch import PreprocessResult
+
+    monkeypatch.setattr(preprocess_launch, "run_preprocess_days",
+                        lambda s, days, run_id: [PreprocessResult(d, None, 0, 0, 0.1, empty=True) for d in days])
+    context = {"data_interval_start": datetime(2025, 1, 2, tzinfo=UTC),
+               "data_interval_end": datetime(2025, 1, 3, tzinfo=UTC),
+               "dag_run": SimpleNamespace(run_id="manual__x"), "dag": SimpleNamespace(dag_id="daily_retrain")}
+    with pytest.raises(RawDataError) as e:
+        tasks.preprocess_window.__wrapped__(context, {"window_days": 2}, DatasetRef("synthetic", "synthetic"))
+    assert str(e.value).startswith(f"data set synthetic (spec synthetic) has no samples in the window ending 2025-01-03: "
+                                   f"its raw zone {settings.raw_dir} holds no file of 2025-01-01, 2025-01-02"), str(e.value)
