@@ -73,3 +73,8 @@ class NativeBuildError(SlipstreamError):
 class PlanError(ConfigError):
     """A run's plan.json is missing, malformed, from another version, or does not match the data
     it describes; the message names the file and the key."""
+
+
+class DatasetMismatch(ConfigError):
+    """A data set's spec does not match the table, raw zone or folder it was pointed at (another
+    data set's); the message says which spec, which table or folder, and which setting to change."""

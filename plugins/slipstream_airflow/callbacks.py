@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from slipstream.errors import ConfigError
 

@@ -15,19 +15,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.sdk import BaseOperator
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
-
-from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-from airflow.sdk import BaseOperator
 
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream.pipeline.runlayout import RunArtifactMissing, read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow import k8s_objects as ko
-from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, master_host, pull_job
+from slipstream_airflow.dryrun import kubernetes_warnings, report_dry_run
+from slipstream_airflow.jobxcom import RENDER_TASK_ID, master_host, pull_job
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the training operator requires this container name
@@ -122,15 +122,16 @@ class PyTorchJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         job = pull_job(context, self.job_task_id)
-        if job.dry_run:
-            return dry_run_result(job)
         manifest = render_pytorchjob(job.spec, self.cluster)
+        if job.dry_run:
+            return report_dry_run(self.log, job, "PyTorchJob", manifest, kubernetes_warnings(job.spec))
         name, ns = manifest["metadata"]["name"], self.cluster.k8s_namespace
         self._name = name
         hook = self.hook
         try:
             hook.create_custom_object(group=GROUP, version=VERSION, plural=PLURAL, body=manifest, namespace=ns)
-            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes, job.spec.nproc_per_node)
+            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes,
+                          job.spec.nproc_per_node)
         except ApiException as e:
             if e.status != 409:
                 raise

@@ -58,7 +58,8 @@ def demo_settings(base: Settings) -> Settings:
     home = base.home / "demo"
     port = stack.free_port()
     return dataclasses.replace(
-        base, home=home, warehouse="", raw_dir="", cache_dir="", runs_dir="",
+        base, home=home, warehouse="", raw_dir="", raw_root="", cache_dir="", runs_dir="", registry="", registry_root="",
+        specs_dir="",
         kafka_port=port, kafka_bootstrap=f"127.0.0.1:{port}",
     )
 
@@ -177,7 +178,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     settings = demo_settings(base)
     spec = load_spec(opts.spec or base.spec)
     if opts.spec:  # before the stack comes up: it creates the tables from the spec
-        settings = dataclasses.replace(settings, spec=opts.spec)
+        settings = settings.for_dataset(opts.spec)  # its own tables, topics, raw zone and registry
     if settings.home.exists():
         log.info("starting afresh: removing the previous demo's state in %s", settings.home)
         stale = stack.StackState.load(settings.home)

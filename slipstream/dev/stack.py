@@ -344,9 +344,12 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
         start_connect_if_wanted(home, state)
     from slipstream.stream.kafka import create_topic
 
+    from slipstream.pipeline.datasets import deployment_datasets
+
     bootstrap = state.services["kafka"].address
-    create_topic(bootstrap, settings.topic, settings.topic_partitions)
-    create_topic(bootstrap, f"{settings.topic}.dlq", 1)
+    for data in deployment_datasets(settings):  # each data set's sample and dead-letter topics
+        create_topic(bootstrap, data.topic, data.topic_partitions)
+        create_topic(bootstrap, data.dlq_topic, 1)
     state.env["SLIPSTREAM_KAFKA_BOOTSTRAP"] = bootstrap
     # every later command and child process of this home finds these servers through the settings
     # file (0600; the environment still wins), never through this module; stack.json keeps no key

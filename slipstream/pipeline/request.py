@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Collection, Mapping
+from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.settings import BACKENDS
@@ -22,7 +23,10 @@ MAX_WINDOW_DAYS = 3650
 
 @dataclass(frozen=True)
 class Knob:
-    """One user-settable knob of a training run, as a JSON-schema property."""
+    """One user-settable knob of a training run, as a JSON-schema property.
+
+    `title`, `section` and `unit` are how the trigger form shows it: a title in words, grouped
+    under its section, with its bounds and unit written into its description (`help_text`)."""
 
     name: str
     type: str  # JSON-schema type: integer | number | boolean | string
@@ -36,6 +40,12 @@ class Knob:
     """A regular expression a string value must match (JSON-schema `pattern`)."""
     nullable: bool = False
     """None (null, an empty form field) is a value: "not set"."""
+    title: str = ""
+    """The knob in words, as the trigger form titles it ("Learning rate")."""
+    section: str = ""
+    """The trigger form's section that holds it."""
+    unit: str = ""
+    """What one of its values counts ("days", "samples"), said with its bounds."""
 
     def json_schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
@@ -51,6 +61,32 @@ class Knob:
         if self.pattern is not None:
             schema["pattern"] = self.pattern
         return schema
+
+    def bounds_text(self) -> str:
+        """Its type, bounds and unit in words: "A whole number of days from 1 to 3650"."""
+        unit = f" of {self.unit}" if self.unit else ""
+        if self.enum is not None:
+            return f"One of: {', '.join(self.enum)}"
+        if self.type == "boolean":
+            return "On or off"
+        if self.type == "string":
+            return ""  # a pattern's meaning is in the description, in words
+        what = ("A whole number" if self.type == "integer" else "A number") + unit
+        low = (f"greater than {_num(self.exclusive_minimum)}" if self.exclusive_minimum is not None
+               else f"at least {_num(self.minimum)}" if self.minimum is not None else "")
+        high = f"at most {_num(self.maximum)}" if self.maximum is not None else ""
+        if self.minimum is not None and self.maximum is not None and self.exclusive_minimum is None:
+            return f"{what} from {_num(self.minimum)} to {_num(self.maximum)}"
+        return " ".join(x for x in (what, ", ".join(b for b in (low, high) if b)) if x)
+
+    def help_text(self, description: str | None = None, default: Any = None) -> str:
+        """The description the trigger form shows: what it does (`description`: a DAG's own words),
+        then its bounds, unit and default (`default`: a DAG's own, else the knob's)."""
+        value = self.default if default is None else default
+        shown = "empty" if value is None else str(value).lower() if isinstance(value, bool) \
+            else _num(value) if isinstance(value, (int, float)) else value
+        bounds = self.bounds_text() + ("; may be empty" if self.nullable else "")
+        return f"{description or self.description}{' ' + bounds + '.' if bounds else ''} Default: {shown}."
 
     def check(self, value: Any) -> Any:
         """The value converted to the knob's type, or a ConfigError naming the knob and its bounds."""
@@ -74,41 +110,63 @@ class Knob:
         return float(value) if self.type == "number" else value
 
 
+def _num(value: float | None) -> str:
+    """3.0 -> '3', 0.003 -> '0.003', 65536 -> '65536'."""
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+DATA, TRAINING, STREAM, RESOURCES, GATE, RUN = (
+    "Data window", "Training", "Stream phase", "Resources", "Quality gate", "Run")
+"""The trigger form's sections, in the order it shows them (the order of KNOBS)."""
+
 KNOBS: tuple[Knob, ...] = (
-    Knob("window_days", "integer", 7, "Days of Iceberg history (ending at the data interval's end) "
+    Knob("window_days", "integer", 7, "Days of Iceberg history (ending at T, the data interval's end) "
          "trained on before switching to the Kafka stream. Days without data in it are skipped.",
-         minimum=1, maximum=MAX_WINDOW_DAYS),
+         minimum=1, maximum=MAX_WINDOW_DAYS, title="Training window", section=DATA, unit="days"),
     Knob("epochs", "integer", 10, "At most this many passes over the Iceberg window; the validation day "
-         "before T stops it earlier (the epoch with the lowest validation loss is kept).", minimum=1, maximum=50),
-    Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds: "
+         "before T stops it earlier (the epoch with the lowest validation loss is kept).", minimum=1, maximum=50,
+         title="Epochs (at most)", section=TRAINING, unit="passes over the window"),
+    Knob("batch_size", "integer", 1024, "Samples per step per training process.", minimum=8, maximum=65_536,
+         title="Batch size", section=TRAINING, unit="samples per process"),
+    Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0,
+         title="Learning rate", section=TRAINING),
+    Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds (0 to 999999): "
          "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
          "N stops after N seconds of stream training; 0 skips the stream phase.",
-         pattern=r"^(caught_up|[0-9]{1,6})$"),
-    Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
-         "with cpu_processes processes (gloo).", minimum=0, maximum=16),
-    Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
-         "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64),
-    Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16),
-    Knob("batch_size", "integer", 1024, "Samples per step per process.", minimum=8, maximum=65_536),
-    Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
+         pattern=r"^(caught_up|[0-9]{1,6})$", title="Stop the stream phase", section=STREAM, unit="seconds"),
     Knob("replay_share", "number", 0.2, "Share of each stream-phase batch replayed from the Iceberg "
-         "window (guards against forgetting).", minimum=0.0, maximum=0.9),
+         "window (0.2: a fifth of each batch), against forgetting.", minimum=0.0, maximum=0.9, title="Replay share",
+         section=STREAM),
     Knob("exchange", "boolean", False, "Stream phase: exchange fresh rows between training processes "
-         "(all-to-all) so every process's batches mix all Kafka partitions, not only the ones it reads."),
+         "(all-to-all) so every process's batches mix all Kafka partitions, not only the ones it reads.",
+         title="Exchange fresh rows", section=STREAM),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
-         "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS),
-    Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, the "
-         "training command is rendered into the run summary and the XCom, nothing is trained."),
-    Knob("gate_ctr_min", "number", None, "Quality gate: this run's lowest allowed label rate (CTR) "
-         "of a day or window; empty for the data set's (learned from its history, else its spec's).",
-         minimum=0.0, maximum=1.0, nullable=True),
-    Knob("gate_ctr_max", "number", None, "Quality gate: this run's highest allowed label rate (CTR); "
-         "empty for the data set's.", minimum=0.0, maximum=1.0, nullable=True),
-    Knob("gate_rows_ratio_min", "number", None, "Quality gate: this run's lowest allowed ratio of a "
-         "day's rows to the rows expected of it (its history's median); empty for the data set's.", minimum=0.0, maximum=1000.0, nullable=True),
-    Knob("gate_rows_ratio_max", "number", None, "Quality gate: this run's highest allowed ratio of a "
-         "day's rows to the rows expected of it; empty for the data set's.", exclusive_minimum=0.0, maximum=1000.0,
-         nullable=True),
+         "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS, title="Backend", section=RESOURCES),
+    Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
+         "with cpu_processes processes (gloo).", minimum=0, maximum=16, title="GPUs per node", section=RESOURCES,
+         unit="GPUs"),
+    Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16,
+         title="CPU processes per node", section=RESOURCES, unit="processes"),
+    Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
+         "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64, title="Nodes", section=RESOURCES,
+         unit="nodes"),
+    Knob("gate_ctr_min", "number", None, "This run's lowest allowed label rate (CTR) of a day or "
+         "window; empty for the data set's (learned from its history, else its spec's).",
+         minimum=0.0, maximum=1.0, nullable=True, title="Lowest CTR", section=GATE, unit="labels per row"),
+    Knob("gate_ctr_max", "number", None, "This run's highest allowed label rate (CTR); empty for the "
+         "data set's.", minimum=0.0, maximum=1.0, nullable=True, title="Highest CTR", section=GATE,
+         unit="labels per row"),
+    Knob("gate_rows_ratio_min", "number", None, "This run's lowest allowed ratio of a day's rows to the "
+         "rows expected of it (its history's median); empty for the data set's.", minimum=0.0, maximum=1000.0,
+         nullable=True, title="Lowest row-count ratio", section=GATE, unit="times the rows expected"),
+    Knob("gate_rows_ratio_max", "number", None, "This run's highest allowed ratio of a day's rows to the "
+         "rows expected of it; empty for the data set's.", exclusive_minimum=0.0, maximum=1000.0, nullable=True,
+         title="Highest row-count ratio", section=GATE, unit="times the rows expected"),
+    Knob("dry_run", "boolean", False, "Skip training and publishing: the data steps run, and the "
+         "launch task writes the exact command, pod or PyTorchJob it would start into its log and XCom.",
+         title="Dry run", section=RUN),
 )
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 GATE_KNOBS = ("gate_ctr_min", "gate_ctr_max", "gate_rows_ratio_min", "gate_rows_ratio_max")
@@ -145,20 +203,14 @@ class TrainRequest:
                 raise ConfigError(f"{lo} must be < {hi}, got {a} and {b}")
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> "TrainRequest":
+    def from_params(cls, params: Mapping[str, Any], other_params: Collection[str] = ()) -> TrainRequest:
         """From DAG params (or any mapping); missing keys take defaults. A key that is neither a knob
         nor one of the DAG's `other_params` is refused with the valid names: a misspelt key
         (`learning_rate` for `lr`) would otherwise be ignored and the run train with the default."""
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - names - set(other_params))
-        if unknown:
-            valid = sorted(names | set(other_params))
-            near = {k: difflib.get_close_matches(k, valid, n=1, cutoff=0.6) for k in unknown}
-            hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k, m in near.items() if m)
-            raise ConfigError(
-                f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in the run's "
-                f"conf{hints}; the valid names are: {', '.join(valid)}"
-            )
+        problem = unknown_keys_message(params, names | set(other_params))
+        if problem:
+            raise ConfigError(problem)
         return cls(**{k: v for k, v in params.items() if k in names})
 
     @property
@@ -168,6 +220,24 @@ class TrainRequest:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def unknown_keys_message(conf: Collection[str], valid: Collection[str]) -> str:
+    """'' when every key of a run's conf is a valid name; else one line naming the unknown keys, the
+    near miss of each, and every valid name (what the API refuses a trigger with, and what the
+    first task fails with when the trigger did not pass the API)."""
+    unknown = sorted(set(conf) - set(valid))
+    if not unknown:
+        return ""
+    names = sorted(valid)
+    # a knob is also found by its title in words: `learning_rate` is the "Learning rate", `lr`
+    by_title = {re.sub(r"\W+", "_", re.sub(r"\(.*?\)", "", k.title)).strip("_").lower(): k.name
+                for k in KNOBS if k.title and k.name in valid}
+    candidates = {**by_title, **{n: n for n in names}}
+    near = {k: difflib.get_close_matches(k.lower(), list(candidates), n=1, cutoff=0.6) for k in unknown}
+    hints = "".join(f" ({k!r}: did you mean {candidates[m[0]]!r}?)" for k, m in near.items() if m)
+    return (f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in the run's "
+            f"conf{hints}; the valid names are: {', '.join(names)}")
 
 
 def trainer_overrides(request: TrainRequest) -> dict[str, str]:

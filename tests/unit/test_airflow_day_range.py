@@ -15,13 +15,13 @@ DAY = date(2026, 11, 5)
 def test_without_range_params_a_run_builds_its_own_day() -> None:
     span = DayRange.of_run(DAY, {"range_from": None, "range_to": None, "attribution_s": 3600})
     assert span.days == [DAY]
-    assert span.run_id == "preprocess-20261105"
+    assert span.run_id() == "preprocess-20261105"
 
 
 def test_a_range_names_every_day_once_and_its_window() -> None:
     span = DayRange.of_run(DAY, {"range_from": "2025-12-30", "range_to": "2026-01-02"})
     assert span.days == [date(2025, 12, 30), date(2025, 12, 31), date(2026, 1, 1), date(2026, 1, 2)]
-    assert span.run_id == "preprocess-20251230-20260102"
+    assert span.run_id() == "preprocess-20251230-20260102"
     assert span.window() == (datetime(2025, 12, 30, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC))
 
 

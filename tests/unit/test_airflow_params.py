@@ -104,7 +104,6 @@ def test_an_unknown_param_is_refused_with_the_valid_names() -> None:
 
 def test_a_configuration_error_fails_the_task_without_retries() -> None:
     from airflow.sdk.exceptions import AirflowFailException
-
     from slipstream_airflow.callbacks import fail_fast
 
     @fail_fast
@@ -114,3 +113,43 @@ def test_a_configuration_error_fails_the_task_without_retries() -> None:
     assert task_body({"nnodes": 1}).nnodes == 1
     with pytest.raises(AirflowFailException, match="nnodes=2 needs backend=kubernetes"):
         task_body({"nnodes": 2})
+
+
+def test_the_form_shows_titles_in_words_bounds_units_and_sections(params: Any) -> None:
+    """The trigger form titled params "Lr", "Gpus", "Nnodes" and showed no bounds."""
+    assert params["lr"].schema["title"] == "Learning rate"
+    assert params["gpus"].schema["title"] == "GPUs per node" and params["nnodes"].schema["title"] == "Nodes"
+    assert params["window_days"].description.endswith("A whole number of days from 1 to 3650. Default: 7.")
+    assert "A number greater than 0, at most 1. Default: 0.003." in params["lr"].description
+    assert "seconds (0 to 999999)" in params["stream_stop"].description
+    assert params["gate_ctr_min"].description.endswith("from 0 to 1; may be empty. Default: empty.")
+    sections = [p.schema["section"] for p in params.values()]
+    assert sections[0] == "Data window" and set(sections) == {"Data window", "Training", "Stream phase", "Resources",
+                                                              "Quality gate", "Run"}
+    assert sections == sorted(sections, key=sections.index)  # each section's params together
+    for name, param in params.items():
+        assert param.schema["title"][0].isupper() and "_" not in param.schema["title"], name
+        assert "Default:" in param.description, name
+    from slipstream_airflow.params import train_params
+
+    narrowed = train_params({"backend": "kubernetes"}, enums={"backend": ("local", "kubernetes")}, only=("backend",))
+    assert narrowed["backend"].description.endswith("One of: local, kubernetes. Default: kubernetes.")
+
+
+def test_one_node_meets_on_loopback_and_runs_the_loopback_torchrun(settings: Settings) -> None:
+    """No `--standalone` (its stores listen on every interface): a c10d endpoint on 127.0.0.1, and
+    locally the launcher that binds every store there."""
+    from slipstream_airflow.local_launch import local_command
+
+    from slipstream.pipeline.cluster import ClusterSettings
+    from slipstream.pipeline.jobspec import build_train_spec
+
+    plan = plan_for(settings, TrainRequest(cpu_processes=2), run_id="daily-20250104-abcdef12", snapshot_id=3)
+    spec = build_train_spec(settings, ClusterSettings(), plan)
+    args = spec.torchrun_args(rdzv_port=41234)
+    assert "--standalone" not in args
+    assert args[5:13] == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:41234", "--rdzv-id",
+                          "daily-20250104-abcdef12", "--local-addr", "127.0.0.1"]
+    command = local_command(args)
+    assert command[1:3] == ["-m", "slipstream.pipeline.torchrun_loopback"]
+    assert spec.overrides["data.dlq_topic"] == "synthetic.samples.dlq"  # the data set's, through the plan
