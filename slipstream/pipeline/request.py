@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from slipstream.errors import ConfigError
@@ -46,6 +46,9 @@ class Knob:
     """The trigger form's section that holds it."""
     unit: str = ""
     """What one of its values counts ("days", "samples"), said with its bounds."""
+    trainer_key: str = ""
+    """The trainer config's dotted key this knob sets (`data.batch_size`): the trainer's field takes
+    its default and bounds from here (`trainers.config.schema`), so the two cannot disagree."""
 
     def json_schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
@@ -88,8 +91,14 @@ class Knob:
         bounds = self.bounds_text() + ("; may be empty" if self.nullable else "")
         return f"{description or self.description}{' ' + bounds + '.' if bounds else ''} Default: {shown}."
 
-    def check(self, value: Any) -> Any:
-        """The value converted to the knob's type, or a ConfigError naming the knob and its bounds."""
+    def check(self, value: Any, name: str = "") -> Any:
+        """The value converted to the knob's type, or a ConfigError naming the knob (`name`: as the
+        caller knows it, e.g. `data.batch_size`) and its bounds."""
+        if name and name != self.name:
+            try:
+                return replace(self, name=name).check(value)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (the {self.name!r} param)") from None
         if value is None and self.nullable:
             return None
         if self.type == "integer" and isinstance(value, float) and value.is_integer():
@@ -124,24 +133,25 @@ DATA, TRAINING, STREAM, RESOURCES, GATE, RUN = (
 KNOBS: tuple[Knob, ...] = (
     Knob("window_days", "integer", 7, "Days of Iceberg history (ending at T, the data interval's end) "
          "trained on before switching to the Kafka stream. Days without data in it are skipped.",
-         minimum=1, maximum=MAX_WINDOW_DAYS, title="Training window", section=DATA, unit="days"),
+         minimum=1, maximum=MAX_WINDOW_DAYS, title="Training window", section=DATA, unit="days",
+         trainer_key="data.window_days"),
     Knob("epochs", "integer", 10, "At most this many passes over the Iceberg window; the validation day "
          "before T stops it earlier (the epoch with the lowest validation loss is kept).", minimum=1, maximum=50,
-         title="Epochs (at most)", section=TRAINING, unit="passes over the window"),
+         title="Epochs (at most)", section=TRAINING, unit="passes over the window", trainer_key="data.epochs"),
     Knob("batch_size", "integer", 1024, "Samples per step per training process.", minimum=8, maximum=65_536,
-         title="Batch size", section=TRAINING, unit="samples per process"),
+         title="Batch size", section=TRAINING, unit="samples per process", trainer_key="data.batch_size"),
     Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0,
-         title="Learning rate", section=TRAINING),
+         title="Learning rate", section=TRAINING, trainer_key="optim.lr"),
     Knob("stream_stop", "string", "caught_up", "Must be 'caught_up' or a whole number of seconds (0 to 999999): "
          "when the Kafka phase after the handoff ends. 'caught_up' stops once the consumer lag is 0; "
          "N stops after N seconds of stream training; 0 skips the stream phase.",
          pattern=r"^(caught_up|[0-9]{1,6})$", title="Stop the stream phase", section=STREAM, unit="seconds"),
     Knob("replay_share", "number", 0.2, "Share of each stream-phase batch replayed from the Iceberg "
          "window (0.2: a fifth of each batch), against forgetting.", minimum=0.0, maximum=0.9, title="Replay share",
-         section=STREAM),
+         section=STREAM, trainer_key="data.replay_share"),
     Knob("exchange", "boolean", False, "Stream phase: exchange fresh rows between training processes "
          "(all-to-all) so every process's batches mix all Kafka partitions, not only the ones it reads.",
-         title="Exchange fresh rows", section=STREAM),
+         title="Exchange fresh rows", section=STREAM, trainer_key="data.exchange"),
     Knob("backend", "string", "local", "Where training runs: a local torchrun subprocess, or "
          "Kubernetes (a pod, or a PyTorchJob when nnodes > 1).", enum=BACKENDS, title="Backend", section=RESOURCES),
     Knob("gpus", "integer", 0, "GPUs per node; one training process per GPU. 0 trains on CPU "
@@ -170,27 +180,35 @@ KNOBS: tuple[Knob, ...] = (
 )
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 GATE_KNOBS = ("gate_ctr_min", "gate_ctr_max", "gate_rows_ratio_min", "gate_rows_ratio_max")
+TRAINER_KNOBS = {k.trainer_key: k for k in KNOBS if k.trainer_key}
+"""The knobs that set a trainer config field, by its dotted key."""
+
+
+def _default(name: str) -> Any:
+    return KNOBS_BY_NAME[name].default
 """The quality gate's per-run bounds (`slipstream.quality.bounds.GateOverrides`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainRequest:
-    window_days: int = 7
-    epochs: int = 10
-    stream_stop: str = "caught_up"
-    gpus: int = 0
-    nnodes: int = 1
-    cpu_processes: int = 2
-    batch_size: int = 1024
-    lr: float = 0.003
-    replay_share: float = 0.2
-    exchange: bool = False
-    backend: str = "local"
-    dry_run: bool = False
-    gate_ctr_min: float | None = None
-    gate_ctr_max: float | None = None
-    gate_rows_ratio_min: float | None = None
-    gate_rows_ratio_max: float | None = None
+    """One run's values of the knobs (each field's default is its knob's)."""
+
+    window_days: int = field(default=_default("window_days"))
+    epochs: int = field(default=_default("epochs"))
+    stream_stop: str = field(default=_default("stream_stop"))
+    gpus: int = field(default=_default("gpus"))
+    nnodes: int = field(default=_default("nnodes"))
+    cpu_processes: int = field(default=_default("cpu_processes"))
+    batch_size: int = field(default=_default("batch_size"))
+    lr: float = field(default=_default("lr"))
+    replay_share: float = field(default=_default("replay_share"))
+    exchange: bool = field(default=_default("exchange"))
+    backend: str = field(default=_default("backend"))
+    dry_run: bool = field(default=_default("dry_run"))
+    gate_ctr_min: float | None = field(default=_default("gate_ctr_min"))
+    gate_ctr_max: float | None = field(default=_default("gate_ctr_max"))
+    gate_rows_ratio_min: float | None = field(default=_default("gate_rows_ratio_min"))
+    gate_rows_ratio_max: float | None = field(default=_default("gate_rows_ratio_max"))
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -240,26 +258,30 @@ def unknown_keys_message(conf: Collection[str], valid: Collection[str]) -> str:
             f"conf{hints}; the valid names are: {', '.join(names)}")
 
 
-def trainer_overrides(request: TrainRequest) -> dict[str, str]:
-    """The request's knobs as the trainer's `--set section.key=value` pairs (trainers/config/schema.py
-    names the keys): how the trainer applies a plan's request, and the only place outside
-    `trainers/` where those keys appear. A run's ids, snapshot and window are not knobs: the
-    trainer takes them from the plan."""
-    out = {
-        "data.window_days": str(request.window_days),
-        "data.epochs": str(request.epochs),
-        "data.batch_size": str(request.batch_size),
-        "data.replay_share": repr(request.replay_share),
-        "optim.lr": repr(request.lr),
-    }
-    if request.exchange:
-        out["data.exchange"] = "true"
+def trainer_overrides(request: TrainRequest) -> dict[str, Any]:
+    """The request's knobs as the trainer config's dotted keys and typed values (the knobs name the
+    keys: `Knob.trainer_key`): how the trainer applies a plan's request. A run's ids, snapshot and
+    window are not knobs: the trainer takes them from the plan."""
+    out: dict[str, Any] = {key: getattr(request, k.name) for key, k in TRAINER_KNOBS.items()}
     seconds = request.stream_seconds
     if seconds is None:
         out["data.stop.mode"] = "caught_up"
     elif seconds == 0:
-        out["data.stream"] = "false"
+        out["data.stream"] = False
     else:
         out["data.stop.mode"] = "duration"
-        out["data.stop.duration_s"] = str(seconds)
+        out["data.stop.duration_s"] = float(seconds)
     return out
+
+
+def knobs_markdown() -> str:
+    """The params table of docs/params.md, from the knobs (a test keeps the page equal to it)."""
+    rows = ["| param | title | section | type, bounds | default | trainer key | meaning |",
+            "|---|---|---|---|---|---|---|"]
+    for k in KNOBS:
+        bounds = k.bounds_text() or (k.description.split(":")[0] if k.pattern else k.type)
+        default = "empty" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else (
+            _num(k.default) if isinstance(k.default, (int, float)) else f"`{k.default}`")
+        rows.append(f"| `{k.name}` | {k.title} | {k.section} | {bounds}{'; may be empty' if k.nullable else ''} | "
+                    f"{default} | {f'`{k.trainer_key}`' if k.trainer_key else ''} | {k.description} |")
+    return "\n".join(rows) + "\n"

@@ -71,12 +71,12 @@ def test_request_from_params_renders_trainer_overrides(settings: Settings) -> No
     # the run's id and snapshot are not knobs: the trainer takes them from the run's plan
     plan = plan_for(settings, req, run_id="r1", snapshot_id=5)
     _, cfg = load_plan_config(f"{plan.run_dir}/plan.json", None, (), settings)
-    assert sets["data.stream"] == "false" and "data.stop.mode" not in sets
-    assert sets["data.window_days"] == "3" and sets["optim.lr"] == "0.01" and cfg.data.snapshot_id == 5
-    assert cfg.run.run_id == "r1"
-    assert "data.exchange" not in sets  # off by default: the trainer's default applies
+    assert sets["data.stream"] is False and "data.stop.mode" not in sets
+    assert sets["data.window_days"] == 3 and sets["optim.lr"] == 0.01 and cfg.data.snapshot_id == 5
+    assert (cfg.data.window_days, cfg.optim.lr, cfg.data.stream, cfg.run.run_id) == (3, 0.01, False, "r1")
+    assert sets["data.exchange"] is False
     on = trainer_overrides(TrainRequest.from_params({"exchange": True}))
-    assert on["data.exchange"] == "true"
+    assert on["data.exchange"] is True
 
 
 def test_local_backend_refuses_many_nodes() -> None:

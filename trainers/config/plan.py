@@ -55,8 +55,8 @@ def load_plan_config(plan_file: str | Path, config_path: str | Path | None, over
                        ("data.cache_dir", plan.cache_dir)):
         set_key(raw, key, value)
     if plan.request is not None:
-        for key, text in trainer_overrides(plan.request).items():
-            apply_override(raw, f"{key}={text}")
+        for key, value in trainer_overrides(plan.request).items():  # typed values: no text round trip
+            set_key(raw, key, value)
     for o in overrides:
         apply_override(raw, o)
     cfg = resolve(raw, settings)

@@ -16,11 +16,27 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from slipstream.lake.planning import window_bounds
+from slipstream.pipeline.request import TRAINER_KNOBS
 from slipstream.pipeline.runlayout import RUN_ID_PATTERN, run_folder
 from slipstream.pipeline.runplan import DEFAULT_MAX_LATENESS_S
 from slipstream.samples.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
 from trainers.config.parse import apply_override, build, check_choices, load_raw, parse_time, require
+
+def knob(key: str) -> Any:
+    """A field set by a training param (`slipstream.pipeline.request.KNOBS`): its default is the
+    knob's, and `check_knobs` holds it to the knob's bounds, so the DAG's form, the request and
+    the trainer cannot disagree."""
+    return field(default=TRAINER_KNOBS[key].default, metadata={"knob": key})
+
+
+def check_knobs(obj: Any) -> None:
+    """Every knob-set field of dataclass `obj` within its knob's bounds (converted to its type)."""
+    for f in dataclasses.fields(obj):
+        if "knob" in f.metadata:
+            key = f.metadata["knob"]
+            setattr(obj, f.name, TRAINER_KNOBS[key].check(getattr(obj, f.name), key))
+
 
 StopMode = Literal["caught_up", "duration", "samples", "continuous"]
 ModelKind = Literal["dlrm", "dcn_v2", "deepfm", "wide_deep"]
@@ -82,7 +98,7 @@ class DataConfig:
     """Iceberg namespace (empty: SLIPSTREAM_NAMESPACE)."""
     table: str = SAMPLES_TABLE
     """Iceberg table of samples inside the namespace."""
-    window_days: int = 1
+    window_days: int = knob("data.window_days")
     """W: the batch window is [T - W days, T)."""
     max_lateness_s: float = DEFAULT_MAX_LATENESS_S
     """How late (in seconds after its event time) a record can reach Kafka; the stream is read
@@ -101,7 +117,7 @@ class DataConfig:
     """Tail Kafka after the batch phase (false: batch phase only)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """When the stream phase ends."""
-    replay_share: float = 0.2
+    replay_share: float = knob("data.replay_share")
     """Share of each stream batch replayed from recent batch-window samples (0 <= share < 1): guards
     the per-id tables against forgetting (the DAG's default too)."""
     replay_window_hours: float = 24.0
@@ -112,14 +128,14 @@ class DataConfig:
     """Batch phase: rows shuffled together in one rank (work units are grouped until they reach it)."""
     stream_shuffle_buffer: int = 4_096
     """Stream phase: rows buffered and mixed before training (bigger mixes more, adds latency)."""
-    batch_size: int = 1_024
+    batch_size: int = knob("data.batch_size")
     """Batch phase: samples per rank per step."""
     stream_batch_size: int = 128
     """Stream phase: samples per rank per step, replay included. Smaller than batch_size because
     the stream is short and fresh: a few thousand samples in batches of 1024 are a handful of
     optimizer steps, too few to follow a change of the click model (docs/trainer.md, Model
     quality)."""
-    epochs: int = 10
+    epochs: int = knob("data.epochs")
     """At most this many passes over the batch window (validation stops earlier, see below)."""
     validation_days: float = 1.0
     """The last days of the window (before T) are the validation set: never trained in the batch
@@ -136,7 +152,7 @@ class DataConfig:
     prefetch_chunks: int = 2
     """Shuffle chunks read ahead by the background reader: at most prefetch_chunks + 1 chunks are
     held ahead of training (being read or queued), all of them read at the same time if need be."""
-    exchange: bool = False
+    exchange: bool = knob("data.exchange")
     """Stream phase: deal every rank's fresh rows to all ranks (an all-to-all each stream-loop
     iteration) so every rank's batch mixes all partitions, not only the ones it reads. Costs two
     collectives per iteration and sends (world-1)/world of the stream across the network."""
@@ -152,17 +168,14 @@ class DataConfig:
     """Path of the generator's manifest.json: its best achievable AUC goes into the summary."""
 
     def __post_init__(self) -> None:
-        require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
+        check_knobs(self)
         require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
         require(self.max_future_skew_s >= 0, f"data.max_future_skew_s must be >= 0, got {self.max_future_skew_s}")
-        require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
         require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
         require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
-        require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
         require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
-        require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
         require(self.validation_days >= 0, f"data.validation_days must be >= 0, got {self.validation_days}")
         require(self.patience >= 1, f"data.patience must be >= 1, got {self.patience}")
         require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
@@ -226,7 +239,7 @@ class OptimConfig:
 
     name: OptimizerName = "adam"
     """`adam`, `adamw`, `adagrad` or `sgd`."""
-    lr: float = 0.003
+    lr: float = knob("optim.lr")
     """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
     stream_lr: float = 0.02
     """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables)
@@ -270,7 +283,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "optim")
-        require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        check_knobs(self)
         require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         require(0 <= self.drift_low < self.drift_high,
