@@ -72,7 +72,7 @@ def test_a_source_refuses_a_broker_that_lost_what_it_read(tmp_path: Path) -> Non
                 src.poll()
                 src.lag(refresh=src.idle)
         assert f"s[0] on {broker.bootstrap}" in str(e.value) and f"next offset is {n - 20}" in str(e.value)
-        src.consumer.close()
+        src.close()
         # and a resume from the checkpointed position is refused before it reads anything
         with pytest.raises(StreamDataLost, match=rf"s\[0\].*next offset is {n - 20} but its high watermark is 20"):
             _source(broker.bootstrap, "s", {0: n - 20})

@@ -4,7 +4,7 @@ letters with their origin, and each is counted once."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -138,7 +138,7 @@ def test_a_repeated_sample_id_trains_once_and_is_a_dead_letter_counted_as_duplic
     first = trainable.slice(0, 6)
     again = trainable.slice(2, 2)  # ids 2 and 3 once more, later on the same partition
     values = encode_samples(first) + encode_samples(again) + encode_samples(trainable.slice(6, 1))
-    t_us = _us(datetime(2026, 11, 1, tzinfo=timezone.utc))
+    t_us = _us(datetime(2026, 11, 1, tzinfo=UTC))
     dedupe = SampleIdDedupe(horizon_s=3 * 3600, max_ids=1000)
     src = _source({0: 0}, [[_Msg(0, o, v) for o, v in enumerate(values[:7])], [_Msg(0, 7, values[7]), _Msg(0, 8, values[8])]],
                   t_us=t_us, dedupe=dedupe)
@@ -156,9 +156,9 @@ def test_a_repeated_sample_id_trains_once_and_is_a_dead_letter_counted_as_duplic
 
 def test_an_event_time_long_before_t_is_a_dead_letter_not_dropped_before_t() -> None:
     day = _day()
-    t_us = _us(datetime(2026, 11, 1, tzinfo=timezone.utc))
+    t_us = _us(datetime(2026, 11, 1, tzinfo=UTC))
     old = day.slice(0, 2).set_column(day.schema.get_field_index("event_time"), "event_time",
-                                     pa.array([datetime(1971, 3, 1, tzinfo=timezone.utc)] * 2, day.schema.field("event_time").type))
+                                     pa.array([datetime(1971, 3, 1, tzinfo=UTC)] * 2, day.schema.field("event_time").type))
     recent = day.slice(2, 1)  # the generator's day is before T: dropped before T, as the batch trained it
     values = encode_samples(old) + encode_samples(recent)
     src = _source({0: 0}, [[_Msg(0, o, v) for o, v in enumerate(values)]], t_us=t_us + 86_400 * 10**6)
