@@ -11,8 +11,8 @@ The Kafka side is counted by a fresh consumer of the audit's own (`slipstream.st
 started before the range and reading through aborted transactions, never from the trainer's
 positions. `stop_offsets` is the committed end of each partition when the stream phase stopped
 (metrics.json; runs that did not record it are audited up to their final positions, with a note).
-A committed record below the run's final position that was not trained, held out, dead-lettered or
-dropped before T is *lost*, named by partition and offsets. One at or after the final position is
+A committed record below the run's final position that was not trained, held out, dead-lettered,
+refused as a duplicate sample id (audit source `duplicate`) or dropped before T is *lost*, named by partition and offsets. One at or after the final position is
 *unread*: the stream phase's lag at its stop, counted from committed records; a run that stopped
 as caught up (lag 0) with unread records lost them too.
 """
