@@ -336,7 +336,7 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
 
     doc.h2("Samples per source", "sources")
     rows = [(s, f"{n:,}") for s, n in sorted(result.per_source_rows.items())]
-    rows += [(f"metrics.json {k}", metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "duplicates") if k in metrics]
+    rows += [(f"metrics.json {k}", metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters") if k in metrics]
     doc.table(rows, ("source", "samples"))
     doc.end()
 
