@@ -40,6 +40,16 @@ class StreamReadError(SlipstreamError):
     time allowed; the message names the topic, partition and offsets."""
 
 
+class RunFolderWriteError(SlipstreamError):
+    """A file of a run could not be written (a full, read-only or unwritable disk); the message
+    names the file and says what to do."""
+
+
+class PeerFailed(SlipstreamError):
+    """A rank of a distributed run stopped because another rank failed first; the message names
+    that rank and its error."""
+
+
 class ResumeError(SlipstreamError):
     """A checkpoint cannot be resumed as asked (e.g. a different world size in the batch phase)."""
 

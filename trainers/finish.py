@@ -29,6 +29,7 @@ from slipstream.samples.schema import HOLDOUT_MODULO
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from trainers.observe.sample_audit import merge_parts
+from trainers.observe.stream_verify import verify_stream
 from trainers.config.schema import TrainConfig
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import ChunkStats, read_units, select_rows
@@ -207,6 +208,13 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
+def verify_committed(run: RunOutcome) -> dict[str, Any]:
+    """Rank 0: the stream phase against what was committed in its range (`verify_stream`)."""
+    st, dc = run.state, run.cfg.data
+    return verify_stream(run.run_dir, run.broker, dc.topic, run.plan.spec, run.plan.t_handoff, st.handoff_offsets,
+                         st.positions, st.stop_offsets)
+
+
 def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     st, tp = run.state, run.throughput
@@ -219,6 +227,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         return {}
     dc, plan = run.cfg.data, run.plan
     merge_parts(run.run_dir / "audit")
+    verified = verify_committed(run)  # before anything is exported: a lost record stops the run here
     stream_profile.merge(profiles, run.plan.spec).write(run.run_dir / "stream_profile.json")
     lat = np.concatenate(tp.latencies_ms).tolist() if tp.latencies_ms else []
     summary: dict[str, Any] = {
@@ -247,6 +256,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "checkpoint": st.last_checkpoint,
         "cache": run.cache,
     }
+    summary.update(verified)
     assert run.whole is not None
     summary["export"] = str(export_model(run.whole, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                          positions=st.positions, metrics=summary))

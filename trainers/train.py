@@ -4,7 +4,8 @@
 step wrote (`trainers.config.plan`); without it, `--config`/`--set` name everything and the trainer plans
 the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
 Writes the run folder (docs/trainer.md, Run layout) and exits 0 when the run finished,
-2 on a configuration/plan/resume error (message on stderr), 1 on any other failure.
+2 on an error Slipstream explains (one line on stderr naming the file, offset or partition and
+what to do; a rank that stopped because another one failed says so), 1 on any other failure.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runplan import RunPlan, plan_path
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
-from trainers.config.schema import TrainConfig, load_config
 from trainers.config.plan import load_plan_config
+from trainers.config.schema import TrainConfig, load_config
 
 log = logging.getLogger("trainers.train")
 
@@ -42,8 +43,9 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         plan_file: Path | None = None) -> dict[str, Any]:
     """Train as configured (collective over the torchrun world); returns the summary on rank 0.
     `plan`: the run's plan (from `plan_file`); None: planned here from the config."""
-    from trainers.parallel.dist import init_distributed
     from trainers.finish import finish, finished_summary
+    from trainers.parallel.dist import init_distributed
+    from trainers.parallel.failure import forget_earlier, settle
     from trainers.trainer import Trainer
 
     started = time.monotonic()
@@ -51,6 +53,8 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
     d = init_distributed(cfg.run.device, cpu_affinity=cfg.run.cpu_affinity)
     tr = None
     try:
+        if d.is_main:
+            forget_earlier(cfg.run.run_dir)
         tr = Trainer(cfg, d, settings, spec, open_file)
         units = tr.setup(plan)
         if d.is_main:
@@ -73,6 +77,12 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         summary = finish(tr.outcome(units), d, tr.metrics, time.monotonic() - started)
         tr.metrics.close()
         return summary
+    except Exception as e:
+        # recorded before the process group closes, so the other ranks can name this one
+        peer = settle(e, cfg.run.run_dir, d.rank, d.world)
+        if peer is not None:
+            raise peer from None
+        raise
     finally:
         # The DDP model (its reducer holds the process group and gradient buckets) and the data
         # sources go first, while the process group and the interpreter are alive: C++ threads
@@ -107,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = run(cfg=load_config(args.config, args.overrides, settings), settings=settings)
     except SlipstreamError as e:
-        print(f"trainers.train: {e}", file=sys.stderr)
+        from trainers.parallel.failure import one_line
+
+        who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"trainers.train: {who}{one_line(e)}", file=sys.stderr)
         return 2
     if rank == 0:
         keys = ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "auc", "auc_after_t",

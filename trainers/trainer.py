@@ -35,6 +35,7 @@ from trainers.checkpoint.pieces import CheckpointPieces
 from trainers.checkpoint.store import Checkpointer, atomic_torch_save
 from trainers.config.schema import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
+from trainers.data.dedupe import SampleIdDedupe
 from trainers.data.dense_stats import window_dense_stats
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
@@ -90,6 +91,8 @@ class Trainer:
         self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout,
                                       d.world)
         self.early = EarlyStopping(cfg.data.patience)
+        self.dedupe = SampleIdDedupe(cfg.data.dedupe_horizon_s or cfg.data.max_lateness_s + 3 * spec.label.window_s,
+                                     cfg.data.dedupe_max_ids)
         self.val_rows: Rows = Rows.empty(self.layout)
         self._last_ckpt_t = time.monotonic()
         self.pieces = CheckpointPieces()
@@ -112,6 +115,7 @@ class Trainer:
         add("iceberg", self.batch_cursor, "data")
         add("replay", self.replay, "data")
         add("shuffle", self.shuffle, "data")
+        add("dedupe", self.dedupe, "data")
 
     # --- setup ------------------------------------------------------------------------------
     def setup(self, plan: RunPlan | None) -> list[WorkUnit]:
@@ -152,7 +156,8 @@ class Trainer:
         self.pieces.load("model", self.ckpt.load_model(latest, into=self._live_model()), str(latest))
         st = self.state
         if st.phase != "batch":  # buffered stream rows go to the rank that now reads their partition
-            self.shuffle.partitions = assigned_partitions(sorted(st.positions), self.d.rank, self.d.world)
+            self.shuffle.partitions = self.dedupe.partitions = assigned_partitions(sorted(st.positions), self.d.rank,
+                                                                                  self.d.world)
         self.pieces.load_data([self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))])
         if self.d.is_main:
             drop_uncommitted(self.run_dir / "audit", st.step)
@@ -356,7 +361,7 @@ class Trainer:
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
                           group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec,
-                          max_future_skew_s=dc.max_future_skew_s)
+                          max_future_skew_s=dc.max_future_skew_s, max_age_s=dc.max_age_s, dedupe=self.dedupe)
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
@@ -420,6 +425,7 @@ class Trainer:
                     st.stop_reason = f"stream timeout {stop.timeout_s:.0f}s"
                     log.warning("stream phase stopped by data.stop.timeout_s with lag %d", int(g_lag))
                 if st.stop_reason:
+                    st.stop_offsets = self._stop_offsets(src)
                     self._maybe_log(lag=g_lag, last=True)
                     break
                 if g_ckpt:
@@ -446,6 +452,13 @@ class Trainer:
         self.tp.exchange_s += time.perf_counter() - t0
         return rows
 
+    def _stop_offsets(self, src: KafkaSource) -> dict[int, int]:
+        """Collective: every partition's committed end at the stop (what the audit counts up to)."""
+        merged: dict[int, int] = {}
+        for ends in self.d.gather(src.stop_offsets()):
+            merged.update(ends)
+        return merged
+
     def global_positions(self) -> dict[int, int]:
         """Collective: every partition's next offset (each rank reports the partitions it reads)."""
         return self.progress_piece.global_positions()
@@ -454,6 +467,7 @@ class Trainer:
         s, c = src.counters, self.state.counters
         c["dropped_before_t"] += s.dropped_before_t
         c["dead_letters"] += s.dead_letters
+        c["duplicates"] += s.duplicates
         c["holdout_stream"] += s.holdout
         c["records_kafka"] += s.records
         newest = s.newest_event_us
@@ -463,6 +477,7 @@ class Trainer:
         s.dead_reasons = reasons
         self.state.positions.update(src.positions)
         self.audit.add_dead_letters(src.take_dead_letters(), self.state.step)
+        self.audit.add_dead_letters(src.take_duplicates(), self.state.step, source="duplicate")
 
     def _record_latency(self, batch: Rows) -> None:
         lat = self.tp.latencies_ms

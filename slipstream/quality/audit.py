@@ -11,8 +11,8 @@ The Kafka side is counted by a fresh consumer of the audit's own (`slipstream.st
 started before the range and reading through aborted transactions, never from the trainer's
 positions. `stop_offsets` is the committed end of each partition when the stream phase stopped
 (metrics.json; runs that did not record it are audited up to their final positions, with a note).
-A committed record below the run's final position that was not trained, held out, dead-lettered or
-dropped before T is *lost*, named by partition and offsets. One at or after the final position is
+A committed record below the run's final position that was not trained, held out, dead-lettered,
+refused as a duplicate sample id (audit source `duplicate`) or dropped before T is *lost*, named by partition and offsets. One at or after the final position is
 *unread*: the stream phase's lag at its stop, counted from committed records; a run that stopped
 as caught up (lag 0) with unread records lost them too.
 """
@@ -235,6 +235,13 @@ def audit_stream(audit: pa.Table, kafka: pa.Table, metrics: dict[str, Any]) -> t
         notes.append(f"{dead.num_rows:,} records went to the dead-letter topic ({pc.sum(refused).as_py():,} of them "
                      "decodable with event_time >= t_handoff): not expected in training")
         after = after.filter(pc.invert(refused))
+    dupes = audit.filter(pc.equal(src, "duplicate"))
+    if dupes.num_rows and after.num_rows:
+        # a later record of a sample id the trainer had admitted: its id is expected once, from the first
+        again = pc.is_in(_record_keys(after), value_set=_record_keys(dupes))
+        notes.append(f"{dupes.num_rows:,} records repeated a sample id already admitted (dedupe): dead-lettered as "
+                     "duplicates, the id trained once")
+        after = after.filter(pc.invert(again))
     after = after.filter(pa.array(~is_holdout(after.column("sample_id")))) if after.num_rows else after
     after = after.filter(pc.is_valid(after.column("sample_id")))
     rows = audit.filter(pc.equal(src, "kafka"))

@@ -218,7 +218,8 @@ def _audit(settings: Settings, run_dir: Path, metrics: dict[str, Any], window: W
 def _audit_section(doc: ReportDoc, audit: tuple[Finding, Finding | None, AuditResult | None, list[str]],
                    metrics: dict[str, Any]) -> None:
     once, shuffle, result, notes = audit
-    counts = {k: int(metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters")
+    counts = {k: int(metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters",
+                                           "duplicates")
               if isinstance(metrics.get(k), (int, float))}
     doc.h2("Exactly-once audit", "audit")
     doc.finding(once)

@@ -329,7 +329,11 @@ class CommittedReader:
             self._admin = AdminClient(client_config(self.broker))
         asked = {TopicPartition(self.topic, p): spec for p in self._parts}
         futures = self._admin.list_offsets(asked, isolation_level=isolation, request_timeout=timeout_s)
-        return {tp.partition: int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
+        try:
+            return {tp.partition: int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
+        except TimeoutError:  # no answer at all (the broker is down): a Kafka error like any other
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no offsets of {self.topic} from {self.broker} "
+                                            f"within {timeout_s:.0f}s")) from None
 
     def lag(self, refresh: bool = True) -> dict[int, int]:
         """Per partition, committed end - position: 0 when every committed record there was handed

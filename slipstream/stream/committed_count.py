@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+from confluent_kafka import KafkaException
 
 from slipstream.errors import StreamReadError
 from slipstream.stream.committed import PROBE_WINDOW, CommittedReader, offset_of, partition_of
@@ -85,7 +86,11 @@ def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int
                 break
             now = time.monotonic()
             if now > deadline:
-                ends = reader.ends()
+                try:
+                    ends = reader.ends()
+                except KafkaException as e:  # the broker does not answer: the error says so, not a traceback
+                    log.warning("committed ends of %s unavailable: %s", topic, e)
+                    ends = {}
                 raise StreamReadError(
                     f"counting the committed records of {topic} on {broker}: "
                     + "; ".join(f"partition {p} reached offset {at} of {b} (committed end {ends.get(p)})"

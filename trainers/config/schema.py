@@ -106,6 +106,17 @@ class DataConfig:
     max_future_skew_s: float = 3600.0
     """A stream record whose event_time is more than this ahead of the consumer's clock (or before
     1970) is a dead letter, never trained: it would set the run's freshness to a time to come."""
+    max_age_s: float = 400 * 86_400.0
+    """A stream record whose event_time is more than this before T is a dead letter ('event_time
+    out of range': 1971, a 0 default, a wrong unit), never counted as dropped before T; 0: no limit.
+    The joiner's --max-age-s, measured from the run's T instead of the clock."""
+    dedupe_horizon_s: float = 0.0
+    """Stream phase: a record whose sample id was admitted with an event time within this many
+    seconds of its partition's newest one is a duplicate (dead-lettered, trained once). 0: the
+    joiner's reach plus a margin, data.max_lateness_s + 3 attribution windows of the spec."""
+    dedupe_max_ids: int = 1_000_000
+    """Sample ids remembered per partition for the dedupe (about 150 bytes each); more within the
+    horizon forgets the oldest, with a warning."""
     bootstrap: str = ""
     """Kafka bootstrap.servers (empty: SLIPSTREAM_KAFKA_BOOTSTRAP)."""
     topic: str = ""
@@ -171,6 +182,9 @@ class DataConfig:
         check_knobs(self)
         require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
         require(self.max_future_skew_s >= 0, f"data.max_future_skew_s must be >= 0, got {self.max_future_skew_s}")
+        require(self.max_age_s >= 0, f"data.max_age_s must be >= 0 (0: no limit), got {self.max_age_s}")
+        require(self.dedupe_horizon_s >= 0, f"data.dedupe_horizon_s must be >= 0 (0: derived), got {self.dedupe_horizon_s}")
+        require(self.dedupe_max_ids >= 1, f"data.dedupe_max_ids must be >= 1, got {self.dedupe_max_ids}")
         require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
         require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
         require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
