@@ -88,6 +88,14 @@ KNOBS: tuple[Knob, ...] = (
          "with cpu_processes processes (gloo).", minimum=0, maximum=16),
     Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
          "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64),
+    Knob("min_nodes", "integer", None, "Elastic training: the fewest nodes the job goes on with when "
+         "nodes leave; empty for nnodes. A job whose min_nodes and max_nodes differ is elastic.",
+         minimum=1, maximum=64, nullable=True),
+    Knob("max_nodes", "integer", None, "Elastic training: the most nodes that may join the running job "
+         "(on the local backend, with `slipstream elastic join`); empty for nnodes.", minimum=1, maximum=64,
+         nullable=True),
+    Knob("max_restarts", "integer", 3, "Elastic training: how often torchrun may restart a node's workers "
+         "after a failure or another node leaving (a node joining does not count).", minimum=0, maximum=100),
     Knob("cpu_processes", "integer", 2, "Training processes per node when gpus is 0.", minimum=1, maximum=16),
     Knob("batch_size", "integer", 1024, "Samples per step per process.", minimum=8, maximum=65_536),
     Knob("lr", "number", 0.003, "Learning rate of the optimizer (Adam by default).", exclusive_minimum=0.0, maximum=1.0),
@@ -122,6 +130,9 @@ class TrainRequest:
     stream_stop: str = "caught_up"
     gpus: int = 0
     nnodes: int = 1
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    max_restarts: int = 3
     cpu_processes: int = 2
     batch_size: int = 1024
     lr: float = 0.003
@@ -138,7 +149,11 @@ class TrainRequest:
         for f in fields(self):
             object.__setattr__(self, f.name, KNOBS_BY_NAME[f.name].check(getattr(self, f.name)))
         if self.backend == "local" and self.nnodes > 1:
-            raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node")
+            raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node "
+                              "(set max_nodes for an elastic job that other launchers of this machine join)")
+        low, high = self.node_range
+        if not low <= self.nnodes <= high:
+            raise ConfigError(f"min_nodes <= nnodes <= max_nodes must hold, got {low}, {self.nnodes}, {high}")
         for lo, hi in (("gate_ctr_min", "gate_ctr_max"), ("gate_rows_ratio_min", "gate_rows_ratio_max")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and not a < b:
@@ -160,6 +175,12 @@ class TrainRequest:
                 f"conf{hints}; the valid names are: {', '.join(valid)}"
             )
         return cls(**{k: v for k, v in params.items() if k in names})
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(fewest, most) nodes: an elastic job's bounds, (nnodes, nnodes) for a fixed one."""
+        return (self.nnodes if self.min_nodes is None else self.min_nodes,
+                self.nnodes if self.max_nodes is None else self.max_nodes)
 
     @property
     def stream_seconds(self) -> int | None:

@@ -1,7 +1,8 @@
 """Process group, device and the few collectives the trainer needs.
 
 Launched by torchrun the job reads RANK/WORLD_SIZE/LOCAL_RANK from the environment and joins a
-process group: NCCL when it trains on CUDA, gloo on CPU. Started as a plain `python -m
+process group: NCCL when it trains on CUDA, gloo on CPU. When rank 0 hosts the group's store on a
+loopback MASTER_ADDR (trainers.launch turns the agents' shared store off), it listens there only. Started as a plain `python -m
 trainers.train` it is a world of one and every collective is the identity, so tests and
 benchmarks run the same code without a launcher.
 """
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from slipstream.errors import ConfigError
 from slipstream.processes import usable_cpus
+from trainers.parallel.loopback import host_store, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,17 @@ def bind_rank_cpus() -> list[int] | None:
     return mine
 
 
+def loopback_group_store(rank: int, world: int, timeout: timedelta) -> dist.Store | None:
+    """The process group's store when rank 0 hosts it (torchrun without the agents' shared store) on
+    a loopback MASTER_ADDR: listening on that address only. None: torch's own env:// rendezvous."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or not port or not is_loopback(addr):
+        return None
+    if rank == 0:
+        return host_store(addr, int(port), world, timeout)
+    return dist.TCPStore(addr, int(port), world, False, timeout)
+
+
 def init_distributed(device_choice: str, timeout_s: float = 600.0, cpu_affinity: str = "none") -> Dist:
     die_with_launcher()
     if cpu_affinity == "per_rank":
@@ -196,6 +209,9 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0, cpu_affinity:
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
         if backend == "nccl":
             kwargs["device_id"] = device
+        store = loopback_group_store(rank, world, timedelta(seconds=timeout_s))
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world)
         dist.init_process_group(**kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, device)
     return Dist(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)
