@@ -25,6 +25,7 @@ signal N stopped this launcher (after its workers' graceful stop), 2 on bad argu
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import multiprocessing
 import os
@@ -62,12 +63,15 @@ def parse_own(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def warm_workers(modules: tuple[str, ...]) -> float:
-    """Start the forkserver with `modules` imported, and wait until it is ready; returns seconds."""
+    """Start the forkserver with `modules` imported, and wait until it is ready; returns seconds.
+    Meanwhile this process imports what torch's log formatter imports the first time the agent
+    logs a worker's exit (torch._dynamo: seconds, which would otherwise delay every shrink)."""
     t0 = time.monotonic()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(modules))
     probe = ctx.Process(target=time.sleep, args=(0,))
     probe.start()
+    importlib.import_module("torch._dynamo")
     probe.join()
     return time.monotonic() - t0
 

@@ -102,7 +102,7 @@ def write_config(cfg: TrainConfig, plan: RunPlan | None, plan_file: Path | None)
 
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,  # a forked worker's too
                         format=f"%(asctime)s r{rank} %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     STOP_REQUEST.install()
