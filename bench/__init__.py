@@ -24,6 +24,9 @@ class Benchmark:
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("dag_parse", "what our DAG files cost the dag-processor, against a minimal TaskFlow DAG",
               ("--repeats", "1")),
+    Benchmark("elastic", "what a running job growing from 1 to 2 launchers and back costs (rescale pause, lost "
+              "steps, samples lost or repeated), against its own throughput on one",
+              ("--days", "2", "--per-day", "1500", "--batch-size", "8", "--phase-steps", "15")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
               "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
     Benchmark("joiner", "the sample joiner's samples/s against raw consumption, and its close-to-commit latency",

@@ -24,8 +24,16 @@ import torch
 
 from bench.support.elastic_run import ElasticRun
 from slipstream.stream.kafka import create_topic, produce_samples
-from tests.trainer_fixtures import REPO, assert_trained_once, generated, make_samples, stream_ids, train_config, \
-    trainer_env, training_ids
+from tests.trainer_fixtures import (
+    REPO,
+    assert_trained_once,
+    generated,
+    make_samples,
+    stream_ids,
+    train_config,
+    trainer_env,
+    training_ids,
+)
 from trainers.checkpoint.store import Checkpointer
 from trainers.observe.sample_audit import read_audit
 

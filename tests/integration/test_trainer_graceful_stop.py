@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 
 from slipstream.pipeline.elastic import read_worlds
-from tests.trainer_fixtures import REPO, assert_trained_once, make_samples, run_torchrun, torchrun_command, \
-    train_config, trainer_env, training_ids
+from tests.trainer_fixtures import (
+    REPO,
+    assert_trained_once,
+    make_samples,
+    run_torchrun,
+    torchrun_command,
+    train_config,
+    trainer_env,
+    training_ids,
+)
 from trainers.observe.sample_audit import read_audit
 
 pytestmark = pytest.mark.integration
@@ -47,7 +55,8 @@ def test_sigterm_commits_the_last_step_and_the_run_resumes_there(tmp_path: Path)
     stops = [e for e in read_worlds(run_dir) if e["event"] == "stop"]
     assert len(stops) == 1 and stops[0]["ranks"] == 2 and stops[0]["world"] == 2, stops
     step = stops[0]["step"]
-    meta = json.loads((run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip() / "meta.json").read_text())
+    ckpt = run_dir / "checkpoint"
+    meta = json.loads((ckpt / (ckpt / "latest").read_text().strip() / "meta.json").read_text())
     assert meta["step"] == step and meta["run"]["phase"] == "batch"  # no periodic checkpoint: this is the stop's
     assert max(p["step"] for p in _progress(run_dir)) == step  # no step trained past the committed one
     assert (tmp_path / "stopped.log").read_text().count(f"stopped at step {step} on a signal to 2 rank(s)") == 2

@@ -97,7 +97,7 @@ def test_an_unknown_param_is_refused_with_the_valid_names() -> None:
     with pytest.raises(ConfigError) as e:
         TrainRequest.from_params({"learning_rat": 0.1, "window_days": 2})
     msg = str(e.value)
-    assert "'learning_rat'" in msg and "lr, nnodes" in msg and "window_days" in msg
+    assert "'learning_rat'" in msg and "lr, max_nodes" in msg and "window_days" in msg
     with pytest.raises(ConfigError, match="did you mean 'epochs'"):
         TrainRequest.from_params({"epoch": 3})
 
