@@ -39,6 +39,7 @@ from typing import Any
 
 from slipstream.pipeline.elastic import ElasticJob, Launcher, launcher_path, node_addr, shared_env, write_job, write_launcher
 from slipstream.pipeline.jobspec import TRAINER_MODULE
+from trainers.parallel.dist import LAUNCHER_PID_ENV
 from trainers.parallel.loopback import host_store, is_loopback
 
 log = logging.getLogger("trainers.launch")
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
     directory = Path(own.job_dir) if own.job_dir else None
+    # the workers' parent is the forkserver, which takes its environment from here as it starts:
+    # they watch this process and end with it (trainers.parallel.dist.die_with_launcher)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     _record(directory, own.node_index, pid=os.getpid(), addr=args.local_addr or node_addr(own.node_index),
             started=time.time(), standby=own.standby)
     warm_s = warm_workers(PRELOAD)

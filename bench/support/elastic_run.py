@@ -69,17 +69,21 @@ class ElasticRun:
         elastic.leave(self.run_path, index)
         return at
 
-    def kill(self, index: int) -> float:
-        """SIGKILL launcher `index` and everything it started at once: a node that dies."""
+    def kill(self, index: int, *, tree: bool = True) -> tuple[float, list[int]]:
+        """SIGKILL launcher `index` and everything it started at once (a machine lost), or the launcher
+        alone (`tree=False`: an OOM kill of the node's agent); the time, and its workers' pids (the
+        children of its forkserver)."""
         launcher = next(la for la in elastic.launchers(self.run_path) if la.index == index)
-        procs = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+        started = psutil.Process(launcher.pid).children(recursive=True)
+        workers = [w.pid for child in psutil.Process(launcher.pid).children() for w in child.children()]
+        procs = [psutil.Process(launcher.pid), *(started if tree else [])]
         at = time.time()
         for p in procs:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        return at
+        return at, workers
 
     # --- what the run wrote --------------------------------------------------------------------
     def worlds(self) -> list[dict[str, Any]]:

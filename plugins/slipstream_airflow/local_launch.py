@@ -120,10 +120,11 @@ class LocalTorchrunOperator(BaseOperator):
 
     def run_spec(self, spec: TrainJobSpec) -> dict[str, Any]:
         run_path = run_dir(Settings.from_env(spec.env), spec.run_id)
-        command = local_command(spec.torchrun_args())
         if spec.elastic:  # launcher 0 of a job that `slipstream elastic join` grows (slipstream.pipeline.elastic)
             argv = spec.torchrun_args(rdzv_host=elastic.LOOPBACK, rdzv_port=elastic.free_loopback_port())
             command = elastic.local_launch_command(run_path, argv)
+        else:
+            command = local_command(spec.torchrun_args())
         self.log.info("starting %s world size %d: %s", spec.run_id, spec.world_size, " ".join(command))
         started = time.monotonic()
         # Kafka credentials from the Airflow connection go to the child's environment only, never to the spec

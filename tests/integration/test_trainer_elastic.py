@@ -15,9 +15,11 @@ new world).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pytest
 import torch
@@ -62,14 +64,24 @@ def _exported_equals_checkpoint(run_path: Path) -> None:
         assert torch.equal(tensor, value), f"{key} differs between the export and {latest.name}"
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _worlds(run: ElasticRun) -> tuple[list[int], list[dict[str, Any]], list[dict[str, Any]]]:
     events = run.worlds()
     return ([e["world"] for e in events if e["event"] == "start"], [e for e in events if e["event"] == "start"],
             [e for e in events if e["event"] == "stop"])
 
 
-def _tidal(run: ElasticRun, before_join: Any = None, before_leave: Any = None, before_kill: Any = None) -> dict[str, Any]:
-    """1 -> 3 -> 2 (SIGTERM) -> 1 (SIGKILL); the callbacks feed the stream as the schedule goes."""
+def _tidal(run: ElasticRun, before_join: Any = None, before_leave: Any = None, before_kill: Any = None, *,
+           leave_by_command: bool = False, kill_tree: bool = True) -> dict[str, Any]:
+    """1 -> 3 -> 2 (SIGTERM) -> 1 (SIGKILL); the callbacks feed the stream as the schedule goes.
+    `kill_tree`: the launcher and its workers die at once (a machine lost), else the launcher alone
+    (its agent OOM-killed): its workers must not train on unsupervised."""
     joined = run.join_standby(2)
     run.wait_loaded(3)
     run.wait_world(1, run.activate(0))
@@ -78,13 +90,20 @@ def _tidal(run: ElasticRun, before_join: Any = None, before_leave: Any = None, b
     run.wait_world(3, run.activate())
     if before_leave:
         before_leave()
-    world2 = run.wait_world(2, run.leave(joined[0]))
+    if leave_by_command:  # `slipstream elastic leave`, as a person types it
+        left_at = time.time()
+        assert json.loads(run.cli("elastic", "leave", run.run_path.name, "--launcher", str(joined[0])))["left"] == joined[0]
+    else:
+        left_at = run.leave(joined[0])
+    world2 = run.wait_world(2, left_at)
     # a checkpoint of the world of 2 past its first step, so that the kill has committed progress to keep
     run.wait_for(lambda: (m := run.checkpoint_meta()) and m["world"] == 2 and m["step"] > world2["step"],
                  "a checkpoint of the world of 2", 300)
     if before_kill:
         before_kill()
-    killed_at = run.kill(joined[1])
+    killed_at, orphans = run.kill(joined[1], tree=kill_tree)
+    if not kill_tree:  # its workers see their launcher gone and end themselves
+        run.wait_for(lambda: not any(_running(pid) for pid in orphans), "the dead launcher's workers to end", 60)
     committed = run.checkpoint_meta()  # nothing commits once a rank is dead
     assert committed is not None
     run.wait_world(1, killed_at)
@@ -123,7 +142,7 @@ def test_tidal_schedule_in_the_batch_phase_data_parallel(tmp_path: Path, elastic
     (tmp_path / "train.json").write_text(json.dumps(cfg))
     run_path = elastic_run.run_path
     elastic_run.start(["--config", str(tmp_path / "train.json")], max_nodes=3)
-    schedule = _tidal(elastic_run)
+    schedule = _tidal(elastic_run, leave_by_command=True, kill_tree=False)
     assert elastic_run.wait(600) == 0, f"see {elastic_run.log_dir}"
 
     _check_schedule(elastic_run, run_path, schedule["committed_at_kill"])

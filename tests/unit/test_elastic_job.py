@@ -173,3 +173,26 @@ def test_worlds_log_is_read_back_and_a_line_cut_by_a_kill_is_skipped(tmp_path: P
     assert [e["event"] for e in events] == ["start", "first_step", "stop"]
     assert events[0]["step"] == 40 and events[0]["resumed"] and events[1]["step"] == 41 and events[2]["ranks"] == 1
     assert all(e["world"] == 3 for e in events) and json.dumps(events)
+
+
+def test_the_local_backend_starts_launcher_0_of_an_elastic_job(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slipstream_airflow import local_launch
+
+    started: list[list[str]] = []
+
+    class Started(Exception):
+        pass
+
+    def run(self: local_launch.LocalProcess, on_line: Any = None) -> int:
+        started.append(self.command)
+        raise Started
+
+    monkeypatch.setattr(local_launch.LocalProcess, "run", run)
+    op = local_launch.LocalTorchrunOperator(task_id="train_local")
+    spec = TrainJobSpec(run_id="r1", config_path="/c.yaml", max_nodes=3, env=settings.as_env())
+    with pytest.raises(Started):
+        op.run_spec(spec)
+    (cmd,) = started
+    assert cmd[1:3] == ["-m", "trainers.launch"] and cmd[cmd.index("--nnodes") + 1] == "1:3"
+    host = cmd[cmd.index("--rdzv-endpoint") + 1].rsplit(":", 1)[0]
+    assert host == "127.0.0.1" and cmd[cmd.index("--job-dir") + 1] == str(Path(settings.runs_dir) / "r1" / "elastic")

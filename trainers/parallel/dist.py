@@ -14,6 +14,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,10 +24,13 @@ import torch
 import torch.distributed as dist
 
 from slipstream.errors import ConfigError
-from slipstream.processes import usable_cpus
+from slipstream.processes import pid_alive, usable_cpus
 from trainers.parallel.loopback import host_store, is_loopback
 
 log = logging.getLogger(__name__)
+
+LAUNCHER_PID_ENV = "SLIPSTREAM_LAUNCHER_PID"
+"""Set by trainers.launch for its workers: the launcher whose death ends them."""
 
 
 @dataclass
@@ -139,9 +144,16 @@ def die_with_launcher() -> None:
 
     torchrun starts workers in their own sessions, so a `kill -9` of the launcher (an OOM kill,
     a preempted node agent) would otherwise leave workers training on, unsupervised, racing a
-    restarted run for the same checkpoint folder. Linux only; elsewhere a no-op."""
+    restarted run for the same checkpoint folder. Linux only; elsewhere a no-op.
+
+    A worker forked by trainers.launch's forkserver has that server as its parent, and the server
+    lives on while any worker does (each holds its keep-alive pipe): there a thread watches the
+    launcher itself (`SLIPSTREAM_LAUNCHER_PID`) and SIGKILLs the worker once it is gone."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+    if launcher and launcher != os.getppid():
+        threading.Thread(target=_die_after, args=(launcher,), name="launcher-watch", daemon=True).start()
     try:
         import ctypes
 
@@ -153,6 +165,13 @@ def die_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher died before the guard was armed
         os._exit(1)
+
+
+def _die_after(pid: int, interval_s: float = 0.5) -> None:
+    while pid_alive(pid):
+        time.sleep(interval_s)
+    log.error("the launcher (pid %d) is gone: this worker stops at once", pid)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rank_cpus(cpus: list[int], local_rank: int, local_world: int) -> list[int]:
