@@ -10,10 +10,9 @@ differences that matter when a job changes size while it runs (slipstream.pipeli
   loaded machine), and a joining node is ready before it makes the others stop.
 - Loopback. With a rendezvous on a loopback address, launcher 0 hosts the rendezvous store itself,
   listening on that address only (torch's TCPStore binds every interface whatever host it is
-  given; trainers.parallel.loopback), the workers' rank 0 does the same for their process group
-  (the agents' shared store is off: torch 2.14's never re-publishes its address in a later
-  rendezvous round, so a node joining a running job waits for it forever), and gloo is told to use
-  the loopback interface.
+  given; trainers.parallel.loopback), the workers' rank 0 does the same for their process group,
+  and gloo is told to use the loopback interface. (The agents' shared store is off whatever the
+  address: slipstream.pipeline.elastic.SHARED_STORE_OFF.)
 - Records. With `--job-dir`, the launcher records itself (pid, address, when it was ready, how it
   ended) and launcher 0 writes the job that `slipstream elastic join` reads. With `--standby` it
   waits, loaded, for SIGUSR1 before it joins (`slipstream elastic activate`).
@@ -37,7 +36,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from slipstream.pipeline.elastic import ElasticJob, Launcher, launcher_path, node_addr, shared_env, write_job, write_launcher
+from slipstream.pipeline.elastic import (
+    SHARED_STORE_OFF,
+    ElasticJob,
+    Launcher,
+    launcher_path,
+    node_addr,
+    shared_env,
+    write_job,
+    write_launcher,
+)
 from slipstream.pipeline.jobspec import TRAINER_MODULE
 from trainers.parallel.dist import LAUNCHER_PID_ENV
 from trainers.parallel.loopback import host_store, is_loopback
@@ -138,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     hosted: list[Any] = []
     if is_loopback(host):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the module docstring
         if own.node_index == 0:  # the rendezvous store, on the loopback address only, for as long as this
             # launcher runs (the job's rendezvous ends with it); its own agent is a client like the others
             hosted.append(host_store(host, int(port), None, timedelta(seconds=60)))
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
     directory = Path(own.job_dir) if own.job_dir else None
+    os.environ[SHARED_STORE_OFF[0]] = SHARED_STORE_OFF[1]  # see the module docstring
     # the workers' parent is the forkserver, which takes its environment from here as it starts:
     # they watch this process and end with it (trainers.parallel.dist.die_with_launcher)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())

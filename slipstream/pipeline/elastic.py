@@ -51,6 +51,10 @@ after 3 missed ones (torch: 5 s x 3) — what a node leaving or dying costs befo
 WORLDS_FILE = "worlds.jsonl"
 """In the run folder: one JSON line per event of the worlds the run trained on (the trainer writes it:
 trainers.observe.world_log)."""
+SHARED_STORE_OFF = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+"""Every launcher of an elastic job runs with the agents' shared store off: torch 2.14 never re-publishes
+its address in a later rendezvous round, so a node joining a running job would wait for it until
+its timeout. The workers' rank 0 then hosts their process group's store."""
 ENV_KEPT = ("PYTHONPATH", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
 """Besides SLIPSTREAM_* (secrets excepted): what a joining launcher takes from the first one."""
 

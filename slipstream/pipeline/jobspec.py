@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from slipstream.errors import ConfigError
 from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
+from slipstream.pipeline import elastic
 from slipstream.pipeline.elastic import RDZV_CONF, check_bounds, rdzv_conf_arg
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, plan_path
@@ -195,6 +196,10 @@ def build_train_spec(
     overrides: dict[str, str] = {}
     env = settings.as_env()
     env["SLIPSTREAM_TRAINING_BACKEND"] = request.backend
+    if len(set(request.node_range)) > 1:
+        # torch 2.14's agents share a store whose address a later rendezvous round never re-publishes:
+        # a node joining a running job would wait for it until it timed out (slipstream.pipeline.elastic)
+        env[elastic.SHARED_STORE_OFF[0]] = elastic.SHARED_STORE_OFF[1]
     if request.backend == "kubernetes":
         # the worker's local folders mean nothing inside the pod
         for name in ("SLIPSTREAM_HOME", "SLIPSTREAM_RAW_DIR"):

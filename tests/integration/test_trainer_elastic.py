@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,36 +78,44 @@ def _worlds(run: ElasticRun) -> tuple[list[int], list[dict[str, Any]], list[dict
             [e for e in events if e["event"] == "stop"])
 
 
-def _tidal(run: ElasticRun, before_join: Any = None, before_leave: Any = None, before_kill: Any = None, *,
-           leave_by_command: bool = False, kill_tree: bool = True) -> dict[str, Any]:
-    """1 -> 3 -> 2 (SIGTERM) -> 1 (SIGKILL); the callbacks feed the stream as the schedule goes.
-    `kill_tree`: the launcher and its workers die at once (a machine lost), else the launcher alone
-    (its agent OOM-killed): its workers must not train on unsupervised."""
+def _world(run: ElasticRun, size: int, after: float, feed: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    """Wait for a world of `size` started after `after`, feed it (the stream variant produces the
+    next slice of the topic only now, so the new world has rows of its own to train), and return
+    its first step."""
+    start = run.wait_for(lambda: next((e for e in run.worlds() if e["event"] == "start" and e["world"] == size
+                                       and e["time"] >= after), None), f"a world of {size} to start", 300)
+    if feed is not None:
+        feed(start)
+    return run.wait_world(size, after)
+
+
+def _tidal(run: ElasticRun, *, before_growing: Callable[[], None] | None = None,
+           feed: Callable[[dict[str, Any]], None] | None = None, leave_by_command: bool = False,
+           kill_tree: bool = True) -> dict[str, Any]:
+    """1 -> 3 -> 2 (SIGTERM) -> 1 (SIGKILL). `kill_tree`: the launcher and its workers die at once
+    (a machine lost), else the launcher alone (its agent OOM-killed): its workers must not train on
+    unsupervised."""
     joined = run.join_standby(2)
     run.wait_loaded(3)
-    run.wait_world(1, run.activate(0))
-    if before_join:
-        before_join()
-    run.wait_world(3, run.activate())
-    if before_leave:
-        before_leave()
+    _world(run, 1, run.activate(0), feed)
+    if before_growing is not None:
+        before_growing()
+    _world(run, 3, run.activate(), feed)
     if leave_by_command:  # `slipstream elastic leave`, as a person types it
         left_at = time.time()
         assert json.loads(run.cli("elastic", "leave", run.run_path.name, "--launcher", str(joined[0])))["left"] == joined[0]
     else:
         left_at = run.leave(joined[0])
-    world2 = run.wait_world(2, left_at)
+    world2 = _world(run, 2, left_at, feed)
     # a checkpoint of the world of 2 past its first step, so that the kill has committed progress to keep
     run.wait_for(lambda: (m := run.checkpoint_meta()) and m["world"] == 2 and m["step"] > world2["step"],
                  "a checkpoint of the world of 2", 300)
-    if before_kill:
-        before_kill()
     killed_at, orphans = run.kill(joined[1], tree=kill_tree)
     if not kill_tree:  # its workers see their launcher gone and end themselves
         run.wait_for(lambda: not any(_running(pid) for pid in orphans), "the dead launcher's workers to end", 60)
     committed = run.checkpoint_meta()  # nothing commits once a rank is dead
     assert committed is not None
-    run.wait_world(1, killed_at)
+    _world(run, 1, killed_at, feed)
     return {"committed_at_kill": int(committed["step"]), "joined": joined}
 
 
@@ -181,11 +190,14 @@ def test_tidal_schedule_in_the_stream_phase_sharded(tmp_path: Path, kafka_bootst
     def in_stream() -> None:  # grow once the stream phase has trained some of the topic
         elastic_run.wait_for(lambda: (m := elastic_run.checkpoint_meta()) and m["run"]["phase"] == "stream"
                              and m["run"]["counters"]["samples_kafka"] > 0, "a stream-phase checkpoint", 300)
-        produce_samples(kafka_bootstrap, topic, slices[1])
 
-    schedule = _tidal(elastic_run, before_join=in_stream,
-                      before_leave=lambda: produce_samples(kafka_bootstrap, topic, slices[2]),
-                      before_kill=lambda: produce_samples(kafka_bootstrap, topic, slices[3]))
+    fed = iter(slices[1:])
+
+    def feed(start: dict[str, Any]) -> None:  # each world after the first gets the next quarter of the stream
+        if start["resumed"]:
+            produce_samples(kafka_bootstrap, topic, next(fed))
+
+    schedule = _tidal(elastic_run, before_growing=in_stream, feed=feed)
     assert elastic_run.wait(600) == 0, f"see {elastic_run.log_dir}"
 
     _check_schedule(elastic_run, run_path, schedule["committed_at_kill"])

@@ -114,10 +114,14 @@ def test_the_elastic_pytorchjob_has_workers_only_and_a_valid_elastic_policy(sett
     assert args[args.index("--rdzv-endpoint") + 1] == f"{policy['rdzvHost']}:{policy['rdzvPort']}"
     assert args[args.index("--max-restarts") + 1] == "6"
     assert c["ports"] == [{"containerPort": CLUSTER.rdzv_port, "name": "pytorchjob-port"}]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[elastic.SHARED_STORE_OFF[0]] == elastic.SHARED_STORE_OFF[1]  # torch 2.14's joining-node hang
     assert launch_kind("kubernetes", TrainRequest(backend="kubernetes", max_nodes=3).node_range[1]) == "pytorchjob"
     # a fixed job renders as before: a master and no elastic policy
-    fixed = render_pytorchjob(_spec_for(settings, gpus=8, nnodes=3), CLUSTER)
+    fixed_spec = _spec_for(settings, gpus=8, nnodes=3)
+    fixed = render_pytorchjob(fixed_spec, CLUSTER)
     assert "elasticPolicy" not in fixed["spec"] and set(fixed["spec"]["pytorchReplicaSpecs"]) == {"Master", "Worker"}
+    assert elastic.SHARED_STORE_OFF[0] not in fixed_spec.env
 
 
 def test_a_local_elastic_job_is_launched_by_trainers_launch_on_loopback(tmp_path: Path) -> None:
