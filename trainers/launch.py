@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     _record(directory, own.node_index, pid=os.getpid(), addr=args.local_addr or node_addr(own.node_index),
             started=time.time(), standby=own.standby)
     warm_s = warm_workers(PRELOAD)
+    from trainers.train import worker  # here too, before joining: importing it then would delay the others
     log.info("launcher %d: workers' code loaded in %.1fs; joining rendezvous %s at %s", own.node_index, warm_s,
              args.rdzv_id, args.rdzv_endpoint)
     if directory is not None and own.node_index == 0:
@@ -181,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         _record(directory, own.node_index, ended=time.time(), exit_code=1)
         return 1
     _record(directory, own.node_index, joined=time.time())
-    from trainers.train import worker
 
     code = 1
     try:
