@@ -53,13 +53,14 @@ def test_sigterm_commits_the_last_step_and_the_run_resumes_there(tmp_path: Path)
         log.close()
     assert rc != 0
     stops = [e for e in read_worlds(run_dir) if e["event"] == "stop"]
-    assert len(stops) == 1 and stops[0]["ranks"] == 2 and stops[0]["world"] == 2, stops
+    # torchrun signals its workers one after the other: one or both had the signal by the step they agreed on
+    assert len(stops) == 1 and stops[0]["ranks"] in (1, 2) and stops[0]["world"] == 2, stops
     step = stops[0]["step"]
     ckpt = run_dir / "checkpoint"
     meta = json.loads((ckpt / (ckpt / "latest").read_text().strip() / "meta.json").read_text())
     assert meta["step"] == step and meta["run"]["phase"] == "batch"  # no periodic checkpoint: this is the stop's
     assert max(p["step"] for p in _progress(run_dir)) == step  # no step trained past the committed one
-    assert (tmp_path / "stopped.log").read_text().count(f"stopped at step {step} on a signal to 2 rank(s)") == 2
+    assert (tmp_path / "stopped.log").read_text().count(f"stopped at step {step} on a signal to") == 2  # both ranks
 
     done = run_torchrun(tmp_path, cfg_path, nproc=2)
     assert done.returncode == 0, done.stderr[-4000:]
