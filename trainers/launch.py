@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
     directory = Path(own.job_dir) if own.job_dir else None
+    if directory is not None:  # the workers' error files with the job, not in a temporary folder
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+        config.logs_specs = DefaultLogsSpecs(log_dir=str(directory / "torchelastic" / f"launcher-{own.node_index}"))
     os.environ[SHARED_STORE_OFF[0]] = SHARED_STORE_OFF[1]  # see the module docstring
     # the workers' parent is the forkserver, which takes its environment from here as it starts:
     # they watch this process and end with it (trainers.parallel.dist.die_with_launcher)

@@ -11,6 +11,8 @@ its data re-dealt over the new world. On a cluster the nodes are pods (the PyTor
                                 trainer's arguments and environment (written by the first launcher)
     elastic/launchers/N.json    launcher N: its pid, rendezvous address, log, when it started,
                                 when its workers' code was loaded, when it joined, how it ended
+    elastic/launcher-N.log      a joined launcher's output (launcher 0's goes where it was started)
+    elastic/torchelastic/launcher-N/   torch's per-attempt error files of launcher N's workers
 
 A launcher loads its workers' code before it joins, so the running world goes on training
 meanwhile; one started as a standby waits, loaded, until `activate` lets it join (a spare ready
