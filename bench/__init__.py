@@ -26,6 +26,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "tail's cost after an aborted transaction", ("--records", "4000", "--repeat", "1", "--commits", "2")),
     Benchmark("dag_parse", "what our DAG files cost the dag-processor, against a minimal TaskFlow DAG",
               ("--repeats", "1")),
+    Benchmark("elastic", "what a running job growing from 1 to 2 launchers and back costs (rescale pause, lost "
+              "steps, samples lost or repeated), against its own throughput on one",
+              ("--days", "2", "--per-day", "1500", "--batch-size", "8", "--phase-steps", "15")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
               "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
     Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "

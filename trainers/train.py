@@ -5,7 +5,9 @@ step wrote (`trainers.config.plan`); without it, `--config`/`--set` name everyth
 the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
 Writes the run folder (docs/trainer.md, Run layout) and exits 0 when the run finished,
 2 on an error Slipstream explains (one line on stderr naming the file, offset or partition and
-what to do; a rank that stopped because another one failed says so), 1 on any other failure.
+what to do; a rank that stopped because another one failed says so), 3 when SIGTERM or SIGINT
+stopped it gracefully (every rank committed a checkpoint at the same step boundary: run it again to
+resume; torchrun's elastic agent does), 1 on any other failure.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 from trainers.config.plan import load_plan_config
 from trainers.config.schema import TrainConfig, load_config
+from trainers.parallel.graceful_stop import EXIT_STOPPED, REQUEST as STOP_REQUEST, GracefulStop
 
 log = logging.getLogger("trainers.train")
 
@@ -61,6 +64,9 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
             write_config(cfg, tr.plan, plan_file)
         resumed = tr.resume()
         st = tr.state
+        tr.worlds.started(st.step, st.phase, st.epoch, resumed)
+        if tr.stop_agreed():  # signalled while this world formed: it has trained nothing to commit
+            raise GracefulStop(st.step, st.last_checkpoint, 0)
         if resumed and st.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
             log.info("run %s already finished at step %d: its metrics.json stays as it is", cfg.run.run_id, st.step)
             tr.metrics.close()
@@ -106,9 +112,10 @@ def write_config(cfg: TrainConfig, plan: RunPlan | None, plan_file: Path | None)
 
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,  # a forked worker's too
                         format=f"%(asctime)s r{rank} %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    STOP_REQUEST.install()
     try:
         settings = Settings.from_env()
         if args.plan:
@@ -122,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         print(f"trainers.train: {who}{one_line(e)}", file=sys.stderr)
         return 2
+    except GracefulStop as e:
+        log.warning("%s; exit %d: run it again to resume", e, EXIT_STOPPED)
+        return EXIT_STOPPED
     if rank == 0:
         keys = ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "auc", "auc_after_t",
                 "auc_after_t_batch_only", "best_auc_after_t", "samples_per_s", "checkpoint")
@@ -143,6 +153,16 @@ def exit_worker(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def worker(*argv: str) -> None:
+    """The trainer as a function, for launchers that start workers as forks of a process that
+    has already imported it (trainers.launch). A non-zero status leaves as SystemExit, which
+    torch's process context reports to the agent as a failed worker."""
+    code = main(list(argv))
+    logging.shutdown()
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

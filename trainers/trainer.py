@@ -1,8 +1,10 @@
 """The training job: batch phase over the planned window, handoff at T, stream phase.
 
 Every rank runs the same loop; one small all-reduce per step tells all ranks how many rows the
-step has globally and whether rank 0 wants a checkpoint or a stop, so all ranks take the same
-number of optimizer steps (a rank without rows steps on an empty batch) and decide together.
+step has globally, whether rank 0 wants a checkpoint or a stop, and whether any rank was signalled
+to stop (a graceful stop, `trainers.parallel.graceful_stop`: all ranks commit a checkpoint after that
+step and exit), so all ranks take the same number of optimizer steps (a rank without rows steps on
+an empty batch) and decide together.
 
 The job is assembled from pieces that each save and restore their own state, registered once in
 a `CheckpointPieces` registry with where each is stored (`trainers.checkpoint.pieces`): the run's
@@ -41,9 +43,11 @@ from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.parallel.dist import Dist
+from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST, GracefulStop
 from trainers.models.export import export_model
 from trainers.finish import RunOutcome
 from trainers.observe.run_metrics import MetricsLogger, ProgressLog
+from trainers.observe.world_log import WorldLog
 from trainers.config.plan import RunLineage, plan_for_config
 from trainers.data.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
 from trainers.data.progress import BatchCursor, RunProgress, Throughput, TrainState
@@ -74,6 +78,7 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, d.is_main, cfg.run.tensorboard)
         self.progress = ProgressLog(self.metrics, cfg.run.log_every_steps)
         self.audit = AuditWriter(self.run_dir / "audit", d.rank)
+        self.worlds = WorldLog(self.run_dir, d.is_main, d.world)
         self.state = TrainState()
         self.tp = Throughput()
         self.profile_piece = stream_profile.StreamProfilePiece(spec, d.gather, d.rank)
@@ -181,6 +186,7 @@ class Trainer:
         """One optimizer step; returns the rows' losses (detached, on the device)."""
         losses = self.stepper.step(rows, batch_size, fresh)
         self.state.step += 1
+        self.worlds.stepped(self.state.step)
         return losses
 
     def train_step_if_any(self, rows: Rows, batch_size: int, control: list[float]) -> list[float] | None:
@@ -190,6 +196,7 @@ class Trainer:
         if taken is None:
             return None
         self.state.step += 1
+        self.worlds.stepped(self.state.step)
         return taken[1]
 
     def _flags(self) -> float:
@@ -200,6 +207,20 @@ class Trainer:
         due = step > 0 and ((step + 1) % r.checkpoint_every_steps == 0 or
                             (r.checkpoint_every_s > 0 and time.monotonic() - self._last_ckpt_t >= r.checkpoint_every_s))
         return float(due)
+
+    # --- graceful stop (trainers.parallel.graceful_stop) ------------------------------------------
+    def stop_agreed(self) -> bool:
+        """Collective: whether any rank has been asked to stop (before the first step of a world)."""
+        return self.d.sum([STOP_REQUEST.wish()])[0] > 0
+
+    def _stop_if_asked(self, g_stop: float) -> None:
+        """After a step every rank took: when any rank was signalled (`g_stop`, summed with the
+        step's control values), commit a checkpoint that holds the step and raise GracefulStop."""
+        if not g_stop:
+            return
+        self.checkpoint()
+        self.worlds.stopped(self.state.step, self.state.last_checkpoint, int(g_stop))
+        raise GracefulStop(self.state.step, self.state.last_checkpoint, int(g_stop))
 
     # --- batch phase ------------------------------------------------------------------------
     def train_end(self) -> datetime:
@@ -253,10 +274,10 @@ class Trainer:
                     rows = rows if rows is not None else Rows.empty(self.layout)
                     # every rank's row count and rank 0's wish to checkpoint travel with the step's
                     # own collectives: no step is taken once no rank has rows left
-                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags()])
+                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags(), STOP_REQUEST.wish()])
                     if totals is None:
                         break
-                    g_n, g_ckpt = totals
+                    g_n, g_ckpt, g_stop = totals
                     if replay:
                         self.replay.offer(rows)
                     self.stepper.known_users.mark(rows.sparse)
@@ -265,6 +286,7 @@ class Trainer:
                     tp.trained_global += int(g_n)
                     tp.train_s += time.perf_counter() - t0
                     self._maybe_log()
+                    self._stop_if_asked(g_stop)
                     if g_ckpt:
                         self.checkpoint()
                 src.close()
@@ -391,8 +413,9 @@ class Trainer:
                                    and time.monotonic() - last_export >= stop.export_every_min * 60)
                 timeout = float(self.d.is_main and stop.timeout_s > 0 and elapsed >= stop.timeout_s)
                 over = float(self.d.is_main and stop.mode == "duration" and elapsed >= stop.duration_s)
-                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle)])
-                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy = g
+                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle),
+                                STOP_REQUEST.wish()])
+                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy, g_stop = g
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
@@ -428,6 +451,7 @@ class Trainer:
                     st.stop_offsets = self._stop_offsets(src)
                     self._maybe_log(lag=g_lag, last=True)
                     break
+                self._stop_if_asked(g_stop)
                 if g_ckpt:
                     self.checkpoint()
         finally:
@@ -506,7 +530,7 @@ class Trainer:
         st, tp = self.state, self.tp
         if not (self.progress.due(st.step) or (last and self.progress.logged_step != st.step and st.step > 0)):
             return
-        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch,
+        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch, "world": self.d.world,
                                   "samples_iceberg_rank0": st.counters["samples_iceberg"],
                                   "samples_kafka_rank0": st.counters["samples_kafka"]}
         if lag is not None:

@@ -89,14 +89,16 @@ TRAIN_TASK_IDS = tuple(sorted({train for _, train in LAUNCH_TASKS.values()}))
 
 
 def launch_kind(backend: str, nnodes: int) -> str:
+    """`nnodes`: the most nodes the job may span (an elastic job's max_nodes)."""
     if backend == "local":
         return "local"
     return "pytorchjob" if nnodes > 1 else "pod"
 
 
 def master_host(spec: TrainJobSpec) -> str:
-    """The Kubeflow training operator names the master replica's service `<job>-master-0`."""
-    return f"{spec.k8s_name}-master-0"
+    """The service of the pod that hosts the rendezvous: the training operator names the master
+    replica's `<job>-master-0`; an elastic job has workers only and meets at `<job>-worker-0`."""
+    return f"{spec.k8s_name}-worker-0" if spec.elastic else f"{spec.k8s_name}-master-0"
 
 
 def dry_run_result(job: RenderedJob) -> dict[str, Any]:

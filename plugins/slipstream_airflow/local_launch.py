@@ -1,6 +1,6 @@
 """The embedded backend: the job spec's torchrun command as a local subprocess.
 
-torchrun runs as `slipstream.pipeline.torchrun_loopback` (torchrun whose stores listen on
+torchrun runs as `trainers.parallel.torchrun_loopback` (torchrun whose stores listen on
 127.0.0.1 only) with a c10d rendezvous on a free 127.0.0.1 port picked at launch, so two local runs
 never collide and nothing of a training run listens off the loopback interface.
 It runs in its own process group so that stopping it reaches every worker it spawned.
@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from slipstream.pipeline import elastic
 from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
 from slipstream.processes import descendants, pid_alive, signal_quietly
@@ -34,7 +35,7 @@ from slipstream_airflow.kafka_connection import kafka_child_env, with_kafka_conn
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LOOPBACK_TORCHRUN = "slipstream.pipeline.torchrun_loopback"
+LOOPBACK_TORCHRUN = "trainers.parallel.torchrun_loopback"
 
 
 class TorchrunFailed(RuntimeError):
@@ -47,14 +48,6 @@ def local_command(argv: Sequence[str]) -> list[str]:
     if argv and argv[0] == "torchrun":
         return [sys.executable, "-m", LOOPBACK_TORCHRUN, *argv[1:]]
     return list(argv)
-
-
-def free_loopback_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_manifest(spec: TrainJobSpec) -> dict[str, Any]:
@@ -141,7 +134,11 @@ class LocalTorchrunOperator(BaseOperator):
 
     def run_spec(self, spec: TrainJobSpec) -> dict[str, Any]:
         run_path = run_dir(Settings.from_env(spec.env), spec.run_id)
-        command = local_command(spec.torchrun_args(rdzv_port=free_loopback_port()))
+        if spec.elastic:  # launcher 0 of a job that `slipstream elastic join` grows (slipstream.pipeline.elastic)
+            argv = spec.torchrun_args(rdzv_host=elastic.LOOPBACK, rdzv_port=elastic.free_loopback_port())
+            command = elastic.local_launch_command(run_path, argv)
+        else:
+            command = local_command(spec.torchrun_args(rdzv_port=elastic.free_loopback_port()))
         self.log.info("starting %s world size %d: %s", spec.run_id, spec.world_size, " ".join(command))
         started = time.monotonic()
         # Kafka credentials from the Airflow connection go to the child's environment only, never to the spec

@@ -80,7 +80,7 @@ def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any], dat
             "run.resume": "true",
         },
     )
-    job = RenderedJob(spec, launch_kind(plan.request.backend, plan.request.nnodes), plan.request.dry_run, [])
+    job = RenderedJob(spec, launch_kind(plan.request.backend, plan.request.node_range[1]), plan.request.dry_run, [])
     context["ti"].xcom_push(key=JOB_XCOM_KEY, value=job.to_xcom())
     update_summary(run_dir(settings, run_id), "stream", {"snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
                                                          "resumed_plan": resumed, "argv": job.argv})

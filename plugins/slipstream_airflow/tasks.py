@@ -155,7 +155,7 @@ def render_job(context: Mapping[str, Any], gate: Mapping[str, Any], dataset: Dat
     if request is None:
         raise ValueError(f"the plan of run {plan.run_id} carries no request: it was not rendered by this DAG")
     spec = build_train_spec(settings, cluster, plan)
-    kind = launch_kind(request.backend, request.nnodes)
+    kind = launch_kind(request.backend, request.node_range[1])
     job = RenderedJob(spec, kind, request.dry_run, warmup_args(spec.plan_path))
     context["ti"].xcom_push(key=JOB_XCOM_KEY, value=job.to_xcom())
     update_summary(run_dir(settings, plan.run_id), "request", {**request.to_dict(), "launch": kind, "argv": job.argv})

@@ -17,6 +17,8 @@ from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
+from slipstream.pipeline import elastic
+from slipstream.pipeline.elastic import RDZV_CONF, check_bounds, rdzv_conf_arg
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, plan_path
 from slipstream.settings import Settings
@@ -55,6 +57,16 @@ class TrainJobSpec:
     gpu_toleration: str = ClusterSettings.gpu_toleration
     run_as_user: int = ClusterSettings.run_as_user
     rdzv_port: int = ClusterSettings.rdzv_port
+    min_nodes: int | None = None
+    """Elastic jobs: the fewest nodes the job trains on (None: nnodes)."""
+    max_nodes: int | None = None
+    """Elastic jobs: the most nodes that may join (None: nnodes). A job is elastic when its bounds differ."""
+    max_restarts: int = 3
+    """Elastic jobs: worker restarts torchrun allows each node after a failure or a node leaving
+    (a node joining costs none)."""
+    stop_grace_s: int = 60
+    """Elastic jobs: seconds the workers have to reach a step boundary and commit a checkpoint
+    after SIGTERM before torchrun kills them (`--shutdown-timeout`)."""
 
     def __post_init__(self) -> None:
         if not RUN_ID_RE.match(self.run_id):
@@ -70,6 +82,21 @@ class TrainJobSpec:
                 raise ConfigError(f"trainer override key {key!r} must be a dotted identifier")
             if "\n" in str(value):
                 raise ConfigError(f"trainer override {key} must be one line, got {value!r}")
+        check_bounds(self.nnodes, *self.node_bounds)
+        if self.max_restarts < 0 or self.stop_grace_s < 1:
+            raise ConfigError(f"max_restarts must be >= 0 and stop_grace_s >= 1, got {self.max_restarts} and {self.stop_grace_s}")
+
+    @property
+    def node_bounds(self) -> tuple[int, int]:
+        """(fewest, most) nodes of the job."""
+        return (self.nnodes if self.min_nodes is None else self.min_nodes,
+                self.nnodes if self.max_nodes is None else self.max_nodes)
+
+    @property
+    def elastic(self) -> bool:
+        """Nodes may join and leave while it runs (`torchrun --nnodes MIN:MAX`)."""
+        low, high = self.node_bounds
+        return low != high
 
     @property
     def nproc_per_node(self) -> int:
@@ -95,22 +122,29 @@ class TrainJobSpec:
         One node meets at a c10d rendezvous on 127.0.0.1 (`rdzv_port`: a free port the local
         launcher picked, so two local runs never collide; else SLIPSTREAM_RDZV_PORT, a pod's own
         network), with `--local-addr 127.0.0.1` so the workers meet there too — never
-        `--standalone`, whose stores listen on every interface. Several nodes meet at
-        `rdzv_host:rdzv_port` (the PyTorchJob master).
+        `--standalone`, whose stores listen on every interface. Several nodes, or an elastic job,
+        meet at `rdzv_host:rdzv_port` (the PyTorchJob's first pod; 127.0.0.1 and a free port on one
+        machine). An elastic job runs `--nnodes MIN:MAX` with its restart budget, its grace for a
+        graceful stop and the rendezvous timings of `slipstream.pipeline.elastic.RDZV_CONF`.
         """
-        args = ["torchrun", "--nnodes", str(self.nnodes), "--nproc-per-node", str(self.nproc_per_node)]
+        low, high = self.node_bounds
+        nnodes = f"{low}:{high}" if self.elastic else str(self.nnodes)
+        args = ["torchrun", "--nnodes", nnodes, "--nproc-per-node", str(self.nproc_per_node)]
         port = rdzv_port or self.rdzv_port
-        if self.nnodes == 1:
+        if self.nnodes == 1 and not self.elastic:
             args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{port}", "--rdzv-id", self.k8s_name,
                      "--local-addr", LOOPBACK]
         else:
             if not rdzv_host:
-                raise ConfigError(f"a {self.nnodes}-node job needs a rendezvous host (the PyTorchJob master)")
+                raise ConfigError(f"a {nnodes}-node job needs a rendezvous host (the PyTorchJob's first pod)")
             args += [
                 "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{rdzv_host}:{port}",
                 "--rdzv-id", self.k8s_name,
             ]
+        if self.elastic:
+            args += ["--rdzv-conf", rdzv_conf_arg(RDZV_CONF), "--max-restarts", str(self.max_restarts),
+                     "--shutdown-timeout", str(self.stop_grace_s)]
         args += ["-m", self.module]
         if self.plan_path:
             args += ["--plan", self.plan_path]
@@ -178,6 +212,10 @@ def build_train_spec(
     env = settings.as_env()
     env["SLIPSTREAM_TRAINING_BACKEND"] = request.backend
     secret_env = cluster.secret_env() if request.backend == "kubernetes" else ()
+    if len(set(request.node_range)) > 1:
+        # torch 2.14's agents share a store whose address a later rendezvous round never re-publishes:
+        # a node joining a running job would wait for it until it timed out (slipstream.pipeline.elastic)
+        env[elastic.SHARED_STORE_OFF[0]] = elastic.SHARED_STORE_OFF[1]
     if request.backend == "kubernetes":
         # the worker's local folders mean nothing inside the pod
         for name in ("SLIPSTREAM_HOME", "SLIPSTREAM_RAW_DIR", "SLIPSTREAM_SPECS_DIR"):
@@ -200,6 +238,9 @@ def build_train_spec(
         gpus=request.gpus,
         cpu_processes=request.cpu_processes,
         nnodes=request.nnodes,
+        min_nodes=request.min_nodes,
+        max_nodes=request.max_nodes,
+        max_restarts=request.max_restarts,
         config_path=config_path,
         overrides=overrides,
         cpu=cluster.trainer_cpu,

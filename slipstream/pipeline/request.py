@@ -162,6 +162,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("nnodes", "integer", 1, "Nodes (Kubernetes backend). More than 1 launches a Kubeflow "
          "PyTorchJob with torchrun rendezvous across pods.", minimum=1, maximum=64, title="Nodes", section=RESOURCES,
          unit="nodes"),
+    Knob("min_nodes", "integer", None, "Elastic training: the fewest nodes the job goes on with when "
+         "nodes leave; empty for nnodes. A job whose min_nodes and max_nodes differ is elastic.",
+         minimum=1, maximum=64, nullable=True, title="Fewest nodes (elastic)", section=RESOURCES, unit="nodes"),
+    Knob("max_nodes", "integer", None, "Elastic training: the most nodes that may join the running job "
+         "(on the local backend, with `slipstream elastic join`); empty for nnodes.", minimum=1, maximum=64,
+         nullable=True, title="Most nodes (elastic)", section=RESOURCES, unit="nodes"),
+    Knob("max_restarts", "integer", 3, "Elastic training: how often torchrun may restart a node's workers "
+         "after a failure or another node leaving (a node joining does not count).", minimum=0, maximum=100,
+         title="Restarts (elastic)", section=RESOURCES, unit="restarts"),
     Knob("gate_ctr_min", "number", None, "This run's lowest allowed label rate (CTR) of a day or "
          "window; empty for the data set's (learned from its history, else its spec's).",
          minimum=0.0, maximum=1.0, nullable=True, title="Lowest CTR", section=GATE, unit="labels per row"),
@@ -198,6 +207,9 @@ class TrainRequest:
     stream_stop: str = field(default=_default("stream_stop"))
     gpus: int = field(default=_default("gpus"))
     nnodes: int = field(default=_default("nnodes"))
+    min_nodes: int | None = field(default=_default("min_nodes"))
+    max_nodes: int | None = field(default=_default("max_nodes"))
+    max_restarts: int = field(default=_default("max_restarts"))
     cpu_processes: int = field(default=_default("cpu_processes"))
     batch_size: int = field(default=_default("batch_size"))
     lr: float = field(default=_default("lr"))
@@ -214,7 +226,11 @@ class TrainRequest:
         for f in fields(self):
             object.__setattr__(self, f.name, KNOBS_BY_NAME[f.name].check(getattr(self, f.name)))
         if self.backend == "local" and self.nnodes > 1:
-            raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node")
+            raise ConfigError(f"nnodes={self.nnodes} needs backend=kubernetes; the local backend runs one node "
+                              "(set max_nodes for an elastic job that other launchers of this machine join)")
+        low, high = self.node_range
+        if not low <= self.nnodes <= high:
+            raise ConfigError(f"min_nodes <= nnodes <= max_nodes must hold, got {low}, {self.nnodes}, {high}")
         for lo, hi in (("gate_ctr_min", "gate_ctr_max"), ("gate_rows_ratio_min", "gate_rows_ratio_max")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and not a < b:
@@ -230,6 +246,12 @@ class TrainRequest:
         if problem:
             raise ConfigError(problem)
         return cls(**{k: v for k, v in params.items() if k in names})
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(fewest, most) nodes: an elastic job's bounds, (nnodes, nnodes) for a fixed one."""
+        return (self.nnodes if self.min_nodes is None else self.min_nodes,
+                self.nnodes if self.max_nodes is None else self.max_nodes)
 
     @property
     def stream_seconds(self) -> int | None:

@@ -97,7 +97,7 @@ def test_an_unknown_param_is_refused_with_the_valid_names() -> None:
     with pytest.raises(ConfigError) as e:
         TrainRequest.from_params({"learning_rat": 0.1, "window_days": 2})
     msg = str(e.value)
-    assert "'learning_rat'" in msg and "lr, nnodes" in msg and "window_days" in msg
+    assert "'learning_rat'" in msg and "lr, max_nodes" in msg and "window_days" in msg
     with pytest.raises(ConfigError, match="did you mean 'epochs'"):
         TrainRequest.from_params({"epoch": 3})
 
@@ -151,5 +151,5 @@ def test_one_node_meets_on_loopback_and_runs_the_loopback_torchrun(settings: Set
     assert args[5:13] == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:41234", "--rdzv-id",
                           "daily-20250104-abcdef12", "--local-addr", "127.0.0.1"]
     command = local_command(args)
-    assert command[1:3] == ["-m", "slipstream.pipeline.torchrun_loopback"]
+    assert command[1:3] == ["-m", "trainers.parallel.torchrun_loopback"]
     assert spec.overrides["data.dlq_topic"] == "synthetic.samples.dlq"  # the data set's, through the plan

@@ -1,6 +1,6 @@
 """`torchrun` whose stores listen on 127.0.0.1 only: the local backend's launcher.
 
-`python -m slipstream.pipeline.torchrun_loopback <torchrun arguments>` is torchrun, except that
+`python -m trainers.parallel.torchrun_loopback <torchrun arguments>` is torchrun, except that
 every `TCPStore` server it hosts (the c10d rendezvous store, and the store its workers share)
 listens on the loopback interface. torch's `TCPStore` server binds every interface (`::`) whatever
 host it is given — seen as two `*:<port>` listeners of `torchrun --standalone` and of an explicit
@@ -10,8 +10,8 @@ endpoint on 127.0.0.1 and `--local-addr 127.0.0.1` (what `TrainJobSpec.torchrun_
 one node), so the workers are told to meet there. The workers' own gloo sockets are on the
 loopback address their rendezvous names.
 
-torch is imported when the launcher runs, never when this module is imported (slipstream's core
-imports no engine at import time): the module only ever runs as a process.
+torch is imported when the launcher runs, not when this module is imported: plugins name it as a
+module to run (`local_launch.LOOPBACK_TORCHRUN`) and never import it.
 """
 
 from __future__ import annotations
