@@ -7,6 +7,11 @@ over a rank's rows divided by the configured batch size: gradients are averaged 
 every sample weighs the same whatever each rank's row count, and a rank without rows steps on an
 empty batch (zero gradients) to keep the collective in step. `step_if_any` also sums the step's
 control numbers (row counts, a wish to checkpoint) over ranks, in the exchange's collective.
+
+Before the forward, the ids of the step's rows go to the id -> row maps of the managed tables
+(`trainers.models.managed`): all ranks' ids of the step, merged (one all-gather), so every rank
+admits and evicts the same ids at the same step and a new id gets the same row everywhere; the rows
+given to new ids start afresh (`trainers.models.fresh_rows`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from trainers.eval.baselines import Baselines
 from trainers.optim.drift_gauge import KINDS, DriftGauge
 from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
 from trainers.models import build_model
+from trainers.models.fresh_rows import restart_sharded, restart_whole
 from trainers.optim.known_users import KnownUsers
 from trainers.data.rows import SOURCE_REPLAY, Features, Rows
 from trainers.parallel.sharding import gather_state, local_tensors, shard_model
@@ -79,6 +85,7 @@ class Stepper:
             if totals[0] == 0:
                 return None
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
+        self.observe_ids(rows, feats)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
         losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
@@ -105,6 +112,31 @@ class Stepper:
             self.loss_rows += len(rows)
         self.baselines.apply(rows, fresh)
         return losses.detach(), totals
+
+    def observe_ids(self, rows: Rows, feats: Features) -> None:
+        """Collective when a table is managed (every rank, every step, rows or none): the step's ids
+        of every rank into the maps, before the forward; the rows new ids took start afresh."""
+        tables = self.model.tables
+        if not tables.managed:
+            return
+        mine = {t: torch.unique(v.cpu(), return_counts=True) for t, v in tables.table_ids(feats).items()}
+        newest = int(rows.event_us.max()) if len(rows) else -1
+        if self.d.active:
+            parts = self.d.gather(({t: (i.numpy(), c.numpy()) for t, (i, c) in mine.items()}, newest))
+            newest = max(p[1] for p in parts)
+            mine = {t: merge_counts([torch.from_numpy(p[0][t][0]) for p in parts if t in p[0]],
+                                    [torch.from_numpy(p[0][t][1]) for p in parts if t in p[0]])
+                    for t in sorted({t for p in parts for t in p[0]})}
+        for table, (ids, counts) in mine.items():
+            seen = tables.managed.maps[table].observe(ids, counts, newest)  # type: ignore[operator]
+            if seen.admitted_rows.numel():
+                self._restart_rows(table, seen.admitted_rows)
+
+    def _restart_rows(self, table: str, rows: torch.Tensor) -> None:
+        if self.sharded:
+            restart_sharded(self.net.state_dict(), self.opt.state_dict().get("state", {}), table, rows)
+        else:
+            restart_whole(self.model.tables.bags(), self.opt.state, table, rows)  # type: ignore[arg-type]
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.model.set_dense_stats(mean, std)
@@ -184,3 +216,11 @@ class Stepper:
             self.baselines.load_state_dict(state["baselines"])
         if "known_users" in state:  # (a best-epoch state leaves out the users: all epochs trained the same)
             self.known_users.load_state_dict(state["known_users"])
+
+
+def merge_counts(ids: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several ranks' (unique ids, occurrences) as one: sorted unique ids and their summed counts."""
+    if not ids:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
+    return uniq, torch.zeros(len(uniq), dtype=torch.int64).index_add_(0, inverse, torch.cat(counts))
