@@ -28,6 +28,7 @@ from slipstream.quality import plots
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
 from slipstream.quality.drift import FeatureShift, compare_profiles, drift_features
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
+from slipstream.quality.report_ids import id_tables_section
 from slipstream.quality.reading import day_bounds, load_samples, read_interval
 from slipstream.quality.store import read_profiles, read_results
 from slipstream.pipeline.runlayout import REPORT_FILE
@@ -243,6 +244,7 @@ def render_report(settings: Settings, run_id: str) -> Path:
             doc.p(f"Could not read the Iceberg window: {e}", "bad")
 
     _model_section(doc, run_dir, metrics)
+    id_tables_section(doc, metrics)
     _quality_section(doc, settings, run_id)
     stream = FeatureProfile.read(run_dir / "stream_profile.json") if (run_dir / "stream_profile.json").exists() else None
     _audit_section(doc, settings, run_dir, metrics, window, plan.spec if plan is not None else None)

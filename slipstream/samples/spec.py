@@ -148,7 +148,7 @@ class FeatureSpec:
     table_kind: str = "hashed"
     """id / categorical (`table:` in the file): `hashed` (the value modulo `buckets`) or `managed` (a
     row of its own per admitted value, `TableOptions`)."""
-    managed: "TableOptions | None" = None
+    managed: TableOptions | None = None
     """The managed table's options (None for a hashed one)."""
 
     @property

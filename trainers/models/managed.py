@@ -88,6 +88,21 @@ class Observed:
 class IdRowMap(nn.Module):
     """One managed table's id -> row map (`TableOptions`), as buffers of fixed size."""
 
+    row_ids: torch.Tensor
+    """(rows,) the id each row holds (EMPTY: free; row 0 always)."""
+    last_step: torch.Tensor
+    """(rows,) the map's clock (steps observed) when the row's id was last seen."""
+    last_us: torch.Tensor
+    """(rows,) the newest event time of the step in which the row's id was last seen."""
+    hits: torch.Tensor
+    """(rows,) occurrences of the row's id since it was admitted."""
+    main_keys: torch.Tensor
+    main_rows: torch.Tensor
+    recent_keys: torch.Tensor
+    recent_rows: torch.Tensor
+    sketch: torch.Tensor
+    counters: torch.Tensor
+
     def __init__(self, name: str, opts: TableOptions) -> None:
         super().__init__()
         if opts.rows < 2:
@@ -119,6 +134,7 @@ class IdRowMap(nn.Module):
     @torch.no_grad()
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Each id's row: its own when admitted, else 0. Reads only: scoring and serving use it."""
+        ids = ids.contiguous()
         out = self._find(self.main_keys, self.main_rows, ids)
         if self.counter("recent_used"):
             recent = self._find(self.recent_keys, self.recent_rows, ids)
@@ -286,4 +302,4 @@ class ManagedIds(nn.Module):
         return len(self.maps) > 0
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {name: m.stats() for name, m in self.maps.items()}  # type: ignore[union-attr]
+        return {name: m.stats() for name, m in self.maps.items()}  # type: ignore[operator]  # ModuleDict values are IdRowMaps
