@@ -25,7 +25,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("dag_parse", "what our DAG files cost the dag-processor, against a minimal TaskFlow DAG",
               ("--repeats", "1")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
-              "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
+              "against dense data parallelism; managed against hashed id tables on a long-tailed stream",
+              ("--rows", "20000", "--batch", "64", "--steps", "2", "--lt-rows", "200", "--lt-before", "6000",
+               "--lt-after", "2000", "--map-rows", "2000", "--map-ids", "256", "--map-steps", "6")),
     Benchmark("joiner", "the sample joiner's samples/s against raw consumption, and its close-to-commit latency",
               ("--impressions", "2000", "--rate", "500", "--seconds", "2")),
     Benchmark("loader", "the batch-phase loader's samples/s against a raw read and a naive loader",

@@ -85,7 +85,7 @@ class Stepper:
             if totals[0] == 0:
                 return None
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
-        self.observe_ids(rows, feats)
+        self.observe_ids(rows)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
         losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
@@ -113,30 +113,28 @@ class Stepper:
         self.baselines.apply(rows, fresh)
         return losses.detach(), totals
 
-    def observe_ids(self, rows: Rows, feats: Features) -> None:
+    def observe_ids(self, rows: Rows) -> None:
         """Collective when a table is managed (every rank, every step, rows or none): the step's ids
         of every rank into the maps, before the forward; the rows new ids took start afresh."""
         tables = self.model.tables
         if not tables.managed:
             return
-        mine = {t: torch.unique(v.cpu(), return_counts=True) for t, v in tables.table_ids(feats).items()}
+        mine = {t: np.unique(v, return_counts=True) for t, v in tables.table_ids(rows.sparse).items()}
         newest = int(rows.event_us.max()) if len(rows) else -1
         if self.d.active:
-            parts = self.d.gather(({t: (i.numpy(), c.numpy()) for t, (i, c) in mine.items()}, newest))
+            parts = self.d.gather((mine, newest))
             newest = max(p[1] for p in parts)
-            mine = {t: merge_counts([torch.from_numpy(p[0][t][0]) for p in parts if t in p[0]],
-                                    [torch.from_numpy(p[0][t][1]) for p in parts if t in p[0]])
-                    for t in sorted({t for p in parts for t in p[0]})}
+            mine = {t: merge_counts([p[0][t] for p in parts if t in p[0]]) for t in sorted({t for p in parts for t in p[0]})}
         for table, (ids, counts) in mine.items():
             seen = tables.managed.maps[table].observe(ids, counts, newest)  # type: ignore[operator]
-            if seen.admitted_rows.numel():
-                self._restart_rows(table, seen.admitted_rows)
+            if seen.admitted:
+                self._restart_rows(table, torch.from_numpy(seen.admitted_rows))
 
     def _restart_rows(self, table: str, rows: torch.Tensor) -> None:
         if self.sharded:
             restart_sharded(self.net.state_dict(), self.opt.state_dict().get("state", {}), table, rows)
         else:
-            restart_whole(self.model.tables.bags(), self.opt.state, table, rows)  # type: ignore[arg-type]
+            restart_whole(self.model.tables.bags(), self.opt.state, table, rows.to(self.d.device))  # type: ignore[arg-type]
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.model.set_dense_stats(mean, std)
@@ -218,9 +216,11 @@ class Stepper:
             self.known_users.load_state_dict(state["known_users"])
 
 
-def merge_counts(ids: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Several ranks' (unique ids, occurrences) as one: sorted unique ids and their summed counts."""
-    if not ids:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
-    return uniq, torch.zeros(len(uniq), dtype=torch.int64).index_add_(0, inverse, torch.cat(counts))
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+    counts = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(counts, inverse, np.concatenate([p[1] for p in parts]))
+    return uniq, counts

@@ -54,18 +54,17 @@ def _replayed_maps(audit: pa.Table, samples: pa.Table, spec_path: Path) -> dict[
     (joined to their samples by id), their ids observed in step order."""
     spec = load_spec(spec_path)
     maps = {name: IdRowMap(name, spec.feature(name).managed) for name in TABLES}  # type: ignore[arg-type]
-    trained = audit.select(["sample_id", "step"]).join(samples, "sample_id")
-    trained = trained.sort_by("step")
-    steps = trained.column("step").to_numpy()
+    audit = audit.sort_by("step")
+    at = pc.index_in(audit.column("sample_id"), value_set=samples.column("sample_id"))
+    assert at.null_count == 0  # every trained row is a sample of the window or the stream
+    trained = samples.take(at)
+    steps = audit.column("step").to_numpy()
     cuts = np.flatnonzero(np.diff(steps)) + 1
     for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
         part = trained.slice(lo, hi - lo)
         now = int(pc.max(pc.cast(part.column("event_time"), pa.int64())).as_py())
-        values = {"user_id": part.column("user_id").to_numpy(),
-                  "item_id": np.concatenate([part.column("item_id").to_numpy(),
-                                             pc.list_flatten(part.column("hist_items")).to_numpy()])}
-        for name, m in maps.items():
-            u, c = torch.unique(torch.from_numpy(values[name].astype(np.int64)), return_counts=True)
+        for name, m in maps.items():  # a table's own feature counts (the history only looks it up)
+            u, c = np.unique(part.column(name).to_numpy(), return_counts=True)
             m.observe(u, c, now)
     return maps
 

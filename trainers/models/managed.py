@@ -27,58 +27,63 @@ distinct ids. Every rank observes the same ids (all ranks' ids of a step, merged
 and runs the same integer arithmetic, so all ranks give a new id the same row at the same step.
 
 Lookups search two sorted arrays: `main` (rebuilt from the rows' ids now and then) and a small
-`recent` one (ids admitted since); an entry counts only while its row still holds that id, so an
-eviction is a single write. A step's cost follows its ids, not the table: the table is scanned
-only to evict (once per hundredth of it) and to rebuild `main` (once per `recent`'s capacity of
-admissions).
+`recent` one (ids admitted since); an evicted id's entry is zeroed where it is. A step's cost
+follows its ids, not the table: the table is scanned only to evict (once per hundredth of it) and
+to rebuild `main` (once per `recent`'s capacity of admissions).
+
+The map's work is a few dozen operations on arrays of the step's ids, so it runs in numpy on views
+of the buffers (a numpy operation on a thousand ids costs a tenth of a torch one here), and the
+buffers stay on the CPU whatever the model's device: a GPU model's lookup moves the ids to the
+CPU and the rows back (docs/models.md).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from slipstream.samples.spec import Spec, TableOptions
 
-EMPTY = torch.iinfo(torch.int64).max
+EMPTY = np.iinfo(np.int64).max
 """A free row's id, and the padding of the sorted arrays (an id equal to it is never admitted)."""
 SKETCH_DEPTH = 3
 US_PER_DAY = 86_400 * 1_000_000
 EVICT_SHARE = 0.01
 """When a full lru/lfu table needs rows, at least this share of it is freed at once."""
-_C = ("clock", "now_us", "admitted", "evicted", "expired", "sketch_mass", "swept_us", "recent_used")
+_C = ("clock", "now_us", "admitted", "evicted", "expired", "sketch_mass", "swept_us", "recent_used", "in_use")
 """The map's counters (one int64 buffer): steps observed, newest event time, ids admitted, ids
 evicted (lru/lfu), ids expired (ttl), occurrences in the sketch since it last halved, event time of
-the last ttl sweep, entries of `recent`."""
-_MIX = (0x9E3779B97F4A7C15 - (1 << 64), 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64))
+the last ttl sweep, entries of `recent`, rows held by an id."""
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's `>>` is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
+def mix64(x: np.ndarray, seed: int) -> np.ndarray:
+    """SplitMix64's finalizer (uint64, wrapping) of int64 ids: a well-spread hash of every id."""
+    with np.errstate(over="ignore"):
+        z = x.view(np.uint64) + np.uint64(seed + 1) * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
 
 
-def _signed(v: int) -> int:
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def mix64(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """SplitMix64's finalizer on int64 (wrapping arithmetic): a well-spread hash of every id."""
-    z = x + _signed((seed + 1) * _MIX[0])
-    z = (z ^ _shr(z, 30)) * _MIX[1]
-    z = (z ^ _shr(z, 27)) * _MIX[2]
-    return z ^ _shr(z, 31)
+def _ints(x: Any) -> np.ndarray:
+    """int64 numpy ids from a numpy array or a (CPU or device) tensor."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(x, dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class Observed:
     """What one step's observation changed."""
 
-    admitted_rows: torch.Tensor
+    admitted_rows: np.ndarray
     """Rows that a new id took this step (their vectors and optimizer state start afresh)."""
     admitted: int
     evicted: int
@@ -86,7 +91,7 @@ class Observed:
 
 
 class IdRowMap(nn.Module):
-    """One managed table's id -> row map (`TableOptions`), as buffers of fixed size."""
+    """One managed table's id -> row map (`TableOptions`), as buffers of fixed size on the CPU."""
 
     row_ids: torch.Tensor
     """(rows,) the id each row holds (EMPTY: free; row 0 always)."""
@@ -123,164 +128,192 @@ class IdRowMap(nn.Module):
         self.register_buffer("sketch", torch.zeros((SKETCH_DEPTH, width), dtype=torch.int32))
         self.register_buffer("counters", full(len(_C), 0))
 
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> IdRowMap:
+        # the map stays on the CPU (its work is numpy on views of these buffers): a model moved to
+        # a GPU keeps its maps here, and a lookup moves ids over and rows back
+        return self
+
+    def _np(self, name: str) -> np.ndarray:
+        """A numpy view of a buffer (shared memory: writes go to the buffer), cached while the
+        buffers are the same tensors (`load_state_dict` copies into them)."""
+        bufs = self._buffers
+        key = (id(bufs["row_ids"]), id(bufs["counters"]))
+        if getattr(self, "_views_key", None) != key:
+            self._views = {n: t.numpy() for n, t in bufs.items() if t is not None}
+            self._views_key = key
+        return self._views[name]
+
     # --- reading ----------------------------------------------------------------------------
     def counter(self, name: str) -> int:
-        return int(self.counters[_C.index(name)])
+        return int(self._np("counters")[_C.index(name)])
 
     @property
     def rows_in_use(self) -> int:
-        return int((self.row_ids != EMPTY).sum())
+        return int((self._np("row_ids") != EMPTY).sum())
 
-    @torch.no_grad()
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """Each id's row: its own when admitted, else 0. Reads only: scoring and serving use it."""
-        ids = ids.contiguous()
-        out = self._find(self.main_keys, self.main_rows, ids)
-        if self.counter("recent_used"):
-            recent = self._find(self.recent_keys, self.recent_rows, ids)
-            out = torch.where(out == 0, recent, out)
-        return out
+        """Each id's row (a tensor like `ids`, on its device): its own when admitted, else 0. Reads
+        only: scoring and serving use it."""
+        return torch.from_numpy(self.rows_of(_ints(ids))).to(ids.device)
 
-    def _find(self, keys: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.searchsorted(keys, ids).clamp_(max=keys.shape[0] - 1)
-        row = rows[pos]
-        # an entry counts while its row still holds the id (an evicted id's entry goes stale)
-        valid = (keys[pos] == ids) & (self.row_ids[row] == ids) & (ids != EMPTY)
-        return torch.where(valid, row, torch.zeros_like(row))
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        # an admitted id has its row in exactly one of the two arrays (the other answers 0)
+        return (_find(self._np("main_keys"), self._np("main_rows"), ids)
+                + _find(self._np("recent_keys"), self._np("recent_rows"), ids))
 
-    def ids_with_rows(self) -> torch.Tensor:
+    def ids_with_rows(self) -> np.ndarray:
         """The admitted ids, sorted."""
-        ids = self.row_ids[self.row_ids != EMPTY]
-        return torch.sort(ids).values
+        ids = self._np("row_ids")
+        return np.sort(ids[ids != EMPTY])
 
     # --- the step's update ------------------------------------------------------------------
-    @torch.no_grad()
-    def observe(self, ids: torch.Tensor, counts: torch.Tensor, now_us: int) -> Observed:
+    def observe(self, ids: Any, counts: Any, now_us: int) -> Observed:
         """One step's ids (unique, sorted, all ranks') with their occurrences; `now_us`: the step's
         newest event time. Updates recency and frequency, admits and evicts."""
-        dev = self.row_ids.device
-        none = torch.zeros(0, dtype=torch.int64, device=dev)
-        if ids.numel() == 0:
-            return Observed(none, 0, 0, 0)
-        ids, counts = ids.to(dev), counts.to(dev)
-        c = self.counters
-        c[_C.index("clock")] += 1
-        c[_C.index("now_us")] = max(self.counter("now_us"), int(now_us))
-        clock, now = self.counter("clock"), self.counter("now_us")
-        rows = self.lookup(ids)
+        ids, counts = _ints(ids), _ints(counts)
+        if ids.size == 0:
+            return Observed(np.zeros(0, dtype=np.int64), 0, 0, 0)
+        row_ids, last_step, last_us, hits = (self._np(n) for n in ("row_ids", "last_step", "last_us", "hits"))
+        c = dict(zip(_C, self._np("counters").tolist()))
+        c["clock"] += 1
+        c["now_us"] = max(c["now_us"], int(now_us))
+        clock, now = c["clock"], c["now_us"]
+        rows = self.rows_of(ids)
         held = rows > 0
         seen = rows[held]
-        self.last_step[seen] = clock
-        self.last_us[seen] = now
-        self.hits[seen] += counts[held]
-        new_ids, new_counts = ids[~held & (ids != EMPTY)], counts[~held & (ids != EMPTY)]
-        expired = self._sweep(now) if self.ttl_us else 0
-        if self.opts.admit_after > 0 and new_ids.numel():
-            ready = self._sketch_estimate(new_ids) >= self.opts.admit_after
-            self._sketch_add(new_ids[~ready], new_counts[~ready])
+        last_step[seen] = clock
+        last_us[seen] = now
+        hits[seen] += counts[held]
+        fresh = ~held & (ids != EMPTY)
+        new_ids, new_counts = ids[fresh], counts[fresh]
+        expired = self._sweep(now, c) if self.ttl_us else 0
+        if self.opts.admit_after > 0 and new_ids.size:
+            cells = self._cells(new_ids)
+            ready = self._estimate(cells) >= self.opts.admit_after
+            self._count(cells[:, ~ready], new_counts[~ready], c)
             new_ids, new_counts = new_ids[ready], new_counts[ready]
-        if new_ids.numel() == 0:
-            return Observed(none, 0, 0, expired)
-        # who gets a row first when rows are short: the most occurrences this step, then the smaller id
-        order = torch.sort(-new_counts, stable=True).indices
-        new_ids, new_counts = new_ids[order], new_counts[order]
-        free = torch.nonzero(self.row_ids == EMPTY).flatten()
-        free = free[free > 0]
-        evicted = 0
-        if free.numel() < new_ids.numel() and self.opts.eviction in ("lru", "lfu"):
-            victims = self._victims(new_ids.numel() - free.numel(), clock)
-            evicted = int(victims.numel())
-            self.row_ids[victims] = EMPTY
-            free = torch.cat([free, victims])
-        take = min(free.numel(), new_ids.numel())
-        got, new_ids, new_counts = free[:take], new_ids[:take], new_counts[:take]
-        self.row_ids[got] = new_ids
-        self.last_step[got] = clock
-        self.last_us[got] = now
-        self.hits[got] = new_counts
-        self._remember(new_ids, got)
-        c[_C.index("admitted")] += take
-        c[_C.index("evicted")] += evicted
-        return Observed(got, take, evicted, expired)
+        admitted, evicted, got = 0, 0, np.zeros(0, dtype=np.int64)
+        if new_ids.size:
+            free = (np.flatnonzero(row_ids[1:] == EMPTY) + 1 if c["in_use"] < self.rows - 1
+                    else np.zeros(0, dtype=np.int64))
+            if free.size < new_ids.size:  # rows are short: the most occurrences this step first, then the smaller id
+                order = np.argsort(-new_counts, kind="stable")
+                new_ids, new_counts = new_ids[order], new_counts[order]
+            if free.size < new_ids.size and self.opts.eviction in ("lru", "lfu"):
+                victims = self._victims(new_ids.size - free.size, clock)
+                evicted = int(victims.size)
+                self._free(victims)
+                free = np.concatenate([free, victims])
+            admitted = min(free.size, new_ids.size)
+            got, new_ids, new_counts = free[:admitted], new_ids[:admitted], new_counts[:admitted]
+            row_ids[got] = new_ids
+            last_step[got] = clock
+            last_us[got] = now
+            hits[got] = new_counts
+            self._remember(new_ids, got, c)
+        c["admitted"] += admitted
+        c["evicted"] += evicted
+        c["in_use"] += admitted - evicted
+        self._np("counters")[:] = [c[k] for k in _C]
+        return Observed(got, admitted, evicted, expired)
 
-    def _victims(self, need: int, clock: int) -> torch.Tensor:
+    def _victims(self, need: int, clock: int) -> np.ndarray:
         """Rows to free for `need` new ids (at least EVICT_SHARE of the table): the least recently
         (lru) or least often (lfu) seen, never one seen this step; ties go to the lower row."""
-        score = (self.last_step if self.opts.eviction == "lru" else self.hits).clone()
-        score[self.row_ids == EMPTY] = EMPTY  # (no free row is left when this runs)
-        score[self.last_step == clock] = EMPTY
-        score[0] = EMPTY
-        evictable = int((score != EMPTY).sum())
+        last_step, row_ids = self._np("last_step"), self._np("row_ids")
+        score = last_step if self.opts.eviction == "lru" else self._np("hits")
+        # one key per row, so the choice is the same on every rank (score * rows + row)
+        key = score * self.rows + np.arange(self.rows)
+        key[(row_ids == EMPTY) | (last_step == clock)] = EMPTY
+        key[0] = EMPTY
+        evictable = int((key != EMPTY).sum())
         k = min(evictable, max(need, int(self.rows * EVICT_SHARE)))
         if k == 0:
-            return torch.zeros(0, dtype=torch.int64, device=score.device)
-        rows = torch.arange(self.rows, device=score.device)
-        # one key per row, so the choice is the same on every rank (score * rows + row)
-        key = torch.where(score == EMPTY, score, score * self.rows + rows)
-        return torch.sort(torch.topk(key, k, largest=False).indices).values
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(np.argpartition(key, k - 1)[:k])
 
-    def _sweep(self, now: int) -> int:
+    def _free(self, rows: np.ndarray) -> None:
+        """Take rows from their ids: the ids' entries in `main` and `recent` now answer row 0."""
+        row_ids = self._np("row_ids")
+        ids = row_ids[rows]
+        for keys, where in ((self._np("main_keys"), self._np("main_rows")), (self._np("recent_keys"), self._np("recent_rows"))):
+            pos = np.minimum(np.searchsorted(keys, ids), keys.size - 1)
+            where[pos[keys[pos] == ids]] = 0
+        row_ids[rows] = EMPTY
+
+    def _sweep(self, now: int, c: dict[str, int]) -> int:
         """ttl: free the rows of ids not seen for ttl_days (a sweep per 1/64 of the ttl of event time)."""
-        if now - self.counter("swept_us") < max(1, self.ttl_us // 64):
+        if now - c["swept_us"] < max(1, self.ttl_us // 64):
             return 0
-        self.counters[_C.index("swept_us")] = now
-        old = (self.row_ids != EMPTY) & (self.last_us < now - self.ttl_us)
+        c["swept_us"] = now
+        old = (self._np("row_ids") != EMPTY) & (self._np("last_us") < now - self.ttl_us)
         old[0] = False
-        n = int(old.sum())
-        if n:
-            self.row_ids[old] = EMPTY
-            self.counters[_C.index("expired")] += n
-        return n
+        rows = np.flatnonzero(old)
+        if rows.size:
+            self._free(rows)
+            c["expired"] += int(rows.size)
+            c["in_use"] -= int(rows.size)
+        return int(rows.size)
 
-    def _remember(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    def _remember(self, ids: np.ndarray, rows: np.ndarray, c: dict[str, int]) -> None:
         """Make new (id, row) entries findable: into `recent`, or rebuild `main` when it is full."""
-        used = self.counter("recent_used")
-        keys, rws = self.recent_keys[:used], self.recent_rows[:used]
-        live = self.row_ids[rws] == keys
-        keys, rws = torch.cat([keys[live], ids]), torch.cat([rws[live], rows])
-        if keys.numel() > self.recent_cap:
-            self._rebuild_main()
+        used = c["recent_used"]
+        rk, rr = self._np("recent_keys"), self._np("recent_rows")
+        live = rr[:used] > 0  # entries of ids evicted since answer 0: drop them
+        order = np.argsort(ids)
+        keys, where = np.concatenate([rk[:used][live], ids[order]]), np.concatenate([rr[:used][live], rows[order]])
+        if keys.size > self.recent_cap:
+            self._rebuild_main(c)
             return
-        order = torch.sort(keys).indices
-        self.recent_keys.fill_(EMPTY)
-        self.recent_rows.zero_()
-        self.recent_keys[: keys.numel()] = keys[order]
-        self.recent_rows[: keys.numel()] = rws[order]
-        self.counters[_C.index("recent_used")] = keys.numel()
+        order = np.argsort(keys, kind="stable")  # two sorted runs: a merge
+        rk[: keys.size] = keys[order]
+        rr[: keys.size] = where[order]
+        rk[keys.size: used] = EMPTY  # (entries dropped above leave padding behind)
+        rr[keys.size: used] = 0
+        c["recent_used"] = int(keys.size)
 
-    def _rebuild_main(self) -> None:
-        keys, order = torch.sort(self.row_ids[1:])
-        self.main_keys.copy_(keys)
-        self.main_rows.copy_(torch.where(keys == EMPTY, torch.zeros_like(order), order + 1))
-        self.recent_keys.fill_(EMPTY)
-        self.recent_rows.zero_()
-        self.counters[_C.index("recent_used")] = 0
+    def _rebuild_main(self, c: dict[str, int]) -> None:
+        ids = self._np("row_ids")[1:]
+        order = np.argsort(ids, kind="stable")
+        keys = ids[order]
+        self._np("main_keys")[:] = keys
+        self._np("main_rows")[:] = (order + 1) * (keys != EMPTY)
+        self._np("recent_keys")[:] = EMPTY
+        self._np("recent_rows")[:] = 0
+        c["recent_used"] = 0
 
     # --- the admission sketch ---------------------------------------------------------------
-    def _cells(self, ids: torch.Tensor) -> torch.Tensor:
-        width = self.sketch.shape[1]
-        return torch.stack([mix64(ids, d) & (width - 1) for d in range(SKETCH_DEPTH)])
+    def _cells(self, ids: np.ndarray) -> np.ndarray:
+        """(SKETCH_DEPTH, n) flat indices of each id's counters: lo + d * hi, the two 32-bit halves
+        of one 64-bit hash (double hashing), in row d of the sketch."""
+        width = self._np("sketch").shape[1]
+        h = mix64(ids, 0)
+        lo, hi = (h & np.uint64(0xFFFFFFFF)).astype(np.int64), (h >> np.uint64(32)).astype(np.int64) | 1
+        d = np.arange(SKETCH_DEPTH, dtype=np.int64)[:, None]
+        return ((lo + d * hi) & (width - 1)) + d * width
 
-    def _sketch_estimate(self, ids: torch.Tensor) -> torch.Tensor:
-        cells = self._cells(ids)
-        return torch.stack([self.sketch[d, cells[d]] for d in range(SKETCH_DEPTH)]).min(dim=0).values.long()
+    def _estimate(self, cells: np.ndarray) -> np.ndarray:
+        return self._np("sketch").ravel()[cells].min(axis=0).astype(np.int64)
 
-    def _sketch_add(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
-        if ids.numel() == 0:
+    def _count(self, cells: np.ndarray, counts: np.ndarray, c: dict[str, int]) -> None:
+        if counts.size == 0:
             return
-        cells = self._cells(ids)
-        for d in range(SKETCH_DEPTH):
-            self.sketch[d].index_add_(0, cells[d], counts.to(torch.int32))
-        mass = self.counter("sketch_mass") + int(counts.sum())
-        if mass >= self.sketch.shape[1]:  # forget slowly: what counts is the recent stream
-            self.sketch.div_(2, rounding_mode="floor")
-            mass = 0
-        self.counters[_C.index("sketch_mass")] = mass
+        sketch = self._np("sketch")
+        np.add.at(sketch.ravel(), cells.ravel(), np.tile(counts.astype(np.int32), SKETCH_DEPTH))
+        c["sketch_mass"] += int(counts.sum())
+        if c["sketch_mass"] >= sketch.shape[1]:  # forget slowly: what counts is the recent stream
+            sketch //= 2
+            c["sketch_mass"] = 0
 
     def stats(self) -> dict[str, int]:
         """Counts for the run's report."""
         return {"rows": self.rows, "rows_in_use": self.rows_in_use, "admitted": self.counter("admitted"),
                 "evicted": self.counter("evicted"), "expired": self.counter("expired")}
+
+
+def _find(keys: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    pos = np.minimum(np.searchsorted(keys, ids), keys.size - 1)
+    return rows[pos] * (keys[pos] == ids)
 
 
 class ManagedIds(nn.Module):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
@@ -115,16 +116,11 @@ class SpecTables(nn.Module):
     def kjt(self, x: Features) -> KeyedJaggedTensor:
         return sparse_kjt(x, self.keys, self._key_sizes, self.managed)
 
-    def table_ids(self, x: Features) -> dict[str, torch.Tensor]:
-        """The raw ids each managed table looks up for these rows (every feature of the table, the
-        lists that share it included), for the step to observe before the forward."""
-        out: dict[str, list[torch.Tensor]] = {}
-        k = x.sparse.shape[1]
-        for j, key in enumerate(self.keys):
-            table = self.managed.table_of.get(key)
-            if table is not None:
-                out.setdefault(table, []).append(x.sparse[:, j] if j < k else x.list_values[j - k])
-        return {t: torch.cat(v) for t, v in out.items()}
+    def table_ids(self, sparse: np.ndarray) -> dict[str, np.ndarray]:
+        """Each managed table's ids in these rows (`Rows.sparse`): its own feature's values, the
+        occurrences the step observes before the forward. (Lists and sequences that share the
+        table look its map up but add no occurrences: a history repeats earlier events.)"""
+        return {t: sparse[:, self.sparse_names.index(t)] for t in self.managed.maps}
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         """Each feature's pooled vector, (n, embed_dim), by feature name."""
