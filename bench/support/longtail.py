@@ -163,18 +163,26 @@ def _table(spec: Spec, rng: np.random.Generator, id_cols: dict[str, np.ndarray],
     return pa.table(cols, schema=layout.schema)
 
 
-def variant_spec(spec: Spec, cfg: LongTail, kind: str) -> Spec:
+def variant_spec(spec: Spec, cfg: LongTail, kind: str, rows: int | None = None) -> Spec:
     """The spec with its id features' tables hashed (`buckets: rows`) or managed (`rows: rows`)."""
     raw = copy.deepcopy(dict(spec.raw))
     for name in id_features(spec):
         f = {k: v for k, v in raw["features"][name].items()
              if k not in ("buckets", "table", "rows", "admit_after", "eviction", "ttl_days")}
         if kind == "hashed":
-            f.update(buckets=cfg.rows)
+            f.update(buckets=rows or cfg.rows)
         else:
-            f.update(table="managed", rows=cfg.rows, admit_after=cfg.admit_after, eviction=cfg.eviction)
+            f.update(table="managed", rows=rows or cfg.rows, admit_after=cfg.admit_after, eviction=cfg.eviction)
         raw["features"][name] = f
     return spec_from_dict(raw, f"{spec.name} ({kind} id tables)")
+
+
+def id_table_bytes(model: Any, names: tuple[str, ...]) -> tuple[int, int]:
+    """(bytes of the id features' tables, vectors and first-order weights; bytes of their maps)."""
+    tables = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                 if ".embedding_bags." in n and n.split(".")[-2] in names)
+    maps = sum(b.numel() * b.element_size() for m in model.tables.managed.maps.values() for b in m.buffers())
+    return tables, maps
 
 
 def _stepper(spec: Spec, home: Path) -> Any:
@@ -234,14 +242,21 @@ def collision_rate(rows_of_ids: np.ndarray) -> float:
 
 
 def measure(spec: Spec, cfg: LongTail, home: Path, progress: Any = None) -> dict[str, Any]:
-    """The long-tail case's numbers: hashed against managed at the same rows."""
+    """The long-tail case's numbers: managed against hashed tables at the same memory (the hashed
+    tables get the bytes of the managed ones' maps as extra rows) and at the same rows."""
     from slipstream.scoring import auc
+    from trainers.config.schema import ModelConfig
     from trainers.eval.judge import bootstrap_diff
+    from trainers.models import build_model
 
     before, after, facts = make_data(spec, cfg)
-    specs = {k: variant_spec(spec, cfg, k) for k in ("hashed", "managed")}
-    res = run_lockstep(specs, before, after, cfg, home, progress)
     names = id_features(spec)
+    managed = variant_spec(spec, cfg, "managed")
+    table_bytes, map_bytes = id_table_bytes(build_model(managed, ModelConfig(embed_dim=16), 0), names)
+    same_bytes_rows = int(cfg.rows * (table_bytes + map_bytes) / table_bytes)
+    specs = {"hashed": variant_spec(spec, cfg, "hashed", same_bytes_rows), "hashed_same_rows": variant_spec(spec, cfg, "hashed"),
+             "managed": managed}
+    res = run_lockstep(specs, before, after, cfg, home, progress)
     cols = [f.name for f in spec.sparse]
     labels = after.label
     user = next((n for n in names if spec.feature(n).role == "user"), names[0])
@@ -249,49 +264,55 @@ def measure(spec: Spec, cfg: LongTail, home: Path, progress: Any = None) -> dict
     new_rows = np.zeros(len(after), dtype=bool)
     for n in names:
         new_rows |= facts[n]["new_at_t"]
-    ph, pm = res["hashed"]["probs"], res["managed"]["probs"]
-    gain = bootstrap_diff(labels, pm, ph, groups, rounds=400)
-    gain_new = bootstrap_diff(labels[new_rows], pm[new_rows], ph[new_rows], groups[new_rows], rounds=400, seed=1)
-    # live ids: the distinct ids of the stream; hashed, every one has a row (its remainder), shared
-    # or not; managed, the admitted ones (a row of their own) at the end
-    live = {n: np.unique(after.sparse[:, cols.index(n)]) for n in names}
-    hashed_rows = np.concatenate([np.remainder(live[n], cfg.rows) + j * cfg.rows for j, n in enumerate(names)])
-    maps = res["managed"]["model"].tables.managed.maps
-    managed_rows = []
-    for j, n in enumerate(names):
-        rows = maps[n].lookup(torch.from_numpy(live[n])).numpy()
-        managed_rows.append(rows[rows > 0] + j * cfg.rows)
-    admitted = np.concatenate(managed_rows)
-    step = {k: np.asarray(v["step_s"][3:]) for k, v in res.items()}
-    table_bytes = sum(p.numel() * p.element_size() for n, p in res["hashed"]["model"].named_parameters()
-                      if ".embedding_bags." in n and n.split(".")[-2] in names)
-    map_bytes = sum(b.numel() * b.element_size() for m in maps.values() for b in m.buffers())
+    pm = res["managed"]["probs"]
     out: dict[str, Any] = {
         "longtail_spec": spec.name, "longtail_id_tables": list(names), "longtail_rows": cfg.rows,
-        "longtail_id_space": cfg.rows * cfg.space_factor, "longtail_zipf": cfg.zipf,
-        "longtail_samples_before_t": cfg.before, "longtail_samples_after_t": cfg.after,
+        "longtail_rows_hashed_same_memory": same_bytes_rows, "longtail_id_space": cfg.rows * cfg.space_factor,
+        "longtail_zipf": cfg.zipf, "longtail_samples_before_t": cfg.before, "longtail_samples_after_t": cfg.after,
         "longtail_admit_after": cfg.admit_after, "longtail_eviction": cfg.eviction,
         "stream_new_id_share": {n: round(facts[n]["new_distinct_share"], 4) for n in names},
         "stream_new_id_row_share": {n: round(float(facts[n]["new_at_t"].mean()), 4) for n in names},
         "stream_rows_with_new_id": int(new_rows.sum()), "stream_rows_with_new_id_share": round(float(new_rows.mean()), 4),
-        "collision_rate_hashed": round(collision_rate(hashed_rows), 4),
-        "collision_rate_managed": round(collision_rate(admitted), 4),
-        "live_ids": int(sum(len(v) for v in live.values())), "live_ids_admitted_managed": int(len(admitted)),
-        "auc_after_t_hashed": round(auc(labels, ph), 5), "auc_after_t_managed": round(auc(labels, pm), 5),
-        "auc_after_t_rows": int(len(labels)),
-        "auc_gain": round(gain["diff"], 5), "auc_gain_ci_low": round(gain["lo"], 5), "auc_gain_ci_high": round(gain["hi"], 5),
-        "auc_new_ids_hashed": round(auc(labels[new_rows], ph[new_rows]), 5),
-        "auc_new_ids_managed": round(auc(labels[new_rows], pm[new_rows]), 5),
-        "auc_new_ids_gain_ci_low": round(gain_new["lo"], 5), "auc_new_ids_gain_ci_high": round(gain_new["hi"], 5),
-        "auc_new_ids_rows": int(new_rows.sum()),
-        "rows_in_use_hashed": int(len(np.unique(np.concatenate(
-            [np.remainder(np.concatenate([before.sparse[:, cols.index(n)], after.sparse[:, cols.index(n)]]), cfg.rows)
-             + j * cfg.rows for j, n in enumerate(names)])))),
+        "auc_after_t_rows": int(len(labels)), "auc_after_t_managed": round(auc(labels, pm), 5),
+        "auc_new_ids_rows": int(new_rows.sum()), "auc_new_ids_managed": round(auc(labels[new_rows], pm[new_rows]), 5),
+    }
+    # live ids: the distinct ids of the stream; hashed, every one has a row (its remainder), shared
+    # or not; managed, the admitted ones (a row of their own) at the end
+    live = {n: np.unique(after.sparse[:, cols.index(n)]) for n in names}
+    for kind, rows in (("hashed", same_bytes_rows), ("hashed_same_rows", cfg.rows)):
+        ph = res[kind]["probs"]
+        gain = bootstrap_diff(labels, pm, ph, groups, rounds=400)
+        gain_new = bootstrap_diff(labels[new_rows], pm[new_rows], ph[new_rows], groups[new_rows], rounds=400, seed=1)
+        sfx = "" if kind == "hashed" else "_same_rows"
+        hashed_rows = np.concatenate([np.remainder(live[n], rows) + j * rows for j, n in enumerate(names)])
+        out.update({
+            f"collision_rate_hashed{sfx}": round(collision_rate(hashed_rows), 4),
+            f"auc_after_t_hashed{sfx}": round(auc(labels, ph), 5),
+            f"auc_gain{sfx}": round(gain["diff"], 5), f"auc_gain{sfx}_ci_low": round(gain["lo"], 5),
+            f"auc_gain{sfx}_ci_high": round(gain["hi"], 5),
+            f"auc_new_ids_hashed{sfx}": round(auc(labels[new_rows], ph[new_rows]), 5),
+            f"auc_new_ids_gain{sfx}_ci_low": round(gain_new["lo"], 5), f"auc_new_ids_gain{sfx}_ci_high": round(gain_new["hi"], 5),
+            f"rows_in_use_hashed{sfx}": int(len(np.unique(np.concatenate(
+                [np.remainder(np.concatenate([before.sparse[:, cols.index(n)], after.sparse[:, cols.index(n)]]), rows)
+                 + j * rows for j, n in enumerate(names)])))),
+        })
+    maps = res["managed"]["model"].tables.managed.maps
+    admitted = []
+    for j, n in enumerate(names):
+        got = maps[n].lookup(torch.from_numpy(live[n])).numpy()
+        admitted.append(got[got > 0] + j * cfg.rows)
+    step = {k: np.asarray(v["step_s"][3:]) for k, v in res.items()}
+    out.update({
+        "collision_rate_managed": round(collision_rate(np.concatenate(admitted)), 4),
+        "live_ids": int(sum(len(v) for v in live.values())), "live_ids_admitted_managed": int(sum(len(a) for a in admitted)),
         "rows_in_use_managed": int(sum(m.rows_in_use for m in maps.values())),
         "rows_managed": {n: m.stats() for n, m in maps.items()},
-        "table_bytes": table_bytes, "map_bytes": map_bytes, "map_bytes_per_row": round(map_bytes / (cfg.rows * len(names)), 1),
-        "step_ms_hashed": round(float(step["hashed"].mean()) * 1e3, 3),
+        "table_bytes": table_bytes, "map_bytes": map_bytes,
+        "map_bytes_per_row": round(map_bytes / (cfg.rows * len(names)), 1),
+        "memory_bytes_managed": table_bytes + map_bytes,
+        "memory_bytes_hashed": id_table_bytes(res["hashed"]["model"], names)[0],
+        "step_ms_hashed": round(float(step["hashed_same_rows"].mean()) * 1e3, 3),
         "step_ms_managed": round(float(step["managed"].mean()) * 1e3, 3),
-        "step_time_vs_hashed": round(float(step["managed"].mean() / step["hashed"].mean()), 3),
-    }
+        "step_time_vs_hashed": round(float(step["managed"].mean() / step["hashed_same_rows"].mean()), 3),
+    })
     return out

@@ -22,8 +22,8 @@ managed table (`table: managed` in the feature spec) keeps an id -> row map inst
 
 The map is module state (buffers) of the model, so whatever carries the weights carries the map
 with them: checkpoints, the best epoch, the batch-only snapshot at T, the export and the champion.
-Its size is fixed by `rows` (about 40 bytes a row, plus the sketch's 24), whatever the number of
-distinct ids. Every rank observes the same ids (all ranks' ids of a step, merged: `trainers.step`)
+Its size is fixed by `rows` (28 bytes a row, the sketch's 12 to 24 with `admit_after`, and the
+small `recent` array), whatever the number of distinct ids. Every rank observes the same ids (all ranks' ids of a step, merged: `trainers.step`)
 and runs the same integer arithmetic, so all ranks give a new id the same row at the same step.
 
 Lookups search two sorted arrays: `main` (rebuilt from the rows' ids now and then) and a small
@@ -95,12 +95,10 @@ class IdRowMap(nn.Module):
 
     row_ids: torch.Tensor
     """(rows,) the id each row holds (EMPTY: free; row 0 always)."""
-    last_step: torch.Tensor
-    """(rows,) the map's clock (steps observed) when the row's id was last seen."""
-    last_us: torch.Tensor
-    """(rows,) the newest event time of the step in which the row's id was last seen."""
-    hits: torch.Tensor
-    """(rows,) occurrences of the row's id since it was admitted."""
+    score: torch.Tensor
+    """(rows,) what eviction goes by: lru, the map's clock (steps observed) when the row's id was
+    last seen; lfu, the id's occurrences since it was admitted; ttl, the newest event time of the
+    step in which it was last seen."""
     main_keys: torch.Tensor
     main_rows: torch.Tensor
     recent_keys: torch.Tensor
@@ -118,13 +116,11 @@ class IdRowMap(nn.Module):
         width = 1 << max(10, (2 * opts.rows - 1).bit_length()) if opts.admit_after > 0 else 0
         full = lambda n, v: torch.full((n,), v, dtype=torch.int64)  # noqa: E731
         self.register_buffer("row_ids", full(opts.rows, EMPTY))
-        self.register_buffer("last_step", full(opts.rows, 0))
-        self.register_buffer("last_us", full(opts.rows, 0))
-        self.register_buffer("hits", full(opts.rows, 0))
+        self.register_buffer("score", full(opts.rows, 0))
         self.register_buffer("main_keys", full(opts.rows - 1, EMPTY))
-        self.register_buffer("main_rows", full(opts.rows - 1, 0))
+        self.register_buffer("main_rows", torch.zeros(opts.rows - 1, dtype=torch.int32))
         self.register_buffer("recent_keys", full(self.recent_cap, EMPTY))
-        self.register_buffer("recent_rows", full(self.recent_cap, 0))
+        self.register_buffer("recent_rows", torch.zeros(self.recent_cap, dtype=torch.int32))
         self.register_buffer("sketch", torch.zeros((SKETCH_DEPTH, width), dtype=torch.int32))
         self.register_buffer("counters", full(len(_C), 0))
 
@@ -159,7 +155,7 @@ class IdRowMap(nn.Module):
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         # an admitted id has its row in exactly one of the two arrays (the other answers 0)
         return (_find(self._np("main_keys"), self._np("main_rows"), ids)
-                + _find(self._np("recent_keys"), self._np("recent_rows"), ids))
+                + _find(self._np("recent_keys"), self._np("recent_rows"), ids)).astype(np.int64)
 
     def ids_with_rows(self) -> np.ndarray:
         """The admitted ids, sorted."""
@@ -173,7 +169,7 @@ class IdRowMap(nn.Module):
         ids, counts = _ints(ids), _ints(counts)
         if ids.size == 0:
             return Observed(np.zeros(0, dtype=np.int64), 0, 0, 0)
-        row_ids, last_step, last_us, hits = (self._np(n) for n in ("row_ids", "last_step", "last_us", "hits"))
+        row_ids, score = self._np("row_ids"), self._np("score")
         c = dict(zip(_C, self._np("counters").tolist()))
         c["clock"] += 1
         c["now_us"] = max(c["now_us"], int(now_us))
@@ -181,9 +177,10 @@ class IdRowMap(nn.Module):
         rows = self.rows_of(ids)
         held = rows > 0
         seen = rows[held]
-        last_step[seen] = clock
-        last_us[seen] = now
-        hits[seen] += counts[held]
+        if self.opts.eviction == "lfu":
+            score[seen] += counts[held]
+        else:
+            score[seen] = clock if self.opts.eviction == "lru" else now
         fresh = ~held & (ids != EMPTY)
         new_ids, new_counts = ids[fresh], counts[fresh]
         expired = self._sweep(now, c) if self.ttl_us else 0
@@ -200,16 +197,14 @@ class IdRowMap(nn.Module):
                 order = np.argsort(-new_counts, kind="stable")
                 new_ids, new_counts = new_ids[order], new_counts[order]
             if free.size < new_ids.size and self.opts.eviction in ("lru", "lfu"):
-                victims = self._victims(new_ids.size - free.size, clock)
+                victims = self._victims(new_ids.size - free.size, seen)
                 evicted = int(victims.size)
                 self._free(victims)
                 free = np.concatenate([free, victims])
             admitted = min(free.size, new_ids.size)
             got, new_ids, new_counts = free[:admitted], new_ids[:admitted], new_counts[:admitted]
             row_ids[got] = new_ids
-            last_step[got] = clock
-            last_us[got] = now
-            hits[got] = new_counts
+            score[got] = new_counts if self.opts.eviction == "lfu" else (clock if self.opts.eviction == "lru" else now)
             self._remember(new_ids, got, c)
         c["admitted"] += admitted
         c["evicted"] += evicted
@@ -217,14 +212,13 @@ class IdRowMap(nn.Module):
         self._np("counters")[:] = [c[k] for k in _C]
         return Observed(got, admitted, evicted, expired)
 
-    def _victims(self, need: int, clock: int) -> np.ndarray:
+    def _victims(self, need: int, seen: np.ndarray) -> np.ndarray:
         """Rows to free for `need` new ids (at least EVICT_SHARE of the table): the least recently
-        (lru) or least often (lfu) seen, never one seen this step; ties go to the lower row."""
-        last_step, row_ids = self._np("last_step"), self._np("row_ids")
-        score = last_step if self.opts.eviction == "lru" else self._np("hits")
+        (lru) or least often (lfu) seen, never one `seen` this step; ties go to the lower row."""
         # one key per row, so the choice is the same on every rank (score * rows + row)
-        key = score * self.rows + np.arange(self.rows)
-        key[(row_ids == EMPTY) | (last_step == clock)] = EMPTY
+        key = self._np("score") * self.rows + np.arange(self.rows)
+        key[self._np("row_ids") == EMPTY] = EMPTY
+        key[seen] = EMPTY
         key[0] = EMPTY
         evictable = int((key != EMPTY).sum())
         k = min(evictable, max(need, int(self.rows * EVICT_SHARE)))
@@ -246,7 +240,7 @@ class IdRowMap(nn.Module):
         if now - c["swept_us"] < max(1, self.ttl_us // 64):
             return 0
         c["swept_us"] = now
-        old = (self._np("row_ids") != EMPTY) & (self._np("last_us") < now - self.ttl_us)
+        old = (self._np("row_ids") != EMPTY) & (self._np("score") < now - self.ttl_us)
         old[0] = False
         rows = np.flatnonzero(old)
         if rows.size:
@@ -277,7 +271,7 @@ class IdRowMap(nn.Module):
         order = np.argsort(ids, kind="stable")
         keys = ids[order]
         self._np("main_keys")[:] = keys
-        self._np("main_rows")[:] = (order + 1) * (keys != EMPTY)
+        self._np("main_rows")[:] = (order + 1) * (keys != EMPTY)  # (int32: rows < 2**31)
         self._np("recent_keys")[:] = EMPTY
         self._np("recent_rows")[:] = 0
         c["recent_used"] = 0
