@@ -1,4 +1,5 @@
-"""Managed tables across a kill -9: two processes killed in the stream phase, resumed with one.
+"""Managed tables across a kill -9: two processes killed in the stream phase, resumed with one,
+data parallel and sharded.
 Every sample is trained once, and the exported map is exactly the one an independent replay of
 the committed audit builds (every step's rows of both ranks, in step order): both ranks admitted
 the same ids at the same steps, and the 1-process resume carried on from the 2-process map."""
@@ -69,8 +70,11 @@ def _replayed_maps(audit: pa.Table, samples: pa.Table, spec_path: Path) -> dict[
     return maps
 
 
-def test_a_managed_map_survives_kill_and_resume_on_another_world_size(tmp_path: Path, kafka_bootstrap: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("sharding", ["none", "auto"])
+def test_a_managed_map_survives_kill_and_resume_on_another_world_size(tmp_path: Path, kafka_bootstrap: str, sharding: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data parallel (`none`), and with the tables sharded by TorchRec (`auto`: each rank writes the
+    starting values of new ids' rows into the shards it holds)."""
     fx = make_samples(tmp_path, days=1, per_day=2000, row_group_rows=500, stream_minutes=240.0)
     data = generated(tmp_path, fx)
     topic = f"managed-{tmp_path.name}"
@@ -80,7 +84,8 @@ def test_a_managed_map_survives_kill_and_resume_on_another_world_size(tmp_path: 
     cfg = train_config(fx, run_id="mc", bootstrap=kafka_bootstrap, topic=topic, dlq_topic=topic + ".dlq", window_days=1,
                        data={"batch_size": 64, "stream_shuffle_buffer": 200, "replay_share": 0.0,
                              "stop": {"mode": "duration", "duration_s": 120, "timeout_s": 150}},
-                       run={"checkpoint_every_steps": 3, "checkpoint_every_s": 0.3})
+                       run={"checkpoint_every_steps": 3, "checkpoint_every_s": 0.3}, model={"sharding": sharding},
+                       optim={"table_optimizer": "adagrad", "table_lr": 0.05} if sharding != "none" else {})
     cfg["model"]["buckets"] = {k: v for k, v in cfg["model"]["buckets"].items() if k not in TABLES}  # type: ignore[index]
     cfg_path = tmp_path / "train.json"
     cfg_path.write_text(json.dumps(cfg))

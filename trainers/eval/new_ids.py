@@ -39,7 +39,16 @@ def wilson(k: int, n: int) -> list[float]:
     p = k / n
     mid = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
     half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
-    return [max(0.0, mid - half), min(1.0, mid + half)]
+    return [0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half)]
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN (no rows of one class, too few rows for an interval) as null, in lists too."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def seen_before(query: dict[str, np.ndarray], units: list[WorkUnit], open_file: Opener, start_us: int, t_us: int,
@@ -98,7 +107,7 @@ def id_tables_report(spec: Spec, stats: dict[str, dict[str, int]], stats_at_t: d
                 entry.update({f"auc_{part}_ids_after_t": a, f"auc_{part}_ids_after_t_ci": ci})
             if probs_batch_only is not None and is_new.any():
                 entry["auc_new_ids_after_t_batch_only"] = auc(labels[is_new], probs_batch_only[is_new])
-        out[name] = entry
+        out[name] = {k: _json_safe(v) for k, v in entry.items()}
     return out
 
 
