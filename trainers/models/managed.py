@@ -23,8 +23,10 @@ managed table (`table: managed` in the feature spec) keeps an id -> row map inst
 The map is module state (buffers) of the model, so whatever carries the weights carries the map
 with them: checkpoints, the best epoch, the batch-only snapshot at T, the export and the champion.
 Its size is fixed by `rows` (28 bytes a row, the sketch's 12 to 24 with `admit_after`, and the
-small `recent` array), whatever the number of distinct ids. Every rank observes the same ids (all ranks' ids of a step, merged: `trainers.step`)
-and runs the same integer arithmetic, so all ranks give a new id the same row at the same step.
+small `recent` array), whatever the number of distinct ids. Every rank observes the same ids (all
+ranks' ids of a step, merged: `trainers.step`) and runs the same integer arithmetic, so all ranks
+give a new id the same row at the same step. An id is counted where it is the feature's own value;
+the lists and sequences that share the table look it up only.
 
 Lookups search two sorted arrays: `main` (rebuilt from the rows' ids now and then) and a small
 `recent` one (ids admitted since); an evicted id's entry is zeroed where it is. A step's cost
@@ -42,7 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -328,5 +330,9 @@ class ManagedIds(nn.Module):
     def __bool__(self) -> bool:
         return len(self.maps) > 0
 
+    def map(self, table: str) -> IdRowMap:
+        """The map of a managed table (typed: a ModuleDict hands back Modules)."""
+        return cast(IdRowMap, self.maps[table])
+
     def stats(self) -> dict[str, dict[str, int]]:
-        return {name: m.stats() for name, m in self.maps.items()}  # type: ignore[operator]  # ModuleDict values are IdRowMaps
+        return {name: self.map(name).stats() for name in self.maps}

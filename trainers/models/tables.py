@@ -53,16 +53,15 @@ def sparse_kjt(x: Features, keys: list[str], sizes: torch.Tensor, managed: Manag
     n = x.sparse.shape[0]
     k = x.sparse.shape[1]
     rows = torch.remainder(x.sparse, sizes[:k])
-    maps = managed.maps if managed else {}
     for j, key in enumerate(keys[:k]):
         if managed and key in managed.table_of:
-            rows[:, j] = maps[managed.table_of[key]].lookup(x.sparse[:, j])  # type: ignore[operator]
+            rows[:, j] = managed.map(managed.table_of[key]).lookup(x.sparse[:, j])
     values = [rows.t().reshape(-1)]
     lengths = [torch.ones(n * k, dtype=torch.int64, device=x.sparse.device)]
     for j, (v, starts) in enumerate(zip(x.list_values, x.list_offsets)):
         key = keys[k + j]
         if managed and key in managed.table_of:
-            values.append(maps[managed.table_of[key]].lookup(v))  # type: ignore[operator]
+            values.append(managed.map(managed.table_of[key]).lookup(v))
         else:
             values.append(torch.remainder(v, sizes[k + j]))
         ends = torch.cat([starts[1:], torch.tensor([v.shape[0]], dtype=starts.dtype, device=starts.device)])

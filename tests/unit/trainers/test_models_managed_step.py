@@ -96,3 +96,51 @@ def test_the_exported_model_scores_rows_exactly_as_the_trained_one(setup: tuple[
     for name, m in bare.tables.managed.maps.items():
         m.load_state_dict(IdRowMap(name, m.opts).state_dict())  # an empty map: every id on row 0
     assert not np.allclose(score(bare, probe, torch.device("cpu")), trained)
+
+
+def _gather_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from trainers.step import IdGather
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        g = IdGather(Dist(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"), backend="gloo"))
+        got = []
+        for step in range(3):  # step 1 outgrows the room: a second all-gather at the exact size
+            n = 50 if step != 1 else 400 * (rank + 1)
+            ids = np.unique(np.arange(n) * (rank + 2))
+            mine = {"item_id": (ids, np.full(len(ids), rank + 1)), "user_id": (np.array([7, 2**62 + rank]), np.array([1, 2]))}
+            got.append(g(mine, newest=1000 * step + rank))
+        torch.save(got, Path(out_dir) / f"gather-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_gets_every_ranks_ids_merged(tmp_path: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_gather_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    r0, r1 = (torch.load(tmp_path / f"gather-{r}.pt", weights_only=False) for r in range(2))
+    for step, ((m0, n0), (m1, n1)) in enumerate(zip(r0, r1)):
+        assert n0 == n1 == 1000 * step + 1  # the newest event time of any rank
+        for t in ("item_id", "user_id"):
+            assert np.array_equal(m0[t][0], m1[t][0]) and np.array_equal(m0[t][1], m1[t][1])
+        n = 50 if step != 1 else None
+        a = np.unique(np.arange(n or 400) * 2)
+        b = np.unique(np.arange(n or 800) * 3)
+        want = {i: 0 for i in np.union1d(a, b).tolist()}
+        for i in a.tolist():
+            want[i] += 1
+        for i in b.tolist():
+            want[i] += 2
+        assert m0["item_id"][0].tolist() == sorted(want) and m0["item_id"][1].tolist() == [want[i] for i in sorted(want)]
+        assert m0["user_id"][0].tolist() == [7, 2**62, 2**62 + 1] and m0["user_id"][1].tolist() == [2, 2, 2]
