@@ -67,7 +67,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lt-rows", type=int, default=4_000, help="long-tail case: rows of each id table (both kinds)")
     p.add_argument("--lt-before", type=int, default=240_000, help="long-tail case: samples before T")
     p.add_argument("--lt-after", type=int, default=80_000, help="long-tail case: stream samples after T")
-    p.add_argument("--lt-admit-after", type=int, default=1, help="long-tail case: the managed tables' admit_after")
+    p.add_argument("--lt-admit-after", type=int, default=3, help="long-tail case: the managed tables' admit_after")
     p.add_argument("--lt-eviction", default="lru", choices=("lru", "lfu"), help="long-tail case: the managed tables' eviction")
     p.add_argument("--lt-seed", type=int, default=0)
     p.add_argument("--map-rows", type=int, default=100_000, help="map comparison: rows of the table")

@@ -49,7 +49,7 @@ class LongTail:
     new_share: float = 0.30
     """Share of the stream's distinct ids that are new at T."""
     zipf: float = 1.05
-    admit_after: int = 1
+    admit_after: int = 3
     eviction: str = "lru"
     seed: int = 0
     batch: int = 1_024
