@@ -20,17 +20,19 @@ sharded one beside it. `table_bytes_per_rank_vs_replicated`: the sharded run's t
 fuller rank / a full replica (goal <= 0.6). `samples_per_s` counts both ranks' samples over the
 timed steps (after 3 warm-up steps).
 
-The long-tail case (`bench.support.longtail`; `--case longtail`): hashed against managed id tables
-at the same rows, on a stream generated for a spec (`--lt-spec`, default ratings): an id space 20x
-the table's rows, Zipf-distributed, 30 % of the stream's distinct ids new after T. One process
-trains both with the trainer's own step in lockstep on the same batches (one pass before T, then
-the stream scored before it is trained on). `collision_rate_*`: share of the stream's live ids
-(hashed: every id; managed: the admitted ones) that share their row with another; `auc_after_t_*`
-(prequential, every stream row) and `auc_gain_ci_low`, the lower 95 % bound of managed minus hashed
-from a bootstrap over users; `auc_new_ids_*`: the rows whose user or item was new at T;
-`rows_in_use_*`; `step_time_vs_hashed`: the mean step of managed / hashed, the map's work included.
-Beside it (`map_*`), our id -> row map against TorchRec's managed-collision module on the same Zipf
-id stream (`bench.support.id_maps`).
+The long-tail case (`bench.support.longtail`; `--case longtail`): managed id tables against hashed
+ones on a stream generated for a spec (`--lt-spec`, default ratings): an id space 20x the table's
+rows, Zipf-distributed, 30 % of the stream's distinct ids new after T. One process trains three
+models with the trainer's own step in lockstep on the same batches (one pass before T, then the
+stream scored before it is trained on): managed tables, hashed tables at the same memory (the maps'
+bytes given to the hashed tables as extra rows: `*_hashed`) and hashed at the same rows
+(`*_hashed_same_rows`). `collision_rate_*`: share of the stream's live ids (hashed: every id;
+managed: the admitted ones) that share their row with another; `auc_after_t_*` (every stream row)
+and `auc_gain_ci_low`, the lower 95 % bound of managed minus hashed from a bootstrap over users;
+`auc_new_ids_*`: the rows whose user or item was new at T; `rows_in_use_*`; `step_time_vs_hashed`:
+the mean step of managed / hashed at the same rows, the map's work included. Beside it (`map_*`),
+our id -> row map against TorchRec's managed-collision module on the same Zipf id stream
+(`bench.support.id_maps`).
 """
 
 
