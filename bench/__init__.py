@@ -30,7 +30,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "steps, samples lost or repeated), against its own throughput on one",
               ("--days", "2", "--per-day", "1500", "--batch-size", "8", "--phase-steps", "15")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
-              "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
+              "against dense data parallelism; managed against hashed id tables on a long-tailed stream",
+              ("--rows", "20000", "--batch", "64", "--steps", "2", "--lt-rows", "200", "--lt-before", "6000",
+               "--lt-after", "2000", "--map-rows", "2000", "--map-ids", "256", "--map-steps", "6")),
     Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "
               "and outage worlds, against fixed thresholds and quantile bounds",
               ("--days", "16", "--events", "300", "--specs", "synthetic", "--no-bursty-drift")),

@@ -39,6 +39,7 @@ from trainers.parallel.dist import Dist
 from trainers.optim.drift_gauge import DriftGauge
 from trainers.eval.baselines import Baselines
 from trainers.eval.judge import judged, load_champion
+from trainers.eval.new_ids import evaluate_id_tables
 from trainers.eval.validation import EarlyStopping, scores, validation_rows
 from trainers.models.export import export_model
 from trainers.observe.run_metrics import MetricsLogger, percentile
@@ -172,6 +173,7 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
     pick = {"after_t": (a_a, ll_a, ba[0]), "validation": (a_v, ll_v, bv[0]), "holdout_before_t": (a_b, ll_b, bb[0])}
     out.update(auc=pick[source][0], logloss=pick[source][1], baseline_auc=pick[source][2], auc_on=source)
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"
+    m, bo_a = None, None
     if batch_only.exists():
         m = build_model(spec, run.cfg.model, run.cfg.data.seed).to(dev)
         m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
@@ -181,6 +183,9 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
         if len(lab_a):
             bo_a = scores(d.gather, m, after, dev)
             out.update(auc_after_t_batch_only=bo_a[0], logloss_after_t_batch_only=bo_a[1])
+    out.update(evaluate_id_tables(spec, run.model, m, after, lab_a, p_a, bo_a[3] if bo_a is not None else None,
+                                  np.concatenate(users), run.units, run.open_file,
+                                  (int(run.plan.window_start.timestamp() * 1e6), int(run.plan.t_handoff.timestamp() * 1e6)), d))
     e = run.early
     out.update(validation_curve=e.curve, chosen_epoch=e.best_epoch if e.curve else None,
                epochs_run=run.state.epoch, stopped_early=e.stopped, train_end=run.train_end.isoformat())

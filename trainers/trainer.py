@@ -109,7 +109,9 @@ class Trainer:
         return self.profile_piece.profile
 
     def _register_pieces(self, plan: RunPlan) -> None:
-        """The registry, in the order every rank saves it (meta pieces may run collectives)."""
+        """The registry, in the order every rank saves it (meta pieces may run collectives). The
+        id -> row maps of managed tables are buffers of the model, alike on every rank (merged every
+        step): they travel in `model`, with the rows they index, and load on any world size."""
         add = self.pieces.add
         add("lineage", RunLineage(plan, self.cfg.model.sharding), "meta")
         add("run", self.progress_piece, "meta")

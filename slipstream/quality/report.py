@@ -29,6 +29,7 @@ from slipstream.pipeline.runlayout import run_dir as run_folder_of
 from slipstream.pipeline.runplan import plan_path, read_plan
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
 from slipstream.quality.profiles import FeatureProfile
+from slipstream.quality.report_ids import id_tables_section
 from slipstream.quality.report_data import (
     Window,
     ctr_section,
@@ -122,6 +123,7 @@ def render_report(settings: Settings, run_id: str) -> Path:
     doc.end()
     freshness_section(doc, metrics)
     model_section(doc, metrics, model, promotion)
+    id_tables_section(doc, metrics)
     _quality_section(doc, gate, failed)
     _audit_section(doc, audit, metrics)
     distributions_section(doc, window, stream, empty)
