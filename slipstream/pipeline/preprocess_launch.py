@@ -20,17 +20,18 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from slipstream import errors
 from slipstream.errors import PreprocessError
 from slipstream.lake.raw_zone import raw_day_ready
-from slipstream.settings import Settings
 from slipstream.pipeline.code_bundle import code_zip
 from slipstream.pipeline.spark_settings import SparkSettings
+from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +145,13 @@ def _parse_summary(stdout: str, summary_out: str | None) -> dict[str, Any] | Non
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                summary: dict[str, Any] = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            return summary
     if summary_out and Path(summary_out).exists():
-        return json.loads(Path(summary_out).read_text())
+        written: dict[str, Any] = json.loads(Path(summary_out).read_text())
+        return written
     return None
 
 
