@@ -8,7 +8,7 @@ import json
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("models", help="list or show model packages in the registry")
     p.add_argument("--registry", default=None, help="registry folder or s3:// URI (default: the data set's, SLIPSTREAM_REGISTRY)")
     p.add_argument("--spec", default=None,
