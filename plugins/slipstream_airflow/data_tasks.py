@@ -170,6 +170,6 @@ def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None,
     now = run_after.astimezone(UTC)
     end = datetime(now.year, now.month, now.day, tzinfo=UTC)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
-    detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
+    detail = report.to_dict()
     log.info("warmed [%s, %s): %s", detail.get("window_start"), detail.get("window_end"), detail)
     return {k: v for k, v in detail.items() if isinstance(v, (str, int, float, bool)) or v is None}
