@@ -7,11 +7,11 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.params import train_params
-
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 
 def cache_warmup_of(ds: DatasetRef) -> None:

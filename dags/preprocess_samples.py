@@ -20,11 +20,11 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, PokeReturnValue, dag, task
+
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.params import GATE_KNOBS, train_params
-
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 
 def preprocess_samples_of(ds: DatasetRef) -> None:
