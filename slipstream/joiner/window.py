@@ -52,7 +52,8 @@ class Closed:
 
     @property
     def ids(self) -> list[str]:
-        return self.rows.column(ID_COLUMN).to_pylist()  # type: ignore[no-any-return]
+        ids: list[str] = self.rows.column(ID_COLUMN).to_pylist()
+        return ids
 
 
 @dataclass
