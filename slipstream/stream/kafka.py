@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported without __all__
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # confluent_kafka.admin re-exports it without __all__
 
 from slipstream.errors import ConfigError, StackError
 from slipstream.samples.codec import encode_samples
