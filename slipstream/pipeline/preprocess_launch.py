@@ -185,9 +185,11 @@ def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, *
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=_child_env(settings, spark, opts.get("env")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     out_lines: list[str] = []
+    out_pipe = proc.stdout
+    assert out_pipe is not None  # stdout=PIPE
     pumps = [
         threading.Thread(target=_pump, args=(proc.stderr, tail), daemon=True),
-        threading.Thread(target=lambda: out_lines.extend(proc.stdout), daemon=True),  # type: ignore[arg-type]
+        threading.Thread(target=lambda: out_lines.extend(out_pipe), daemon=True),
     ]
     for p in pumps:
         p.start()
