@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from slipstream.settings import Settings
+
+if TYPE_CHECKING:
+    from slipstream.pipeline.registry import ModelRegistry
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     promote.set_defaults(func=promote_model)
 
 
-def _registry(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _registry(args: argparse.Namespace) -> ModelRegistry:
     from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
     settings = Settings.from_env()
