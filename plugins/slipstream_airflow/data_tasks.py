@@ -99,11 +99,11 @@ def preprocess_days(day: Any, dag_run_id: str, dataset: DatasetRef,
     write_run_info(run_dir(settings, run_id), RunInfo(dag_id=dataset.dag_id("preprocess_samples"), dag_run_id=dag_run_id,
                                                       dataset=settings.dataset, reason=f"days {span.first}..{span.last}"))
     results = run_preprocess_days(settings, span.days, run_id)
-    committed = [r for r in results if r.snapshot_id is not None]
+    committed = [r.snapshot_id for r in results if r.snapshot_id is not None]
     empty = [str(r.day) for r in results if r.empty]
     rows, rejects = sum(r.rows for r in results), sum(r.rejects for r in results)
     # passes commit in day order: the last one's snapshot holds every day of the range
-    snapshot = int(committed[-1].snapshot_id) if committed else None  # type: ignore[arg-type]
+    snapshot = int(committed[-1]) if committed else None
     log.info("days %s..%s: %d rows, %d rejects, %d days without raw events, snapshot %s (DAG run %s)", span.first,
              span.last, rows, rejects, len(empty), snapshot, dag_run_id)
     return {"range_from": str(span.first), "range_to": str(span.last), "days": len(results), "snapshot_id": snapshot,
