@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cache_fixtures import append_days, day_tables, window_end  # noqa: F401 - fixture
 from slipstream.cache.index import CacheIndex, CacheLayout, cache_lock
 from slipstream.cache.reader import CacheReader
 from slipstream.cache.warm import warm_window
 from slipstream.errors import CacheBusy
 from slipstream.settings import Settings
+from tests.cache_fixtures import append_days, day_tables, window_end  # noqa: F401 - fixture
 
 
 def _data_files(cache_dir: str) -> set[str]:
