@@ -78,7 +78,7 @@ def test_budget_evicts_least_recently_used_first(settings: Settings, day_tables,
     assert rb.evicted_lru == len(a_entries) - 1 and rb.evicted_out_of_window == 0
     with CacheIndex(layout) as index:
         entries = index.entries()
-    assert [e.key for e in entries if e.table_name == "slipstream.a"] == [a_data[1].key]
+    assert [e.key for e in entries if e.table_name == f"{settings.namespace}.a"] == [a_data[1].key]
     assert sum(e.size for e in entries) == rb.cache_bytes
     on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
     assert on_disk == {e.key: e.size for e in entries}
