@@ -33,7 +33,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.dev.stack import free_port, start_kafka, stop_process
+from slipstream.dev.stack import free_port, start_kafka
+from slipstream.processes import stop_process
 from slipstream.stream.committed import CommittedReader
 from slipstream.stream.kafka import client_config, consumer_config, create_topic
 

@@ -128,6 +128,7 @@ def run_world(spec: Any, traffic: Any, args: argparse.Namespace, home: Path, lab
     from slipstream.quality.config import GateConfig
     from slipstream.quality.drift import compare_profiles
     from slipstream.quality.gate import run_gate
+    from slipstream.quality.gate_result import GateResult
     from slipstream.quality.profiles import merge_profiles, profile_table
     from slipstream.samples.schema import sample_arrow_schema
     from slipstream.settings import Settings
@@ -149,11 +150,14 @@ def run_world(spec: Any, traffic: Any, args: argparse.Namespace, home: Path, lab
     for i, (key, samples) in enumerate(sorted(data.batch.items())):
         day = date.fromisoformat(key)
         table.append(samples.cast(schema))
-        snap = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+        current = table.current_snapshot()
+        assert current is not None, "a day was just appended"
+        snap = current.snapshot_id
         try:
             res = run_gate(settings, spec=spec, day=day, window=None, snapshot_id=snap, run_id=f"bench-{day}", config=config)
         except QualityGateFailed as e:
-            res = e.result  # type: ignore[attr-defined]
+            assert isinstance(e.result, GateResult), "run_gate raises with its result"
+            res = e.result
         prof = res.profile or profile_table(samples, spec)
         o = DayOutcome(day, res.rows, [r.name for r in res.critical_failures],
                        {s.feature for s in res.drift if s.drifted}, {s.feature for s in res.drift if s.score == s.score},

@@ -6,7 +6,8 @@ the floor reads the same raw day with the same reader and schema and writes it a
 (no validation, join, window or commit). `vs_io_floor` = job time / floor time (goal <= 2.0).
 The job also runs on K x the data (default 5) to show how it scales (goal: 5x data <= 5.5x time).
 Spark's start-up is reported apart (`spark_start_s`): the launched job pays it once per process.
-A warm-up job runs first (reported as `job_s_1x_cold`), then the timed runs. The machine is shared: compare ratios from one run only.
+A warm-up job runs first (reported as `job_s_1x_cold`), then the timed runs. The machine is shared:
+compare ratios from one run only.
 
 `--case backfill` (also part of `all`, the default) times a long history of small days: the range
 job against the day-by-day path and the gate over the range (`bench/preprocess_backfill.py`).

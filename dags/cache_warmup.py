@@ -7,11 +7,11 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.params import train_params
-
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 
 def cache_warmup_of(ds: DatasetRef) -> None:
@@ -35,7 +35,7 @@ def cache_warmup_of(ds: DatasetRef) -> None:
     )
     def cache_warmup() -> None:
         @task
-        def warm(params=None, dag_run=None):  # type: ignore[no-untyped-def]
+        def warm(params=None, dag_run=None):  # type: ignore[no-untyped-def]  # Airflow passes the context by name; a dict return annotation would turn on multiple_outputs
             return data_tasks.warm_recent(dag_run.run_after, int(params["window_days"]), params.get("budget_bytes"), ds)
 
         warm()

@@ -20,11 +20,11 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, PokeReturnValue, dag, task
+
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import data_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.params import GATE_KNOBS, train_params
-
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 
 def preprocess_samples_of(ds: DatasetRef) -> None:
@@ -56,16 +56,16 @@ def preprocess_samples_of(ds: DatasetRef) -> None:
     )
     def preprocess_samples() -> None:
         @task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
-        def raw_day_ready(params=None, data_interval_start=None) -> PokeReturnValue:  # type: ignore[no-untyped-def]
+        def raw_day_ready(params=None, data_interval_start=None) -> PokeReturnValue:  # type: ignore[no-untyped-def]  # Airflow passes the context by name
             last = data_tasks.DayRange.of_run(data_interval_start.date(), params).last  # a range waits for its last day
             return PokeReturnValue(is_done=data_tasks.raw_ready(last, int(params["attribution_s"]), ds))
 
         @task
-        def preprocess(params=None, data_interval_start=None, run_id=None):  # type: ignore[no-untyped-def]
+        def preprocess(params=None, data_interval_start=None, run_id=None):  # type: ignore[no-untyped-def]  # Airflow passes the context by name; a dict return annotation would turn on multiple_outputs
             return data_tasks.preprocess_days(data_interval_start.date(), run_id, ds, params)
 
         @task(outlets=[Asset(ds.asset_uri("samples"))], retries=0)  # a failed expectation fails again on retry
-        def quality_gate(pre, params=None, data_interval_start=None):  # type: ignore[no-untyped-def]
+        def quality_gate(pre, params=None, data_interval_start=None):  # type: ignore[no-untyped-def]  # Airflow passes the context by name; a dict return annotation would turn on multiple_outputs
             return data_tasks.gate_day(data_interval_start.date(), pre, ds, params)
 
         pre = preprocess()

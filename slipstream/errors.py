@@ -24,6 +24,9 @@ class RejectRateExceeded(SlipstreamError):
 class QualityGateFailed(SlipstreamError):
     """A critical data-quality expectation failed; the message lists each one with its value."""
 
+    result: object | None = None
+    """The gate's `slipstream.quality.gate_result.GateResult`, when the gate raised it."""
+
 
 class HandoffError(SlipstreamError):
     """The batch→stream handoff offsets could not be determined or verified."""

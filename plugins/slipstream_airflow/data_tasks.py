@@ -99,11 +99,11 @@ def preprocess_days(day: Any, dag_run_id: str, dataset: DatasetRef,
     write_run_info(run_dir(settings, run_id), RunInfo(dag_id=dataset.dag_id("preprocess_samples"), dag_run_id=dag_run_id,
                                                       dataset=settings.dataset, reason=f"days {span.first}..{span.last}"))
     results = run_preprocess_days(settings, span.days, run_id)
-    committed = [r for r in results if r.snapshot_id is not None]
+    committed = [r.snapshot_id for r in results if r.snapshot_id is not None]
     empty = [str(r.day) for r in results if r.empty]
     rows, rejects = sum(r.rows for r in results), sum(r.rejects for r in results)
     # passes commit in day order: the last one's snapshot holds every day of the range
-    snapshot = int(committed[-1].snapshot_id) if committed else None  # type: ignore[arg-type]
+    snapshot = int(committed[-1]) if committed else None
     log.info("days %s..%s: %d rows, %d rejects, %d days without raw events, snapshot %s (DAG run %s)", span.first,
              span.last, rows, rejects, len(empty), snapshot, dag_run_id)
     return {"range_from": str(span.first), "range_to": str(span.last), "days": len(results), "snapshot_id": snapshot,
@@ -170,6 +170,6 @@ def warm_recent(run_after: datetime, window_days: int, budget_bytes: int | None,
     now = run_after.astimezone(UTC)
     end = datetime(now.year, now.month, now.day, tzinfo=UTC)
     report = warm_window(settings, settings.table, window_days, end, None, settings.cache_dir, budget_bytes)
-    detail = report.to_dict() if hasattr(report, "to_dict") else dict(report)
+    detail = report.to_dict()
     log.info("warmed [%s, %s): %s", detail.get("window_start"), detail.get("window_end"), detail)
     return {k: v for k, v in detail.items() if isinstance(v, (str, int, float, bool)) or v is None}

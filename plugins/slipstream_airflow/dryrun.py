@@ -31,7 +31,8 @@ def worker_plan(spec: TrainJobSpec) -> RunPlan | None:
 
 
 def manifest_text(manifest: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False, width=120)
+    text: str = yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False, width=120)
+    return text
 
 
 def report_dry_run(log: logging.Logger | Any, job: RenderedJob, what: str, manifest: Mapping[str, Any],

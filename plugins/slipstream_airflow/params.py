@@ -43,6 +43,6 @@ def train_params(
         default = defaults.get(knob.name, knob.default)
         description = knob.help_text(descriptions.get(knob.name), default)
         title = knob.title or knob.name.replace("_", " ").capitalize()
-        section = {"section": knob.section} if knob.section else {}
+        section: dict[str, Any] = {"section": knob.section} if knob.section else {}
         out[knob.name] = Param(default, title=title, description=description, **section, **schema)
     return out

@@ -20,9 +20,10 @@ from slipstream.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("generate", help="generate raw logs for a feature spec and the Kafka sample stream after them")
-    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
+    p.add_argument("--spec",
+                   help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--start-day", type=date.fromisoformat, default=date(2026, 11, 1), help="first day (UTC)")
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--impressions-per-day", "--events-per-day", dest="events_per_day", type=int, default=20_000)

@@ -12,7 +12,7 @@ from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("joiner", help="the real-time sample joiner (docs/joiner.md)")
     jsub = p.add_subparsers(dest="joiner_command", required=True)
     r = jsub.add_parser("run", help="join raw impression and click topics into the sample topic, until SIGTERM")

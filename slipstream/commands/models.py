@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from slipstream.settings import Settings
 
+if TYPE_CHECKING:
+    from slipstream.pipeline.registry import ModelRegistry
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("models", help="list or show model packages in the registry")
     p.add_argument("--registry", default=None, help="registry folder or s3:// URI (default: the data set's, SLIPSTREAM_REGISTRY)")
     p.add_argument("--spec", default=None,
@@ -26,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     promote.set_defaults(func=promote_model)
 
 
-def _registry(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _registry(args: argparse.Namespace) -> ModelRegistry:
     from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
     settings = Settings.from_env()

@@ -9,7 +9,7 @@ from slipstream.dev import stack
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stack", help="start, stop or inspect the local stack (Kafka broker, catalog, Airflow home)")
     sp = p.add_subparsers(dest="action", required=True)
     up = sp.add_parser("up", help="start the broker, prepare the catalog and AIRFLOW_HOME")

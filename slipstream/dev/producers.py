@@ -87,7 +87,7 @@ def wait_until_quiet(bootstrap: str, quiet_s: float = QUIET_S, timeout_s: float 
     topics still written) at the timeout: a producer the stack did not start is still writing,
     and what the broker acknowledges to it during its shutdown may be lost."""
     from confluent_kafka import KafkaException, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]  # confluent_kafka.admin re-exports it without __all__
 
     from slipstream.stream.kafka import client_config
 
@@ -95,7 +95,8 @@ def wait_until_quiet(bootstrap: str, quiet_s: float = QUIET_S, timeout_s: float 
 
     def ends() -> dict[tuple[str, int], int]:
         topics = admin.list_topics(timeout=5).topics
-        asked = {TopicPartition(t, p): OffsetSpec.latest() for t, md in topics.items() for p in md.partitions}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # confluent_kafka leaves OffsetSpec.earliest/latest unannotated
+        asked = {TopicPartition(t, p): latest for t, md in topics.items() for p in md.partitions}
         if not asked:
             return {}
         futures = admin.list_offsets(asked, request_timeout=5)

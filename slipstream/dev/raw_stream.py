@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,9 +19,10 @@ from slipstream.stream.kafka import Broker, create_topic
 log = logging.getLogger(__name__)
 
 
-def _rows(table: pa.Table, time_field: str) -> list[dict]:
+def _rows(table: pa.Table, time_field: str) -> list[dict[str, Any]]:
     us = pc.cast(table.column(time_field), pa.int64())
-    return table.set_column(table.column_names.index(time_field), time_field, us).to_pylist()
+    rows: list[dict[str, Any]] = table.set_column(table.column_names.index(time_field), time_field, us).to_pylist()
+    return rows
 
 
 def produce_raw_stream(broker: Broker, spec: Spec, events: tuple[pa.Table, pa.Table], partitions: int,

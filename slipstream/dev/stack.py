@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slipstream.errors import ConfigError, StackError
 from slipstream.processes import pid_alive, start_process, stop_process
@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPARK_EXECUTOR_MEMORY = "512m"  # per executor of the local Spark cluster (one per 1g worker)
-SQLITE_BUSY_TIMEOUT_S = 60
+SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
 PROFILES = ("local", "cluster")
 CLUSTER_SPARK_WORKERS = 2
 TABLE_BUCKET = "lake"
-"""The cluster profile's S3 Tables bucket: the REST catalog's warehouse."""  # how long an Airflow process waits for the metadata database's write lock
+"""The cluster profile's S3 Tables bucket: the REST catalog's warehouse."""
 
 
 @dataclass
@@ -53,7 +53,7 @@ class StackState:
     """Services the current `up` call started (not saved): what a failure of the caller stops."""
 
     @classmethod
-    def load(cls, home: Path) -> "StackState":
+    def load(cls, home: Path) -> StackState:
         path = home / "stack.json"
         if not path.exists():
             return cls()
@@ -147,7 +147,9 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO_ROOT), str(REPO_ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep),
         **settings.as_env(),
     }
 
@@ -342,9 +344,8 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
     start_spark_if_wanted(home, state, spark_workers)
     if spark_connect:
         start_connect_if_wanted(home, state)
-    from slipstream.stream.kafka import create_topic
-
     from slipstream.pipeline.datasets import deployment_datasets
+    from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
     for data in deployment_datasets(settings):  # each data set's sample and dead-letter topics
@@ -370,7 +371,7 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
     state.save(home)
 
 
-def rest_catalog_env(endpoint: "S3Endpoint") -> dict[str, str]:
+def rest_catalog_env(endpoint: S3Endpoint) -> dict[str, str]:
     """The settings that make SeaweedFS's Iceberg REST catalog the catalog, over its table bucket
     (authenticated with the S3 keys as OAuth2 client credentials)."""
     return {
@@ -386,7 +387,10 @@ def with_stack_env(settings: Settings, values: dict[str, str]) -> Settings:
     a profile's catalog replaces the local one."""
     given = {k.removeprefix("SLIPSTREAM_").lower(): v for k, v in values.items()}
     forced = {"catalog", "catalog_uri", "catalog_credential", "warehouse"} if "catalog_uri" in given else set()
-    return dataclasses.replace(settings, **{k: v for k, v in given.items() if k in forced or not getattr(settings, k)})
+    # the file's values are text: they fill text fields only (a number or a path keeps its parsed value)
+    fill: dict[str, Any] = {k: v for k, v in given.items()
+                            if isinstance(getattr(settings, k), str) and (k in forced or not getattr(settings, k))}
+    return dataclasses.replace(settings, **fill)
 
 
 def effective_settings(settings: Settings) -> Settings:

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -77,12 +78,12 @@ class Traffic:
             raise ConfigError("volume_days and label_days factors must be > 0")
 
     @classmethod
-    def bursty(cls, **changes: object) -> Traffic:
+    def bursty(cls, **changes: Any) -> Traffic:
         """Traffic like a real ratings or click log: quieter weekends, ±35 % from day to day, a
         spike day now and then, and 5-60 % of each day's events from three users."""
         base = cls(volume_sd=0.35, weekly=(1.0, 1.05, 1.05, 1.0, 0.95, 0.7, 0.65), spike_share=0.05,
                    burst_share=(0.05, 0.6), burst_users=3)
-        return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # typed fields, checked by __post_init__
+        return dataclasses.replace(base, **changes)
 
     def volume(self, day: date, base: int, seed: int) -> int:
         """Events of `day` for a base volume of `base` events a day."""

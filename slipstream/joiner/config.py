@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec
@@ -66,7 +67,7 @@ class JoinerConfig:
         return f"{topic}.dlq"
 
     @classmethod
-    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: object) -> JoinerConfig:
+    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: Any) -> JoinerConfig:
         """Defaults named after the spec: topics = its source names, group = slipstream-joiner-<spec>."""
         if spec.label.kind != "click_within" or spec.label_source is None:
             raise ConfigError(f"the joiner joins clicks to impressions: spec {spec.name} labels by "
@@ -76,4 +77,4 @@ class JoinerConfig:
         given.setdefault("clicks_topic", spec.label_source.name)
         given.setdefault("group", f"slipstream-joiner-{spec.name}")
         given.setdefault("instance", socket.gethostname())
-        return cls(samples_topic=samples_topic, **given)  # type: ignore[arg-type]
+        return cls(samples_topic=samples_topic, **given)

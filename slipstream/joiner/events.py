@@ -137,7 +137,8 @@ def parse_records(values: list[bytes], source: SourceSpec) -> tuple[pa.Table, np
 def event_times(table: pa.Table, source: SourceSpec) -> np.ndarray:
     """The source's event time column as int64 epoch microseconds."""
     col = pc.cast(table.column(source.time or ""), pa.timestamp("us", tz="UTC"))
-    return pc.cast(col, pa.int64()).to_numpy()  # type: ignore[no-any-return]
+    times: np.ndarray = pc.cast(col, pa.int64()).to_numpy()
+    return times
 
 
 def out_of_range(ts: np.ndarray, now_us: int, max_future_s: float, max_age_s: float,

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -62,8 +62,9 @@ class Joiner:
         self.tables = dict(tables or {})
         self.side: SideTables | None = None
         """The spec's side tables read from their topics (None: `tables` were given, or none yet)."""
-        self.events, self.labels = spec.events, spec.label_source
-        assert self.labels is not None  # JoinerConfig.for_spec refuses other labels
+        labels = spec.label_source
+        assert labels is not None  # JoinerConfig.for_spec refuses other labels
+        self.events, self.labels = spec.events, labels
         self.window_us = spec.label.window_s * US_PER_S
         self.lateness_us = int(cfg.lateness_s * US_PER_S)
         self.sort_field = next((f.per for f in spec.features if f.kind == "sequence"), None)
@@ -176,7 +177,7 @@ class Joiner:
         now = time.monotonic()
         for m in msgs:  # in order: an end of partition after a partition's records counts, one before does not
             err = m.error()
-            tp = (m.topic(), m.partition())
+            tp = cast(tuple[str, int], (m.topic(), m.partition()))  # records and partition ends name both
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.activity.end(tp, now)
@@ -190,7 +191,7 @@ class Joiner:
             by_input.setdefault(tp, []).append(m)
         # impressions first: a click in the same batch as its impression joins it (as an orphan would)
         for tp, group in sorted(by_input.items(), key=lambda kv: kv[0][0] == self.cfg.clicks_topic):
-            self.positions[tp] = group[-1].offset() + 1
+            self.positions[tp] = cast(int, group[-1].offset()) + 1  # a consumed record has its offset
             self._take_input(self.tasks[tp[1]], tp, group)
 
     def _take_input(self, task: Task, tp: tuple[str, int], msgs: list[Message]) -> None:
@@ -198,7 +199,7 @@ class Joiner:
         the clock, joined; each record the join cannot use goes to the dead letters with its reason."""
         is_click = tp[0] == self.cfg.clicks_topic
         source = self.labels if is_click else self.events
-        rows, ts, bad = parse_records([m.value() or b"" for m in msgs], source)  # type: ignore[arg-type]
+        rows, ts, bad = parse_records([m.value() or b"" for m in msgs], source)
         for i, reason in bad:
             self._dead(msgs[i], reason)
         if bad:
@@ -217,7 +218,7 @@ class Joiner:
             return
         self.stream_time[tp] = max(self.stream_time.get(tp, NO_TIME), int(ts.max()))
         if is_click:
-            keys = pc.cast(rows.column(self.labels.key or ""), pa.string()).to_pylist()  # type: ignore[union-attr]
+            keys = pc.cast(rows.column(self.labels.key or ""), pa.string()).to_pylist()
             rejected = [(i, r) for i, (k, t, m) in enumerate(zip(keys, ts.tolist(), msgs))
                         if (r := task.state.click(k, t, m.value() or b"")) is not None]
         else:
@@ -228,9 +229,10 @@ class Joiner:
         self.metrics.counts["clicks" if is_click else "impressions"] += len(ts) - len(rejected)
 
     def _dead(self, m: Message, reason: str) -> None:
-        headers = [("reason", reason.encode()), ("source_topic", m.topic().encode()),
+        topic = cast(str, m.topic())  # a consumed record names its topic
+        headers = [("reason", reason.encode()), ("source_topic", topic.encode()),
                    ("source_partition", str(m.partition()).encode()), ("source_offset", str(m.offset()).encode())]
-        self._produce(self.cfg.dlq(m.topic()), m.value(), m.key(), headers=headers)
+        self._produce(self.cfg.dlq(topic), m.value(), m.key(), headers=headers)
         self.metrics.dead(reason)
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:

@@ -20,17 +20,18 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from slipstream import errors
 from slipstream.errors import PreprocessError
 from slipstream.lake.raw_zone import raw_day_ready
-from slipstream.settings import Settings
 from slipstream.pipeline.code_bundle import code_zip
 from slipstream.pipeline.spark_settings import SparkSettings
+from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +145,13 @@ def _parse_summary(stdout: str, summary_out: str | None) -> dict[str, Any] | Non
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                summary: dict[str, Any] = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            return summary
     if summary_out and Path(summary_out).exists():
-        return json.loads(Path(summary_out).read_text())
+        written: dict[str, Any] = json.loads(Path(summary_out).read_text())
+        return written
     return None
 
 
@@ -182,9 +185,11 @@ def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, *
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=_child_env(settings, spark, opts.get("env")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     out_lines: list[str] = []
+    out_pipe = proc.stdout
+    assert out_pipe is not None  # stdout=PIPE
     pumps = [
         threading.Thread(target=_pump, args=(proc.stderr, tail), daemon=True),
-        threading.Thread(target=lambda: out_lines.extend(proc.stdout), daemon=True),  # type: ignore[arg-type]
+        threading.Thread(target=lambda: out_lines.extend(out_pipe), daemon=True),
     ]
     for p in pumps:
         p.start()

@@ -103,8 +103,7 @@ class Knob:
             return None
         if self.type == "integer" and isinstance(value, float) and value.is_integer():
             value = int(value)  # JSON-schema counts 5.0 as an integer; forms may send it so
-        expect = {"integer": int, "number": (int, float), "boolean": bool, "string": str}[self.type]
-        if isinstance(value, bool) and self.type != "boolean" or not isinstance(value, expect):
+        if not _of_type(value, self.type):
             raise ConfigError(f"{self.name} must be {self.type}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
             raise ConfigError(f"{self.name} must be >= {self.minimum}, got {value!r}")
@@ -117,6 +116,15 @@ class Knob:
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
             raise ConfigError(f"{self.name} {self.description.split(':')[0].lower()}, got {value!r}")
         return float(value) if self.type == "number" else value
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "boolean": bool, "string": str}
+"""The Python types each JSON-schema type of a knob accepts."""
+
+
+def _of_type(value: Any, type_name: str) -> bool:
+    """Whether `value` is of the knob type `type_name` (a bool is no number)."""
+    return isinstance(value, _TYPES[type_name]) and (type_name == "boolean" or not isinstance(value, bool))
 
 
 def _num(value: float | None) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
 
 from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
@@ -153,11 +153,11 @@ class SparkSettings:
         return conf
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "SparkSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SparkSettings:
         return settings_from_env(cls, env, prefix="SLIPSTREAM_SPARK_", parsers={"conf": parse_spark_conf})
 
     @classmethod
-    def for_home(cls, home: Path, env: Mapping[str, str] | None = None) -> "SparkSettings":
+    def for_home(cls, home: Path, env: Mapping[str, str] | None = None) -> SparkSettings:
         """From the environment over `<home>/settings.env` (where `stack up --spark-workers N`
         records its master), like `Settings.from_env`."""
         env = os.environ if env is None else env

@@ -90,7 +90,8 @@ class GateOverrides:
         if params is None:
             return cls()
         get = params.get if isinstance(params, Mapping) else (lambda k: getattr(params, k, None))
-        return cls(**{attr: (None if get(knob) is None else float(get(knob))) for attr, knob in cls.PARAMS.items()})
+        given = {attr: get(knob) for attr, knob in cls.PARAMS.items()}
+        return cls(**{attr: (None if value is None else float(value)) for attr, value in given.items()})
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def _cdf_at(hist: LogHistogram, edges: np.ndarray) -> np.ndarray:
     if counts.sum() == 0:
         return np.zeros(len(edges))
     cum = np.concatenate([[0], np.cumsum(counts)])
-    return cum[np.searchsorted(values, edges, side="right")] / counts.sum()
+    cdf: np.ndarray = cum[np.searchsorted(values, edges, side="right")] / counts.sum()
+    return cdf
 
 
 def psi(ref: LogHistogram, cur: LogHistogram, bins: int = PSI_BINS) -> float:

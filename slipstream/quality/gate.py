@@ -56,7 +56,8 @@ def _interval(day: date | None, window: tuple[datetime, datetime] | None) -> tup
     if day is not None:
         start, end = day_bounds(day)
         return f"day:{day.isoformat()}", start, end, day
-    start, end = window  # type: ignore[misc]
+    assert window is not None  # exactly one of day and window, checked above
+    start, end = window
     if start.tzinfo is None or end.tzinfo is None or not start < end:
         raise ConfigError(f"window must be two timezone-aware datetimes, start < end; got {start!r}, {end!r}")
     start, end = start.astimezone(UTC), end.astimezone(UTC)
@@ -302,5 +303,5 @@ def _report(result: GateResult, snapshot_id: int) -> None:
             f"section for the data set, the DAG params gate_ctr_min/max and gate_rows_ratio_min/max for "
             f"this run (docs/quality.md); details: {result.html_path}"
         )
-        err.result = result  # type: ignore[attr-defined]
+        err.result = result
         raise err

@@ -35,7 +35,8 @@ def _density(col: ColumnProfile, edges: np.ndarray) -> np.ndarray:
     if counts.sum() == 0:
         return np.zeros(len(edges) - 1)
     h, _ = np.histogram(np.clip(values, edges[0], edges[-1]), bins=edges, weights=counts)
-    return h / counts.sum()
+    density: np.ndarray = h / counts.sum()
+    return density
 
 
 def distributions(window: FeatureProfile, stream: FeatureProfile | None, spec: Spec) -> bytes:

@@ -14,7 +14,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.table import Table
+from pyiceberg.table import DataScan, Table
 
 from slipstream.errors import ConfigError
 from slipstream.lake.planning import WindowFile
@@ -39,9 +39,13 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-def _interval_scan(table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _interval_scan(table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...]) -> DataScan:
+    in_interval = And(
+        GreaterThanOrEqual("event_time", start.isoformat()),  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        LessThan("event_time", end.isoformat()),  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+    )
     return table.scan(
-        row_filter=And(GreaterThanOrEqual("event_time", start.isoformat()), LessThan("event_time", end.isoformat())),
+        row_filter=in_interval,
         snapshot_id=snapshot_id,
         selected_fields=columns,
     )

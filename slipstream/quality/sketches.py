@@ -244,7 +244,8 @@ class LogHistogram:
             return np.full(len(qs), np.nan)
         cum = np.cumsum(counts)
         ranks = np.asarray(qs, dtype=np.float64) * (cum[-1] - 1)
-        return values[np.searchsorted(cum, ranks, side="right").clip(0, len(values) - 1)]
+        picked: np.ndarray = values[np.searchsorted(cum, ranks, side="right").clip(0, len(values) - 1)]
+        return picked
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -104,7 +104,8 @@ def write_results(
     )
     table = results_table(catalog, namespace)
     with _quiet_first_write():
-        table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
+        run_scope = And(EqualTo("run_id", run_id), EqualTo("scope", scope))  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        table.overwrite(tbl, overwrite_filter=run_scope)
     compact(table)
     return len(rs)
 
@@ -135,7 +136,8 @@ def write_profiles(
     )
     table = profiles_table(catalog, namespace)
     with _quiet_first_write():
-        table.overwrite(tbl, overwrite_filter=In("day", [d.isoformat() for d in days]))
+        the_days = In("day", [d.isoformat() for d in days])  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        table.overwrite(tbl, overwrite_filter=the_days)
     compact(table)
     return len(days)
 
@@ -145,7 +147,9 @@ def compact(table: Table) -> bool:
     expire its snapshots older than KEEP_SNAPSHOTS. Returns whether it rewrote. A concurrent
     writer wins: its commit makes this one fail, and the next write compacts."""
     snap = table.current_snapshot()
-    files = int(snap.summary.additional_properties.get("total-data-files", "0")) if snap and snap.summary else 0
+    if snap is None or snap.summary is None:
+        return False
+    files = int(snap.summary.additional_properties.get("total-data-files", "0"))
     if files <= COMPACT_ABOVE_FILES:
         return False
     try:
@@ -182,10 +186,8 @@ def read_profile_docs(catalog: Catalog, namespace: str, start: date, end: date) 
     """Stored profiles of the days in [start, end) as their JSON documents, by day: what a caller
     that needs a number or two of each day (`label_rate`) reads without building every sketch."""
     table = profiles_table(catalog, namespace)
-    rows = table.scan(
-        row_filter=And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat())),
-        selected_fields=("day", "profile"),
-    ).to_arrow()
+    in_range = And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat()))  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+    rows = table.scan(row_filter=in_range, selected_fields=("day", "profile")).to_arrow()
     out = {d: json.loads(text) for d, text in zip(rows.column("day").to_pylist(), rows.column("profile").to_pylist())}
     return dict(sorted(out.items()))
 
@@ -200,4 +202,4 @@ def read_results(catalog: Catalog, namespace: str, run_id: str | None = None) ->
     table = results_table(catalog, namespace)
     if run_id is None:
         return table.scan().to_arrow()
-    return table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow()
+    return table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow()  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__

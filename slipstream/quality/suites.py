@@ -252,7 +252,7 @@ def validate(checks: list[Check], agg: Aggregates) -> Validation:
     suite = gx.ExpectationSuite(
         name=SUITE_NAME,
         expectations=[
-            gx.expectations.ExpectColumnMinToBeBetween(
+            gx.expectations.ExpectColumnMinToBeBetween(  # type: ignore[attr-defined]  # great_expectations.expectations re-exports it without __all__
                 column=c.metric, min_value=c.min_value, max_value=c.max_value,
                 meta={"check": c.name, "severity": c.severity, "description": c.description},
             )

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]  # confluent_kafka.admin re-exports it without __all__
 
 from slipstream.errors import StreamReadError
 from slipstream.stream.kafka import Broker, as_access, client_config, consumer_config
@@ -95,7 +95,7 @@ class ReaderStats:
 @dataclass
 class _Partition:
     position: int
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
     known_from: int = 0
     """History holds every record handed over from this offset to the position."""
     origin: int | None = None
@@ -313,14 +313,14 @@ class CommittedReader:
         """Per partition, the committed end (last stable offset: below it every transaction is
         decided), or with `low` the first offset the broker still holds."""
         if low:
-            return self._list_offsets(OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)
+            return self._list_offsets(OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)  # type: ignore[no-untyped-call]  # confluent_kafka leaves OffsetSpec.earliest/latest unannotated
         if refresh or not self._ends:
-            self._ends = self._list_offsets(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
+            self._ends = self._list_offsets(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)  # type: ignore[no-untyped-call]  # confluent_kafka leaves OffsetSpec.earliest/latest unannotated
         return dict(self._ends)
 
     def high_watermarks(self) -> dict[int, int]:
         """Per partition, the end of the log (committed or not)."""
-        return self._list_offsets(OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
+        return self._list_offsets(OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)  # type: ignore[no-untyped-call]  # confluent_kafka leaves OffsetSpec.earliest/latest unannotated
 
     def _list_offsets(self, spec: OffsetSpec, isolation: IsolationLevel, timeout_s: float = 10.0) -> dict[int, int]:
         if not self._parts:

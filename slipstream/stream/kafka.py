@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # confluent_kafka.admin re-exports it without __all__
 
-from slipstream.samples.codec import encode_samples
 from slipstream.errors import ConfigError, StackError
+from slipstream.samples.codec import encode_samples
 from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.samples.spec import Spec
 
@@ -78,7 +78,7 @@ class KafkaAccess:
         return f"{self.bootstrap} ({how})"
 
     @classmethod
-    def from_settings(cls, settings: Any, bootstrap: str = "") -> "KafkaAccess":
+    def from_settings(cls, settings: Any, bootstrap: str = "") -> KafkaAccess:
         """The broker of `slipstream.settings.Settings` (or `bootstrap`, e.g. a run's data.bootstrap)
         with the settings' security."""
         return cls(
@@ -91,7 +91,7 @@ class KafkaAccess:
         )
 
 
-Broker = Union[KafkaAccess, str]
+Broker = KafkaAccess | str
 """A broker as the helpers take it: a KafkaAccess, or a bootstrap string (PLAINTEXT)."""
 
 

@@ -53,7 +53,7 @@ def test_bad_values_are_refused_by_params_and_request(params: Any, name: str, ba
 
 
 def test_defaults_and_good_values_resolve(params: Any) -> None:
-    for name, param in params.items():
+    for param in params.values():
         param.resolve(param.value)
     assert params["stream_stop"].resolve("caught_up") == "caught_up"
     assert params["stream_stop"].resolve("900") == "900"
@@ -104,6 +104,7 @@ def test_an_unknown_param_is_refused_with_the_valid_names() -> None:
 
 def test_a_configuration_error_fails_the_task_without_retries() -> None:
     from airflow.sdk.exceptions import AirflowFailException
+
     from slipstream_airflow.callbacks import fail_fast
 
     @fail_fast
@@ -139,10 +140,9 @@ def test_the_form_shows_titles_in_words_bounds_units_and_sections(params: Any) -
 def test_one_node_meets_on_loopback_and_runs_the_loopback_torchrun(settings: Settings) -> None:
     """No `--standalone` (its stores listen on every interface): a c10d endpoint on 127.0.0.1, and
     locally the launcher that binds every store there."""
-    from slipstream_airflow.local_launch import local_command
-
     from slipstream.pipeline.cluster import ClusterSettings
     from slipstream.pipeline.jobspec import build_train_spec
+    from slipstream_airflow.local_launch import local_command
 
     plan = plan_for(settings, TrainRequest(cpu_processes=2), run_id="daily-20250104-abcdef12", snapshot_id=3)
     spec = build_train_spec(settings, ClusterSettings(), plan)

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
-from slipstream_airflow.report_views import create_app
 
 from slipstream.pipeline.runlayout import make_run_id
 from slipstream.settings import Settings
+from slipstream_airflow.report_views import create_app
 
 DONE_RUN = "scheduled__2026-11-04T00:00:00+00:00"
 BUSY_RUN = "manual__2026-11-05T09:30:00+00:00"

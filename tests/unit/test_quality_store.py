@@ -51,7 +51,8 @@ def test_profiles_are_compacted_and_all_days_read_back(settings: Settings, monke
     catalog = get_catalog(settings)
     days = [date(2026, 10, 1) + timedelta(days=i) for i in range(9)]
     for i, d in enumerate(days):
-        store.write_profile(catalog, settings.namespace, day=d, snapshot_id=i, run_id=f"p-{i}", profile=FeatureProfile(rows=100 + i))
+        store.write_profile(catalog, settings.namespace, day=d, snapshot_id=i, run_id=f"p-{i}",
+                            profile=FeatureProfile(rows=100 + i))
     table = store.profiles_table(catalog, settings.namespace)
     assert _files(table) <= 4
     assert len(table.snapshots()) > 9  # kept: none is older than 7 days
