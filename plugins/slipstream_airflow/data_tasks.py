@@ -148,7 +148,8 @@ def gate_day(day: Any, pre: Mapping[str, Any], dataset: DatasetRef,
 
     span = DayRange.of_run(day, params)
     if pre.get("empty") or pre.get("snapshot_id") is None:
-        raise AirflowSkipException(f"days {span.first}..{span.last} had no raw events: nothing committed, nothing to gate")
+        days = f"day {span.first}" if span.first == span.last else f"days {span.first}..{span.last}"
+        raise AirflowSkipException(f"{days} had no raw events: nothing committed, nothing to gate")
     settings = dataset.settings()
     # a range is gated as one window (its expectations in one pass, every day's profile in one write)
     window = span.window() if span.first != span.last else None
