@@ -10,7 +10,7 @@ A warm-up job runs first (reported as `job_s_1x_cold`), then the timed runs. The
 compare ratios from one run only.
 
 `--case backfill` (also part of `all`, the default) times a long history of small days: the range
-job against the day-by-day path and the gate over the range (`bench/preprocess_backfill.py`).
+job against the day-by-day path and the gate over the range (`bench/support/preprocess_backfill.py`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             if args.case in ("day", "all"):
                 out.update(_day_case(spark, root, args))
             if args.case in ("backfill", "all"):
-                from bench.preprocess_backfill import run_backfill
+                from bench.support.preprocess_backfill import run_backfill
 
                 out.update(run_backfill(spark, root, args.days, args.day_rows))
         finally:

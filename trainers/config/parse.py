@@ -65,7 +65,7 @@ def build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
 
 def coerce(tp: Any, value: Any, where: str) -> Any:
     """`value` as type `tp` (a nested dataclass, list, Literal choice, bool, int, float, datetime or str)."""
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value or {}, where + ".")
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
