@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -35,7 +36,7 @@ def parse_time(value: Any, key: str) -> datetime:
         raise ConfigError(f"{key} must be an ISO-8601 time, got {value!r}")
     if value.tzinfo is None:
         raise ConfigError(f"{key} must carry a timezone (e.g. +00:00), got {value.isoformat()!r}")
-    return datetime.fromtimestamp(value.timestamp(), tz=timezone.utc)
+    return datetime.fromtimestamp(value.timestamp(), tz=UTC)
 
 
 def build(cls: type, raw: Mapping[str, Any], where: str) -> Any:

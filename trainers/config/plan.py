@@ -21,8 +21,8 @@ from slipstream.pipeline.request import trainer_overrides
 from slipstream.pipeline.runplan import RunPlan, build_run_plan, plan_path, read_plan, write_plan
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
-from trainers.config.schema import TrainConfig, resolve
 from trainers.config.parse import apply_override, load_raw, set_key
+from trainers.config.schema import TrainConfig, resolve
 
 log = logging.getLogger(__name__)
 

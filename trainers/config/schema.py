@@ -23,6 +23,7 @@ from slipstream.samples.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
 from trainers.config.parse import apply_override, build, check_choices, load_raw, parse_time, require
 
+
 def knob(key: str) -> Any:
     """A field set by a training param (`slipstream.pipeline.request.KNOBS`): its default is the
     knob's, and `check_knobs` holds it to the knob's bounds, so the DAG's form, the request and
@@ -301,10 +302,12 @@ class OptimConfig:
         require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         require(0 <= self.drift_low < self.drift_high,
-                 f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
+                f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, "
+                f"got {self.drift_low}, {self.drift_high}")
         require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
         require(not self.grad_clip or self.table_optimizer == "dense",
-                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), got {self.table_optimizer!r}")
+                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), "
+                f"got {self.table_optimizer!r}")
         require(self.table_lr >= 0, f"optim.table_lr must be >= 0 (0: optim.lr), got {self.table_lr}")
         require(not self.table_lr or self.table_optimizer != "dense",
                 "optim.table_lr is the rate of the tables' own optimizer: set optim.table_optimizer to sparse_adam or "
@@ -395,7 +398,8 @@ def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), settings: Settings | None = None) -> TrainConfig:
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                settings: Settings | None = None) -> TrainConfig:
     raw = load_raw(path)
     for o in overrides:
         apply_override(raw, o)
