@@ -205,8 +205,9 @@ class Checkpointer:
             advice = (f"point it at the newest complete one, {older[-1]} (`echo {older[-1]} > {pointer}`): the "
                       "resume then drops the audit parts written after it, so nothing is trained twice"
                       if older else "no complete checkpoint is left: start a new run.run_id")
+            state = "missing" if not path.is_dir() else f"incomplete (no {', '.join(missing)})"
             raise ResumeError(
-                f"{pointer} names {name}, which is {'missing' if not path.is_dir() else 'incomplete (no ' + ', '.join(missing) + ')'}: "
+                f"{pointer} names {name}, which is {state}: "
                 f"restore it, or {advice}. Do not delete {pointer}: the run would restart from step 0 while its "
                 "audit keeps the trained parts, and every sample would count twice."
             )
@@ -217,13 +218,16 @@ class Checkpointer:
 
     def _complete_folders(self, before: str | None = None) -> list[str]:
         limit = folder_order(before) if before else None
-        names = [p.name for p in self.root.iterdir() if p.is_dir() and folder_order(p.name) is not None
-                 and not _missing(p)] if self.root.is_dir() else []
-        return sorted((n for n in names if limit is None or folder_order(n) < limit), key=folder_order)  # type: ignore[operator]
+        if not self.root.is_dir():
+            return []
+        found = [(order, p.name) for p in self.root.iterdir()
+                 if p.is_dir() and (order := folder_order(p.name)) is not None and not _missing(p)]
+        return [name for order, name in sorted(found) if limit is None or order < limit]
 
     @staticmethod
     def load_meta(path: Path) -> dict[str, Any]:
-        return json.loads((path / META_FILE).read_text())
+        meta: dict[str, Any] = json.loads((path / META_FILE).read_text())
+        return meta
 
     @staticmethod
     def load_model(path: Path, into: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -367,9 +371,10 @@ class Checkpointer:
         between a rename and the commit, never named by `latest`) and unfinished `.tmp` folders."""
         top = folder_order(newest)
         assert top is not None
-        folders = sorted((p for p in self.root.iterdir() if p.is_dir() and folder_order(p.name.removesuffix(".tmp"))),
-                         key=lambda p: folder_order(p.name.removesuffix(".tmp")))  # type: ignore[arg-type, return-value]
-        committed = [p for p in folders if not p.name.endswith(".tmp") and folder_order(p.name) <= top]  # type: ignore[operator]
+        ordered = sorted((order, p) for p in self.root.iterdir()
+                         if p.is_dir() and (order := folder_order(p.name.removesuffix(".tmp"))) is not None)
+        folders = [p for _, p in ordered]
+        committed = [p for order, p in ordered if not p.name.endswith(".tmp") and order <= top]
         drop = [p for p in folders if p not in committed] + committed[: max(0, len(committed) - self.keep)]
         for old in drop:
             if old.name != newest:

@@ -15,8 +15,8 @@ import torch
 
 from slipstream.errors import ResumeError
 from trainers.checkpoint import store as checkpoint_module
-from trainers.checkpoint.store import Checkpointer
 from trainers.checkpoint.statefile import decode_state, encode_state
+from trainers.checkpoint.store import Checkpointer
 
 
 class Crash(BaseException):
@@ -24,13 +24,15 @@ class Crash(BaseException):
 
 
 def _model(step: int) -> dict[str, Any]:
-    return {"model": {"w": torch.full((4, 3), float(step))}, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]},
+    return {"model": {"w": torch.full((4, 3), float(step))},
+            "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]},
             "scaler": {}, "step": step}
 
 
 def _data(tag: int) -> dict[str, Any]:
     rng = np.random.default_rng(tag)
-    return {"positions": {0: tag, 3: 2 * tag}, "rng": rng.bit_generator.state, "rows": {"label": np.arange(tag, dtype=np.float32)}}
+    return {"positions": {0: tag, 3: 2 * tag}, "rng": rng.bit_generator.state,
+            "rows": {"label": np.arange(tag, dtype=np.float32)}}
 
 
 def _meta(step: int, phase: str, t: float = 0.0) -> dict[str, Any]:
@@ -71,9 +73,9 @@ def test_a_crash_at_any_point_of_a_re_save_leaves_a_complete_checkpoint(tmp_path
     for k in range(n_calls + 1):
         root = tmp_path / f"crash-{k}"
         _save(Checkpointer(root, 0, lambda: None), 7, "batch", 1)
-        seen = []
+        seen: list[Any] = []
 
-        def crash_at_k(real: Any) -> Any:
+        def crash_at_k(real: Any, k: int = k, seen: list[Any] = seen) -> Any:
             def op(*a: Any, **kw: Any) -> Any:
                 seen.append(a)
                 if len(seen) == k + 1:
@@ -162,7 +164,7 @@ def test_files_that_would_run_code_are_refused(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(ResumeError, match="could run code"):
         Checkpointer.load_model(path)
     (path / "data-rank-0.npz").write_bytes(pickle.dumps(_Payload()))
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="pickled"):
         Checkpointer.load_data(path, 0)
     assert not (tmp_path / "ran").exists()
     # a checkpoint of the old format (pickled data state) is refused with what to do
