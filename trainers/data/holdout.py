@@ -75,7 +75,8 @@ def _holdout_mask(ids: pa.Array) -> np.ndarray:
         h = _hash_runs(data, offsets - first, lengths, np.concatenate(([0], starts, [n])))
     else:
         h = _hash_longest_first(ids, data, offsets, lengths)
-    return h % np.uint64(HOLDOUT_MODULO) == 0
+    held: np.ndarray = h % np.uint64(HOLDOUT_MODULO) == 0
+    return held
 
 
 def _hash_runs(data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -113,13 +114,13 @@ def _hash_longest_first(ids: pa.Array, data: np.ndarray, offsets: np.ndarray, le
     pos = offsets[:-1][order] - first + skip  # position of byte skip + j of every row
     h = np.full(n, _fnv1a(prefix), dtype=np.uint64)
     # schema.id_hash skips NUL bytes (its padding): multiply by 1 where the byte is NUL
-    factor = np.where(np.arange(256) == 0, np.uint64(1), _FNV_PRIME) if (data == 0).any() else _FNV_PRIME
+    factor = np.where(np.arange(256) == 0, np.uint64(1), _FNV_PRIME) if (data == 0).any() else None
     with np.errstate(over="ignore"):
         for j in range(len(counts) - 1):
             k = int(longer_than[j])
             byte, hk = data[pos[:k]], h[:k]
             np.bitwise_xor(hk, byte, out=hk)
-            np.multiply(hk, factor if np.ndim(factor) == 0 else factor[byte], out=hk)
+            np.multiply(hk, _FNV_PRIME if factor is None else factor[byte], out=hk)
             pos[:k] += 1
     out = np.empty(n, dtype=np.uint64)
     out[order] = h

@@ -24,9 +24,10 @@ import queue
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.errors import ResumeError
+from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
+from trainers.checkpoint.stateful import check_version
 from trainers.data.holdout import holdout_mask
 from trainers.data.redeal import Piece, deal, pieces_plan, remaining_pieces
-from trainers.data.units import EpochPlan, Opener, WorkUnit, epoch_plan, units_digest
-from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
 from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
-from trainers.checkpoint.stateful import check_version
+from trainers.data.units import EpochPlan, Opener, WorkUnit, epoch_plan, units_digest
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,8 @@ class IcebergSource:
 
     def _read_ahead(self, epoch: int, plan: EpochPlan, first: int, q: queue.Queue[Any],
                     slots: threading.Semaphore, stop: threading.Event) -> None:
-        pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}") if self.read_threads > 1 else None
+        pool = (ThreadPoolExecutor(self.read_threads, thread_name_prefix=f"iceberg-read-r{self.rank}")
+                if self.read_threads > 1 else None)
         # the row groups of the chunks being read, queued in chunk order (see `read`): a few at a
         # time, so the chunk needed first is decoded first; these threads wait while Arrow's pool
         # decodes
@@ -378,7 +380,7 @@ class IcebergSource:
         if "units_digest" in state or cursor[1:] != (0, 0):  # mid-epoch: only the same order continues
             self.check_resumable(state)
         if state.get("pieces") is not None:
-            self._pieces = [tuple(int(x) for x in p) for p in state["pieces"]]  # type: ignore[misc]
+            self._pieces = [(int(rank), int(chunk), int(skip)) for rank, chunk, skip in state["pieces"]]
             self._base_world = int(state["base_world"])
         self._resume_at = cursor
 

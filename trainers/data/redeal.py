@@ -14,7 +14,8 @@ another world) re-deals what is left of them again. The next epoch starts normal
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -12,9 +12,10 @@ read by the audit.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +23,9 @@ import pyarrow.compute as pc
 import torch
 
 from slipstream.samples.ragged import flat_list, take_list_column, take_lists
-from slipstream.samples.schema import DEFAULT_SPEC
+from slipstream.samples.schema import DEFAULT_SPEC, hash_category
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, Spec
-from slipstream.samples.transform import dense_values, hash_category
+from slipstream.samples.transform import dense_values
 
 SOURCE_ICEBERG = 0
 SOURCE_KAFKA = 1
@@ -45,7 +46,7 @@ class RowLayout:
     dense_defaults: tuple[float, ...]
 
     @classmethod
-    def from_spec(cls, spec: Spec) -> "RowLayout":
+    def from_spec(cls, spec: Spec) -> RowLayout:
         sparse_defaults = []
         for f in spec.sparse:
             value = _field_default(spec, f.field)
@@ -83,7 +84,7 @@ DEFAULT_LAYOUT = RowLayout.from_spec(DEFAULT_SPEC)
 
 
 def _np(col: pa.ChunkedArray, dtype: type, idx: np.ndarray | None = None) -> np.ndarray:
-    a = col.to_numpy()
+    a: np.ndarray = col.to_numpy()
     return (a if idx is None else a[idx]).astype(dtype, copy=False)
 
 
@@ -140,7 +141,7 @@ class Rows:
         record_ms: np.ndarray | None = None,
         consumed_ms: np.ndarray | None = None,
         take: np.ndarray | None = None,
-    ) -> "Rows":
+    ) -> Rows:
         """The table's rows, or with `take` only the rows at those indices in that order (the same
         as `from_arrow(table.take(take))` or `from_arrow(table).take(take)`, in one gather per
         column). `partition` ... `consumed_ms` are per row of `table`. A feature column the table
@@ -189,7 +190,7 @@ class Rows:
         )
 
     @classmethod
-    def empty(cls, layout: RowLayout = DEFAULT_LAYOUT) -> "Rows":
+    def empty(cls, layout: RowLayout = DEFAULT_LAYOUT) -> Rows:
         return cls.from_arrow(layout.schema.empty_table(), layout, source=SOURCE_ICEBERG)
 
     def to_arrow(self, layout: RowLayout = DEFAULT_LAYOUT) -> pa.Table:
@@ -209,7 +210,7 @@ class Rows:
         cols[LABEL] = pa.array(self.label.astype(np.int32))
         return pa.table(cols, schema=layout.schema)
 
-    def slice(self, start: int, stop: int) -> "Rows":
+    def slice(self, start: int, stop: int) -> Rows:
         stop = min(stop, len(self))
         lists_v, lists_o = [], []
         for values, offsets in zip(self.list_values, self.list_offsets):
@@ -227,24 +228,24 @@ class Rows:
             record_ms=self.record_ms[start:stop], consumed_ms=self.consumed_ms[start:stop],
         )
 
-    def take(self, idx: np.ndarray) -> "Rows":
+    def take(self, idx: np.ndarray) -> Rows:
         idx = np.asarray(idx, dtype=np.int64)
         taken = [take_lists(v, o, idx) for v, o in zip(self.list_values, self.list_offsets)]
         kw = {name: getattr(self, name)[idx] for name in _PLAIN_FIELDS}
         return Rows(**kw, list_values=tuple(t[0] for t in taken), list_offsets=tuple(t[1] for t in taken),
                     sample_id=self.sample_id.take(pa.array(idx)))
 
-    def mask(self, keep: np.ndarray) -> "Rows":
+    def mask(self, keep: np.ndarray) -> Rows:
         return self if keep.all() else self.take(np.flatnonzero(keep))
 
     @staticmethod
-    def first(parts: Sequence["Rows"], layout: RowLayout, cap: int) -> "Rows":
+    def first(parts: Sequence[Rows], layout: RowLayout, cap: int) -> Rows:
         """The first `cap` rows of `parts` together (all of them when fewer; none: empty)."""
         rows = Rows.concat(parts) if parts else Rows.empty(layout)
         return rows.slice(0, cap) if len(rows) > cap else rows
 
     @staticmethod
-    def concat(parts: Sequence["Rows"]) -> "Rows":
+    def concat(parts: Sequence[Rows]) -> Rows:
         parts = [p for p in parts if len(p)] or list(parts[:1])
         if len(parts) == 1:
             return parts[0]
@@ -277,7 +278,7 @@ class Features:
     label: torch.Tensor
 
     @classmethod
-    def from_rows(cls, rows: Rows, pin: bool = False) -> "Features":
+    def from_rows(cls, rows: Rows, pin: bool = False) -> Features:
         arrays = (rows.sparse, rows.dense, *rows.list_values, *(o[:-1] for o in rows.list_offsets), rows.label)
         if pin or not all(a.flags.c_contiguous and a.flags.writeable for a in arrays):
             tensors = [_tensor(a, pin) for a in arrays]
@@ -287,11 +288,13 @@ class Features:
         return cls(sparse=tensors[0], dense=tensors[1], list_values=tuple(tensors[2:2 + n_lists]),
                    list_offsets=tuple(tensors[2 + n_lists:2 + 2 * n_lists]), label=tensors[-1])
 
-    def to(self, device: torch.device) -> "Features":
+    def to(self, device: torch.device) -> Features:
         if device.type == "cpu":
             return self
-        # non_blocking only overlaps with compute when the source is pinned (the loader pins on CUDA)
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        def move(t: torch.Tensor) -> torch.Tensor:
+            # non_blocking only overlaps with compute when the source is pinned (the loader pins on CUDA)
+            return t.to(device, non_blocking=True)
+
         return Features(sparse=move(self.sparse), dense=move(self.dense),
                         list_values=tuple(map(move, self.list_values)),
                         list_offsets=tuple(map(move, self.list_offsets)), label=move(self.label))
@@ -321,8 +324,8 @@ def rows_to_state(rows: Rows) -> dict[str, object]:
 
 
 def rows_from_state(state: dict[str, object]) -> Rows:
-    kw = dict(state)
+    kw: dict[str, Any] = dict(state)  # what a checkpoint holds: `Rows` takes each field as stored
     kw["sample_id"] = pa.array(kw["sample_id"], pa.string())
-    kw["list_values"] = tuple(kw["list_values"])  # type: ignore[arg-type]
-    kw["list_offsets"] = tuple(kw["list_offsets"])  # type: ignore[arg-type]
-    return Rows(**kw)  # type: ignore[arg-type]
+    kw["list_values"] = tuple(kw["list_values"])
+    kw["list_offsets"] = tuple(kw["list_offsets"])
+    return Rows(**kw)

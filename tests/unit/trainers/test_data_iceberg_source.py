@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from slipstream.samples import native
 from slipstream.errors import ResumeError
 from slipstream.lake.planning import plan_window_files
+from slipstream.samples import native
 from slipstream.samples.ragged import take_lists, take_ranges
 from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS, is_holdout
 from tests.trainer_fixtures import SamplesFixture, make_samples
-from trainers.data import holdout
+from trainers.data import holdout, iceberg_source
 from trainers.data.holdout import holdout_mask
-from trainers.data import iceberg_source
 from trainers.data.iceberg_source import IcebergSource, read_units
-from trainers.data.units import epoch_spans, file_opener, plan_units
 from trainers.data.rows import Rows
+from trainers.data.units import epoch_spans, file_opener, plan_units
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +367,8 @@ def test_later_epochs_reuse_each_units_training_rows(samples: SamplesFixture) ->
     fresh = _source(samples)
     assert second == _epoch_ids(fresh, 1) and set(first) == set(second)
     s, f = src.stats, fresh.stats
-    assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
+    assert (s.rows_read, s.rows_outside_window, s.rows_holdout) == \
+        (2 * f.rows_read, 2 * f.rows_outside_window, 2 * f.rows_holdout)
 
 
 @pytest.mark.usefixtures("hasher")

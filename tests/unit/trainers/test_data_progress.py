@@ -13,8 +13,8 @@ import pytest
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.errors import ResumeError
 from trainers.data.mixer import ReplayReservoir, StreamShuffle
-from trainers.data.rows import SOURCE_KAFKA, Rows, rows_from_state, rows_to_state
 from trainers.data.progress import BatchCursor, TrainState
+from trainers.data.rows import SOURCE_KAFKA, Rows, rows_to_state
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,8 @@ def test_batch_resume_mid_epoch_on_another_world_size_re_deals_every_cursor(tabl
 
 
 def test_pieces_refuse_a_state_they_cannot_honour(table: pa.Table) -> None:
-    from trainers.optim.drift_gauge import DriftGauge
     from trainers.data.progress import TrainState
+    from trainers.optim.drift_gauge import DriftGauge
 
     sh = StreamShuffle(capacity=10, seed=0, rank=0)
     with pytest.raises(ResumeError, match="stream shuffle state is version 99"):
