@@ -119,12 +119,11 @@ def _variant(name: str, rank: int, world: int, args: argparse.Namespace, batches
 
     from slipstream.samples.schema import DEFAULT_SPEC
     from trainers.config.schema import ModelConfig
-    from trainers.parallel.dist import Dist
-    from trainers.optim.groups import build_optimizer
     from trainers.models import build_model
-    from trainers.optim.groups import sharded_optimizer
-    from trainers.parallel.sharding import shard_model
+    from trainers.optim.groups import build_optimizer, sharded_optimizer
+    from trainers.parallel.dist import Dist
     from trainers.parallel.grad_exchange import data_parallel
+    from trainers.parallel.sharding import shard_model
 
     mc = ModelConfig(embed_dim=16, buckets={"user_id": args.rows}, sharding=args.sharding if name == "sharded" else "none")
     model = build_model(DEFAULT_SPEC, mc, seed=0)
@@ -234,7 +233,8 @@ def comm_case(args: argparse.Namespace) -> dict[str, Any]:
     comm = lambda v: max(r[v]["comm_bytes_per_step"] for r in ranks)  # noqa: E731  (the busier rank)
     fuller = max(r["sharded"]["table_bytes_per_rank"] for r in ranks)
     return {
-        "table_rows": args.rows, "embed_dim": 16, "world": world, "sharding": args.sharding, "batch_per_rank": args.batch, "steps": args.steps,
+        "table_rows": args.rows, "embed_dim": 16, "world": world, "sharding": args.sharding, "batch_per_rank": args.batch,
+        "steps": args.steps,
         "comm_bytes_per_step": comm("sparse"), "comm_bytes_per_step_ddp_dense": comm("dense_ddp"),
         "comm_vs_ddp_dense": round(comm("sparse") / comm("dense_ddp"), 5),
         "comm_bytes_per_step_sharded": comm("sharded"),

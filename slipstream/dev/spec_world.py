@@ -73,7 +73,7 @@ class Effects:
     effects: np.ndarray
 
     @classmethod
-    def of(cls, keys: np.ndarray, effects: np.ndarray) -> "Effects":
+    def of(cls, keys: np.ndarray, effects: np.ndarray) -> Effects:
         order = np.argsort(keys, kind="stable")
         return cls(keys[order], effects[order])
 
@@ -161,7 +161,7 @@ def plan_fields(spec: Spec, rng: np.random.Generator, users: int, items: int, ma
     entities: dict[str, Vocab] = {}
     plans: dict[tuple[str, str], FieldPlan] = {}
     ev = spec.events
-    for (src, name), (role, feat) in roles.items():
+    for (src, name), (role, _feat) in roles.items():
         if role != "entity" or src != ev.name or name not in ev.field_names:
             continue
         vocab = _entity_vocab(rng, ev.field(name), users if not entities else items)
@@ -283,8 +283,8 @@ def side_tables(spec: Spec, plans: dict[tuple[str, str], FieldPlan], rng: np.ran
         assert key_plan.vocab is not None
         keys = key_plan.vocab.values.filter(pa.array(rng.random(len(key_plan.vocab.values)) >= TABLE_MISSING_KEYS))
         n = len(keys)
-        cols = {fs.name: keys.cast(field_arrow_type(fs.type)) if fs.name == t.key else draw_field(rng, plans[(t.name, fs.name)], n)
-                for fs in t.fields}
+        cols = {fs.name: keys.cast(field_arrow_type(fs.type)) if fs.name == t.key
+                else draw_field(rng, plans[(t.name, fs.name)], n) for fs in t.fields}
         out[t.name] = pa.table(cols, schema=_schema(t))
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from slipstream.errors import ConfigError
@@ -45,7 +45,7 @@ class WindowPlan:
         return sum(f.size_bytes for f in self.files)
 
 
-def pin_snapshot(table: "Table", snapshot_id: int | None = None) -> int:
+def pin_snapshot(table: Table, snapshot_id: int | None = None) -> int:
     """The given snapshot id, checked to exist, or the current one when None (at pin time only)."""
     if snapshot_id is None:
         snap = table.current_snapshot()
@@ -67,11 +67,11 @@ def window_bounds(end: datetime, window_days: int) -> tuple[datetime, datetime]:
         raise ConfigError(f"window end must be timezone-aware (UTC), got {end.isoformat()}")
     # a plain datetime: pendulum's DateTime (Airflow's data intervals) drops a stdlib tzinfo on
     # subtraction, which would hand a naive start to the gate and the planner
-    end = datetime.fromtimestamp(end.timestamp(), tz=timezone.utc)
+    end = datetime.fromtimestamp(end.timestamp(), tz=UTC)
     return end - timedelta(days=window_days), end
 
 
-def plan_window_files(table: "Table", snapshot_id: int, start: datetime, end: datetime) -> WindowPlan:
+def plan_window_files(table: Table, snapshot_id: int, start: datetime, end: datetime) -> WindowPlan:
     """Data files at `snapshot_id` that may hold rows with start <= event_time < end."""
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 

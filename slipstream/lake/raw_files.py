@@ -11,8 +11,8 @@ from __future__ import annotations
 import gzip
 import json
 import uuid
-from datetime import date, datetime, timezone
-from typing import Iterable
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,7 @@ def hour_groups(times: pa.Array | pa.ChunkedArray) -> list[tuple[date, int, np.n
     uniq, starts = np.unique(hours[order], return_index=True)
     out = []
     for h, rows in zip(uniq, np.split(order, starts[1:])):
-        when = datetime.fromtimestamp(int(h) * 3600, tz=timezone.utc)
+        when = datetime.fromtimestamp(int(h) * 3600, tz=UTC)
         out.append((when.date(), when.hour, rows))
     return out
 

@@ -15,12 +15,11 @@ with `_` or `.` are ignored (markers, checksums, staging folders).
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timedelta, timezone
-from typing import Mapping
+from collections.abc import Mapping
+from datetime import UTC, date, datetime, timedelta
 
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
-
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"
@@ -119,8 +118,8 @@ def raw_day_ready(
     """
     fs, root = filesystem(raw_dir, io_properties)
     nxt = day + timedelta(days=1)
-    end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=timezone.utc)
-    old_enough = (now or datetime.now(timezone.utc)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)
+    end_of_day = datetime(nxt.year, nxt.month, nxt.day, tzinfo=UTC)
+    old_enough = (now or datetime.now(UTC)) >= end_of_day + timedelta(seconds=attribution_s + grace_s)
     if not _has_data_file(fs, hour_dir(root, events, day, 23)):
         return old_enough and _has_data_file(fs, day_dir(root, events, day))
     spill = spill_hours(attribution_s) if labels else 0

@@ -9,7 +9,7 @@ same preprocessing call, so a run never trains on a window with holes.
 from __future__ import annotations
 
 import logging
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from slipstream.lake.planning import window_bounds
@@ -30,7 +30,7 @@ def window_days(end: datetime, n_days: int) -> list[date]:
     return [last - timedelta(days=i) for i in reversed(range(n_days))]
 
 
-def days_present(table: "Table") -> set[date]:
+def days_present(table: Table) -> set[date]:
     """Days with at least one row in the table's current snapshot (from partition metadata only)."""
     if table.current_snapshot() is None:
         return set()
@@ -49,11 +49,11 @@ def days_to_preprocess(interval_day: date, window: list[date], present: set[date
     return sorted(todo)
 
 
-def plan_days(table: "Table | None", interval_start: datetime, interval_end: datetime, n_days: int) -> list[date]:
+def plan_days(table: Table | None, interval_start: datetime, interval_end: datetime, n_days: int) -> list[date]:
     """Days to preprocess for a run whose data interval is [interval_start, interval_end)."""
     window = window_days(interval_end, n_days)
     present = days_present(table) if table is not None else set()
-    todo = days_to_preprocess(interval_start.astimezone(timezone.utc).date(), window, present)
+    todo = days_to_preprocess(interval_start.astimezone(UTC).date(), window, present)
     missing = [d for d in todo if d not in present]
     log.info(
         "window %s..%s: %d of %d days in the table; preprocessing %s",

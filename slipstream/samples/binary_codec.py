@@ -75,7 +75,8 @@ class BinaryLayout:
             if table.column(name).null_count:
                 raise ValueError(f"the binary codec cannot encode a null {name!r}: fill it or encode with the JSON codec")
         head = np.zeros(n, dtype=self.fixed)
-        head["marker"], head["n_dense"], head["n_sparse"], head["n_lists"] = MARKER, len(self.dense), len(self.sparse), len(self.lists)
+        head["marker"], head["n_dense"] = MARKER, len(self.dense)
+        head["n_sparse"], head["n_lists"] = len(self.sparse), len(self.lists)
         head["tag"] = self.tag
         label = table.column(LABEL).to_numpy()
         if n and not ((label >= 0) & (label <= 255)).all():

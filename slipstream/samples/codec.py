@@ -19,8 +19,8 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -10,7 +10,7 @@ the gathered bytes come back as a numpy array (zero-copy). Both paths give the s
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -73,7 +73,7 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def id_hash(ids: "np.ndarray | list[str] | pa.Array | pa.ChunkedArray") -> np.ndarray:
+def id_hash(ids: np.ndarray | list[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """FNV-1a 64-bit hash of each id string, vectorised over the byte columns (no per-row Python)."""
     if isinstance(ids, (pa.Array, pa.ChunkedArray)):
         ids = ids.to_numpy(zero_copy_only=False)
@@ -89,7 +89,7 @@ def id_hash(ids: "np.ndarray | list[str] | pa.Array | pa.ChunkedArray") -> np.nd
     return h
 
 
-def is_holdout(sample_ids: "np.ndarray | list[str] | pa.Array | pa.ChunkedArray") -> np.ndarray:
+def is_holdout(sample_ids: np.ndarray | list[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """True for samples held out of training for evaluation: fnv1a64(sample_id) % 10 == 0.
 
     The trainer and the generator both use this rule, so the generator's best achievable AUC is

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from slipstream.samples import codec
-
-from slipstream.samples import schema
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
+from slipstream.samples import codec, schema
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +171,8 @@ def test_the_codec_setting_is_checked_at_the_edge() -> None:
 
 @pytest.mark.parametrize("name", ["criteo", "ratings"])
 def test_every_spec_round_trips_through_both_codecs(name: str) -> None:
-    from slipstream.samples.spec import load_spec
     from slipstream.samples.schema import sample_arrow_schema
+    from slipstream.samples.spec import load_spec
 
     spec = load_spec(name)
     schema = sample_arrow_schema(spec)
@@ -215,9 +213,9 @@ def test_a_record_of_another_spec_or_layout_is_a_dead_letter(day: pa.Table) -> N
 
 def test_json_values_built_by_column_read_as_json_dumps_of_each_row(day: pa.Table) -> None:
     import json
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
-    EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
     odd = day.slice(0, 6)
     ids = ["plain", 'quote"d', "back\\slash", "new\nline", "ünï", "tab\t"]
     odd = odd.set_column(odd.schema.get_field_index("sample_id"), "sample_id", pa.array(ids))

@@ -23,8 +23,8 @@ from torch import nn
 
 from slipstream.samples.spec import Spec
 from trainers.config.schema import ModelConfig
-from trainers.models.tables import MIN_SHARDED_DIM, SpecTables
 from trainers.data.rows import Features
+from trainers.models.tables import MIN_SHARDED_DIM, SpecTables
 
 
 def mlp(widths: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from slipstream.errors import ConfigError
 from slipstream.samples.schema import SCHEMA_VERSION
-from trainers.checkpoint.store import atomic_torch_save, atomic_write_text
 from slipstream.samples.spec import Spec, spec_from_dict
+from trainers.checkpoint.store import atomic_torch_save, atomic_write_text
 from trainers.config.schema import ModelConfig, TrainConfig
 from trainers.models.base import RecModel
 from trainers.models.zoo import ZOO
@@ -35,12 +36,13 @@ def export_model(model: torch.nn.Module, cfg: TrainConfig, spec: Spec, run_dir: 
     cpu_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loadable without a GPU
     atomic_torch_save({"state_dict": cpu_state, "model_config": cfg.to_dict()["model"],
                        "schema_version": SCHEMA_VERSION, "spec": spec.to_json()}, d / "model.pt")
-    info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": cfg.model.class_path or f"trainers.models.zoo:{ZOO[cfg.model.kind].__name__}",
+    model_class = cfg.model.class_path or f"trainers.models.zoo:{ZOO[cfg.model.kind].__name__}"
+    info = {"run_id": cfg.run.run_id, "schema_version": SCHEMA_VERSION, "model_class": model_class,
             "model_config": cfg.to_dict()["model"], "snapshot_id": cfg.data.snapshot_id,
             "spec": {"name": spec.name, "version": spec.version, "digest": spec.digest},
             "t_handoff": cfg.data.t_handoff.isoformat(), "step": step, "phase": phase,
             "positions": {str(k): v for k, v in positions.items()},
-            "exported_at": datetime.now(timezone.utc).isoformat(),
+            "exported_at": datetime.now(UTC).isoformat(),
             "metrics": {k: (metrics or {}).get(k) for k in ("auc", "logloss", "auc_after_t")}}
     atomic_write_text(d / "model.json", json.dumps(info, indent=2, default=str))
     log.info("exported the model to %s", d)

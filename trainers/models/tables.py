@@ -19,7 +19,7 @@ scored or exported model maps ids exactly as training did.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

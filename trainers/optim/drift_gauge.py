@@ -91,7 +91,8 @@ class DriftGauge:
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "window_rows": float(self.window_rows), "low": float(self.low),
-                "high": float(self.high), **{k: [float(x) for x in getattr(self, k)] for k in ("fresh", "replay", "weight", "rows")}}
+                "high": float(self.high),
+                **{k: [float(x) for x in getattr(self, k)] for k in ("fresh", "replay", "weight", "rows")}}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore the averages of a checkpoint (the bounds stay the config's); None: no gauge yet.
@@ -104,7 +105,8 @@ class DriftGauge:
         try:
             values = {k: [float(x) for x in state[k]] for k in ("fresh", "replay", "weight", "rows")}
         except (KeyError, TypeError, ValueError):
-            raise ResumeError(f"the checkpoint's drift gauge state {state!r} lacks fresh/replay/weight/rows: it is damaged") from None
+            raise ResumeError(f"the checkpoint's drift gauge state {state!r} lacks fresh/replay/weight/rows: "
+                              "it is damaged") from None
         ok = all(len(v) == KINDS and all(math.isfinite(x) for x in v) for v in values.values())
         if not (ok and all(0.0 <= w <= 1.0 for w in values["weight"])):
             raise ResumeError(f"the checkpoint's drift gauge state {state!r} is out of range: it is damaged")

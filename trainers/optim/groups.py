@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 import torch
+from torch import nn
 
 from trainers.models import RecModel
 
@@ -75,7 +74,7 @@ class Optimizers:
 
 
 def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
-                    id_weight_decay: float | None = None, tables: str = "dense") -> "torch.optim.Optimizer | Optimizers":
+                    id_weight_decay: float | None = None, tables: str = "dense") -> torch.optim.Optimizer | Optimizers:
     """`id_weight_decay` is the L2 of the per-id tables (None: `weight_decay`). With Adam (coupled)
     it is a Gaussian prior on every user's and item's vectors and bias, applied to all rows each
     step as the mean loss's penalty would be: an id seen a few times stays near 0, a frequent one
@@ -92,7 +91,8 @@ def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
         opt.register_step_pre_hook(lambda *_: densify_grads(params))
         return opt
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids", "tables": True},
+    table_groups = [{"params": [p for n, p in named if is_table_param(n) and is_id_param(model, n)], "name": "ids",
+                     "tables": True},
                     {"params": [p for n, p in named if is_table_param(n) and not is_id_param(model, n)], "name": "shared",
                      "tables": True}]
     dense = [{"params": [p for n, p in named if not is_table_param(n)], "name": "shared"}]
@@ -101,7 +101,7 @@ def build_optimizer(model: RecModel, name: str, lr: float, weight_decay: float,
     return Optimizers(sparse, dense_optimizer(name, dense, lr, weight_decay))
 
 
-def densify_grads(params: "list[torch.nn.Parameter]") -> None:
+def densify_grads(params: list[torch.nn.Parameter]) -> None:
     """Sparse gradients (summed over ranks already) as dense ones, for an optimizer without sparse support."""
     for p in params:
         if p.grad is not None and p.grad.is_sparse:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from slipstream.samples.spec import Spec
-from trainers.parallel.dist import Dist
 from trainers.models.tables import table_sizes
+from trainers.parallel.dist import Dist
 
 KNOWN = 0
 NEW = 1

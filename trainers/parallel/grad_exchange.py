@@ -41,7 +41,7 @@ DENSE_GATHER_MAX_BYTES = 8 << 20
 all; larger dense parts are averaged by DDP's all-reduce."""
 
 
-def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[nn.Module, "SparseGradExchange | None"]:
+def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[nn.Module, SparseGradExchange | None]:
     """The module to run forward (`model`, or `model` under DDP for its dense parameters) and the
     exchange its gradients need after each backward (None for one process: nothing to exchange).
     On CPU a dense part small enough to gather travels in the exchange too: one collective a step
@@ -150,7 +150,7 @@ class SparseGradExchange:
         self.room = (0, 0)
         """(ids, values) a rank's part of the next all-gather has room for; the same on every rank."""
 
-    def merged(self, other: "SparseGradExchange") -> "SparseGradExchange":
+    def merged(self, other: SparseGradExchange) -> SparseGradExchange:
         """One exchange for both sets of parameters (the model's and the baseline's tables in the
         same collective)."""
         out = SparseGradExchange({}, self.world)

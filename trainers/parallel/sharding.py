@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch import nn
 
 from slipstream.errors import ConfigError
-from trainers.config.schema import ModelConfig
-from trainers.parallel.dist import Dist
-from trainers.models.tables import MIN_SHARDED_DIM
 from trainers.checkpoint.tensors import is_sharded
+from trainers.config.schema import ModelConfig
+from trainers.models.tables import MIN_SHARDED_DIM
+from trainers.parallel.dist import Dist
 
 log = logging.getLogger(__name__)
 

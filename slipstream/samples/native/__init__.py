@@ -28,9 +28,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from slipstream.errors import NativeBuildError
 
@@ -72,7 +73,8 @@ def library_path(directory: Path | None = None) -> Path:
     """Where this source version's library is (or will be) built: one file per (source, flags,
     machine), so a library built ahead (`make venv`, an image's build stage) is found without a
     compiler."""
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode()])).hexdigest()[:16]
+    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return (cache_dir() if directory is None else directory) / f"ragged-{key}.so"
 
 

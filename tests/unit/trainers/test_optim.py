@@ -20,12 +20,12 @@ from slipstream.errors import ConfigError
 from slipstream.pipeline.request import KNOBS_BY_NAME
 from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.settings import Settings
+from tests.trainer_fixtures import SMALL_BUCKETS
 from trainers.config.schema import DataConfig, ModelConfig, OptimConfig, load_config
+from trainers.data.rows import Features, Rows
+from trainers.models import build_model
 from trainers.optim.drift_gauge import DriftGauge
 from trainers.optim.groups import build_optimizer, is_id_param, param_groups, phase_lrs, set_lrs
-from trainers.models import build_model
-from tests.trainer_fixtures import SMALL_BUCKETS
-from trainers.data.rows import Features, Rows
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +219,8 @@ def test_the_drift_gauge_does_not_read_cold_start_as_drift() -> None:
 
 def test_known_users_mark_what_the_batch_phase_trained_and_survive_a_checkpoint() -> None:
     from slipstream.samples.spec import load_spec
-    from trainers.optim.known_users import KNOWN, NEW, KnownUsers
     from trainers.data.rows import RowLayout
+    from trainers.optim.known_users import KNOWN, NEW, KnownUsers
 
     known = KnownUsers(DEFAULT_SPEC, {"user_id": 101})
     col = RowLayout.from_spec(DEFAULT_SPEC).sparse.index("user_id")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 
 from trainers.config.schema import DataConfig
 from trainers.data.mixer import exchange_split
-from trainers.parallel.dist import Dist
 from trainers.data.rows import SOURCE_KAFKA, Rows
+from trainers.parallel.dist import Dist
 
 
 def _rows(n: int, partitions: int = 4) -> Rows:
@@ -74,7 +74,7 @@ def test_world_of_one_all_to_all_is_the_identity() -> None:
         d.all_to_all_object(["x", "y"])
 
 
-def _worker(rank: int, world: int, port: int, q: "mp.SimpleQueue[object]") -> None:
+def _worker(rank: int, world: int, port: int, q: mp.SimpleQueue[object]) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -113,6 +113,6 @@ def test_all_to_all_object_between_processes() -> None:
 
 
 def test_config_accepts_exchange() -> None:
-    t = datetime(2026, 11, 3, tzinfo=timezone.utc).isoformat()
+    t = datetime(2026, 11, 3, tzinfo=UTC).isoformat()
     assert DataConfig(snapshot_id=1, t_handoff=t, exchange=True).exchange is True
     assert DataConfig(snapshot_id=1, t_handoff=t).exchange is False
