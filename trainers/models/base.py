@@ -40,6 +40,11 @@ def mlp(widths: list[int], final_activation: bool, dropout: float = 0.0) -> nn.S
 
 
 class RecModel(nn.Module):
+    # buffers (register_buffer): which dense features are standardised, and their statistics
+    dense_standardized: torch.Tensor
+    dense_mean: torch.Tensor
+    dense_std: torch.Tensor
+
     def __init__(self, spec: Spec, cfg: ModelConfig, *, first_order: bool = False) -> None:
         super().__init__()
         self.cfg = cfg

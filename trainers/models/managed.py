@@ -116,7 +116,10 @@ class IdRowMap(nn.Module):
         self.ttl_us = int(opts.ttl_days * US_PER_DAY) if opts.ttl_days is not None else 0
         self.recent_cap = int(min(opts.rows - 1, max(1024, 16 * math.isqrt(opts.rows))))
         width = 1 << max(10, (2 * opts.rows - 1).bit_length()) if opts.admit_after > 0 else 0
-        full = lambda n, v: torch.full((n,), v, dtype=torch.int64)  # noqa: E731
+
+        def full(n: int, v: int) -> torch.Tensor:
+            return torch.full((n,), v, dtype=torch.int64)
+
         self.register_buffer("row_ids", full(opts.rows, EMPTY))
         self.register_buffer("score", full(opts.rows, 0))
         self.register_buffer("main_keys", full(opts.rows - 1, EMPTY))
@@ -156,8 +159,9 @@ class IdRowMap(nn.Module):
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         # an admitted id has its row in exactly one of the two arrays (the other answers 0)
-        return (_find(self._np("main_keys"), self._np("main_rows"), ids)
-                + _find(self._np("recent_keys"), self._np("recent_rows"), ids)).astype(np.int64)
+        rows: np.ndarray = (_find(self._np("main_keys"), self._np("main_rows"), ids)
+                            + _find(self._np("recent_keys"), self._np("recent_rows"), ids))
+        return rows.astype(np.int64)
 
     def ids_with_rows(self) -> np.ndarray:
         """The admitted ids, sorted."""
@@ -286,10 +290,12 @@ class IdRowMap(nn.Module):
         h = mix64(ids, 0)
         lo, hi = (h & np.uint64(0xFFFFFFFF)).astype(np.int64), (h >> np.uint64(32)).astype(np.int64) | 1
         d = np.arange(SKETCH_DEPTH, dtype=np.int64)[:, None]
-        return ((lo + d * hi) & (width - 1)) + d * width
+        cells: np.ndarray = ((lo + d * hi) & (width - 1)) + d * width
+        return cells
 
     def _estimate(self, cells: np.ndarray) -> np.ndarray:
-        return self._np("sketch").ravel()[cells].min(axis=0).astype(np.int64)
+        counts: np.ndarray = self._np("sketch").ravel()[cells].min(axis=0)
+        return counts.astype(np.int64)
 
     def _count(self, cells: np.ndarray, counts: np.ndarray, c: dict[str, int]) -> None:
         if counts.size == 0:
@@ -309,7 +315,8 @@ class IdRowMap(nn.Module):
 
 def _find(keys: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
     pos = np.minimum(np.searchsorted(keys, ids), keys.size - 1)
-    return rows[pos] * (keys[pos] == ids)
+    found: np.ndarray = rows[pos] * (keys[pos] == ids)
+    return found
 
 
 class ManagedIds(nn.Module):

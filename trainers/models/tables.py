@@ -74,6 +74,8 @@ class SpecTables(nn.Module):
     `bias_dim`-wide table per single-valued feature (`biases`: the FM/wide model's per-id weight,
     the sum of its row: 1 wide, or 4 where FBGEMM's sharded kernels need 4 columns at least)."""
 
+    _key_sizes: torch.Tensor  # a buffer: each key's table rows
+
     def __init__(self, spec: Spec, embed_dim: int, buckets: Mapping[str, int] | None = None,
                  first_order: bool = False, bias_dim: int = 1) -> None:
         super().__init__()
@@ -123,10 +125,12 @@ class SpecTables(nn.Module):
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         """Each feature's pooled vector, (n, embed_dim), by feature name."""
-        return self.vectors(kjt).to_dict()
+        pooled: dict[str, torch.Tensor] = self.vectors(kjt).to_dict()  # torchrec is untyped
+        return pooled
 
     def first_order(self, kjt: KeyedJaggedTensor) -> torch.Tensor | None:
         """(n,) sum of the single-valued features' per-id weights, or None without them."""
         if self.biases is None:
             return None
-        return self.biases(kjt).values().sum(dim=1)
+        weights: torch.Tensor = self.biases(kjt).values()  # torchrec is untyped
+        return weights.sum(dim=1)

@@ -21,6 +21,10 @@ from trainers.models.base import RecModel, mlp
 
 
 class DLRM(RecModel):
+    # buffers: the upper triangle's indices of the (vector, vector) dot products
+    _iu_rows: torch.Tensor
+    _iu_cols: torch.Tensor
+
     def __init__(self, spec: Spec, cfg: ModelConfig) -> None:
         super().__init__(spec, cfg, first_order=True)
         d = cfg.embed_dim
@@ -40,7 +44,8 @@ class DLRM(RecModel):
         stacked = torch.stack(vecs, dim=1)  # (n, n_vec, d)
         inter = torch.bmm(stacked, stacked.transpose(1, 2))[:, self._iu_rows, self._iu_cols]
         top_in = torch.cat([dense_vec, inter], dim=1) if dense_vec is not None else inter
-        return self.top(top_in).squeeze(1)
+        out: torch.Tensor = self.top(top_in)
+        return out.squeeze(1)
 
 
 class _Deep(RecModel):
@@ -58,17 +63,19 @@ class _Deep(RecModel):
 class DCNv2(_Deep):
     def __init__(self, spec: Spec, cfg: ModelConfig) -> None:
         super().__init__(spec, cfg, first_order=False)
-        self.cross = nn.ModuleList(nn.Linear(self.width, self.width) for _ in range(cfg.cross_layers))
-        for layer in self.cross:  # start near the identity: x0 * (0 x + 0) + x
+        layers = [nn.Linear(self.width, self.width) for _ in range(cfg.cross_layers)]
+        for layer in layers:  # start near the identity: x0 * (0 x + 0) + x
             nn.init.zeros_(layer.bias)
             nn.init.normal_(layer.weight, std=0.01)
+        self.cross = nn.ModuleList(layers)
         self.top = mlp([self.width, *cfg.top_mlp, 1], final_activation=False, dropout=cfg.dropout)
 
     def logits(self, dense: torch.Tensor | None, emb: dict[str, torch.Tensor]) -> torch.Tensor:
         x0 = x = self.flat(dense, emb)
         for layer in self.cross:
             x = x0 * layer(x) + x
-        return self.top(x).squeeze(1)
+        out: torch.Tensor = self.top(x)
+        return out.squeeze(1)
 
 
 class DeepFM(_Deep):
@@ -79,7 +86,8 @@ class DeepFM(_Deep):
     def logits(self, dense: torch.Tensor | None, emb: dict[str, torch.Tensor]) -> torch.Tensor:
         v = torch.stack([emb[k] for k in self.tables.keys], dim=1)  # (n, fields, d)
         fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
-        return fm + self.deep(self.flat(dense, emb)).squeeze(1)
+        deep: torch.Tensor = self.deep(self.flat(dense, emb))
+        return fm + deep.squeeze(1)
 
 
 class WideDeep(_Deep):
@@ -88,7 +96,8 @@ class WideDeep(_Deep):
         self.deep = mlp([self.width, *cfg.top_mlp, 1], final_activation=False, dropout=cfg.dropout)
 
     def logits(self, dense: torch.Tensor | None, emb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.deep(self.flat(dense, emb)).squeeze(1)
+        deep: torch.Tensor = self.deep(self.flat(dense, emb))
+        return deep.squeeze(1)
 
 
 ZOO: dict[str, type[RecModel]] = {"dlrm": DLRM, "dcn_v2": DCNv2, "deepfm": DeepFM, "wide_deep": WideDeep}

@@ -155,4 +155,4 @@ def sharded_optimizer(sharded: nn.Module, name: str, lr: float, weight_decay: fl
     dense = dict(in_backward_optimizer_filter(sharded.named_parameters()))
     wrapped = KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(
         name, [{"params": list(params), "name": "shared"}], lr, weight_decay))
-    return CombinedOptimizer([sharded.fused_optimizer, wrapped])  # type: ignore[attr-defined]
+    return CombinedOptimizer([sharded.fused_optimizer, wrapped])

@@ -29,9 +29,11 @@ from torch import nn
 
 def sparse_params(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters whose gradients are sparse (embedding tables built with `sparse=True`), by name."""
-    out = {}
+    out: dict[str, nn.Parameter] = {}
     for prefix, m in model.named_modules():
-        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad:
+        # the weight of a table is always a Parameter (torch types it as a Tensor)
+        if (isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and isinstance(m.weight, nn.Parameter)
+                and m.weight.requires_grad):
             out[f"{prefix}.weight" if prefix else "weight"] = m.weight
     return out
 
@@ -56,7 +58,8 @@ def data_parallel(model: nn.Module, world: int, device: torch.device) -> tuple[n
         return model, SparseGradExchange(tables, world, dense)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))
+    # torch leaves this static method unannotated
+    DDP._set_params_and_buffers_to_ignore_for_model(model, list(tables))  # type: ignore[no-untyped-call]
     # buffers (the dense features' statistics, table sizes) are set alike on every rank before the
     # first step and never change: no broadcast of them before every forward (a collective a step)
     net = DDP(model, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
@@ -206,13 +209,13 @@ class SparseGradExchange:
             flat_values = chunk[cut:].view(dtype)
             dense_sum += flat_values[:n_dense]
             flat_values = flat_values[n_dense:]
-            for j, (a, b) in enumerate(zip(flat_ids[:sum(c)].split(c), flat_values[:sum(v)].split(v))):
+            for j, (a, b) in enumerate(zip(torch.split(flat_ids[:sum(c)], c), torch.split(flat_values[:sum(v)], v))):
                 per_ids[j].append(a)
                 per_values[j].append(b.reshape(-1, widths[j]))
         for j, g in enumerate(self.groups):
             summed_ids, summed = _sum_rows(torch.cat(per_ids[j]), torch.cat(per_values[j]), g.offsets[-1])
             g.set_grads(summed_ids, summed / self.world)
-        for p, d in zip(self.dense, (dense_sum / self.world).split([p.numel() for p in self.dense])):
+        for p, d in zip(self.dense, torch.split(dense_sum / self.world, [p.numel() for p in self.dense])):
             p.grad = d.reshape(p.shape).to(p.dtype)
         return totals
 
@@ -259,5 +262,5 @@ def broadcast_dense(params: list[nn.Parameter]) -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     dist.broadcast(flat, src=0)
     with torch.no_grad():
-        for p, v in zip(params, flat.split([p.numel() for p in params])):
+        for p, v in zip(params, torch.split(flat, [p.numel() for p in params])):
             p.copy_(v.reshape(p.shape))

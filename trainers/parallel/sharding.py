@@ -22,7 +22,7 @@ of one), so a run checkpointed at two processes resumes at one with the same opt
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from torch import nn
 from slipstream.errors import ConfigError
 from trainers.checkpoint.tensors import is_sharded
 from trainers.config.schema import ModelConfig
-from trainers.models.tables import MIN_SHARDED_DIM
+from trainers.models.tables import MIN_SHARDED_DIM, SpecTables
 from trainers.parallel.dist import Dist
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def shard_model(model: nn.Module, model_cfg: ModelConfig, tables: str, lr: float
 
     types = check_sharding(model_cfg, tables, d.device)
     ensure_group(d)
-    spec_tables = model.tables  # type: ignore[attr-defined]
+    # a zoo model's tables, or a custom model's with the same methods (no isinstance check: duck-typed)
+    spec_tables = cast(SpecTables, model.tables)
     optimizer = torch.optim.Adagrad if tables == "adagrad" else torch.optim.Adam
     apply_optimizer_in_backward(optimizer, spec_tables.parameters(), {"lr": lr})
     names = {c.name for bag in spec_tables.bags() for c in bag.embedding_bag_configs()}
@@ -95,7 +96,7 @@ def shard_model(model: nn.Module, model_cfg: ModelConfig, tables: str, lr: float
                                        constraints=constraints)
     sharders: list[Any] = [EmbeddingBagCollectionSharder()]
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    sharded = DistributedModelParallel(model, device=d.device, plan=plan, sharders=sharders)
+    sharded: nn.Module = DistributedModelParallel(model, device=d.device, plan=plan, sharders=sharders)
     if d.is_main:
         log.info("tables sharded over %d rank(s): %s", world, describe(plan))
     return sharded

@@ -42,7 +42,7 @@ def patch_tcp_store() -> None:
     """Make every TCPStore server of this process listen on 127.0.0.1 (see the module docstring)."""
     import torch.distributed as dist  # noqa: PLC0415 - the engine, at run time only
 
-    store_cls: Any = dist.TCPStore  # type: ignore[attr-defined]  # re-exported by torch.distributed undeclared
+    store_cls: Any = dist.TCPStore
     if getattr(store_cls, "_slipstream_loopback", False):
         return
     original = store_cls.__init__
