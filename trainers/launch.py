@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in list(logging.root.manager.loggerDict):  # the agent's rendezvous rounds and restarts, in this log
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.INFO)
-    args = parse_args(torchrun_argv)
+    args = parse_args(torchrun_argv)  # type: ignore[no-untyped-call]  # torch.distributed.run leaves it unannotated
     if not args.module or args.training_script != TRAINER_MODULE or args.standalone or args.rdzv_backend != "c10d":
         print(f"trainers.launch: give torchrun's c10d rendezvous arguments and `-m {TRAINER_MODULE}` (no --standalone: "
               "its stores listen on every interface)", file=sys.stderr)

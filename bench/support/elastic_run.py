@@ -102,7 +102,8 @@ class ElasticRun:
     def checkpoint_meta(self) -> dict[str, Any] | None:
         root = self.run_path / "checkpoint"
         try:
-            return json.loads((root / (root / "latest").read_text().strip() / "meta.json").read_text())
+            meta: dict[str, Any] = json.loads((root / (root / "latest").read_text().strip() / "meta.json").read_text())
+            return meta
         except (OSError, ValueError):
             return None
 

@@ -69,8 +69,9 @@ class Population:
 
 
 def _zipf(n: int, a: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** a
-    return w / w.sum()
+    w: np.ndarray = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** a
+    weights: np.ndarray = w / w.sum()
+    return weights
 
 
 def _mixed_draw(rng: np.random.Generator, old: Population, new: Population, n: int, w: float) -> np.ndarray:

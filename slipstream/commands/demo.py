@@ -9,7 +9,7 @@ from slipstream.dev.demo import DemoOptions, format_summary, run_demo
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="stack up, generate data, run daily_retrain once, print a summary, stack down")
     p.add_argument("--days", type=int, default=DemoOptions.days, help="days of raw logs (the training window)")
     p.add_argument("--impressions-per-day", type=int, default=DemoOptions.impressions_per_day)

@@ -22,7 +22,7 @@ from slipstream.errors import ConfigError
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("elastic", help="an elastic training job on this machine: start it, add or remove launchers")
     esub = p.add_subparsers(dest="elastic_command", required=True)
     start = esub.add_parser("start", help="run the job's first launcher here, until the job ends")

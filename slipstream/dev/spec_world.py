@@ -47,8 +47,9 @@ class Vocab:
 
 
 def zipf_weights(n: int, a: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** a
-    return w / w.sum()
+    w: np.ndarray = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** a
+    weights: np.ndarray = w / w.sum()
+    return weights
 
 
 @dataclass
@@ -233,7 +234,8 @@ def _tail_shrink(vocab: Vocab) -> np.ndarray:
     if vocab.weights.size <= HEAD_VALUES:
         return np.ones(vocab.weights.size)
     cut = np.sort(vocab.weights)[::-1][HEAD_VALUES - 1]
-    return np.sqrt(np.minimum(vocab.weights / cut, 1.0))
+    shrink: np.ndarray = np.sqrt(np.minimum(vocab.weights / cut, 1.0))
+    return shrink
 
 
 def hidden_model(spec: Spec, plans: dict[tuple[str, str], FieldPlan], rng: np.random.Generator

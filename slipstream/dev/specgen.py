@@ -284,11 +284,11 @@ def _write_source(fs: object, root: str, source: str, table: pa.Table, time_fiel
             chunk = table.take(pa.array(rows))
             if k and bad:
                 chunk = pa.concat_tables([chunk, bad_typed_rows(bad[0], chunk, k, bad[1], bad[2])])
-            write_parquet(fs, base + ".parquet", chunk)  # type: ignore[arg-type]
+            write_parquet(fs, base + ".parquet", chunk)
         else:
             good = lines.take(pa.array(rows))
             more = bad_json_lines(bad[0], good, k, bad[1], bad[2]) if k and bad else []
-            write_jsonl_gz(fs, base + ".jsonl.gz", good, more)  # type: ignore[arg-type]
+            write_jsonl_gz(fs, base + ".jsonl.gz", good, more)
 
 
 def generate_spec(spec: Spec, cfg: SpecGenConfig, raw_dir: Path | str) -> GeneratedData:
@@ -341,7 +341,7 @@ def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[n
     spec = world.spec
     fs, root = filesystem(str(raw_dir))
     for name, table in world.tables.items():
-        write_parquet(fs, f"{source_dir(root, name)}/part-0.parquet", table)  # type: ignore[arg-type]
+        write_parquet(fs, f"{source_dir(root, name)}/part-0.parquet", table)
     rows_per_day = {str(cfg.start_day + timedelta(days=d)): 0 for d in range(cfg.days)}
     bad_counts: dict[str, int] = {}
     truth, stream = [], []

@@ -88,7 +88,8 @@ def take_list_column(column: pa.ChunkedArray | pa.Array, idx: np.ndarray) -> tup
     total = sum(int(o[-1] - o[0]) for o in offsets)
 
     def lengths() -> np.ndarray:
-        return np.concatenate([np.diff(o) for o in offsets])[idx]
+        picked: np.ndarray = np.concatenate([np.diff(o) for o in offsets])[idx]
+        return picked
 
     fn = kern.take_lists_i64 if large else kern.take_lists_i32
     return _native_take(fn, idx, segments, np.dtype(np.int64), total, lengths)

@@ -95,7 +95,8 @@ def is_holdout(sample_ids: np.ndarray | list[str] | pa.Array | pa.ChunkedArray) 
     The trainer and the generator both use this rule, so the generator's best achievable AUC is
     computed on exactly the slice the trainer evaluates.
     """
-    return id_hash(sample_ids) % np.uint64(HOLDOUT_MODULO) == 0
+    held: np.ndarray = id_hash(sample_ids) % np.uint64(HOLDOUT_MODULO) == 0
+    return held
 
 
 # --- derived from a spec -------------------------------------------------------------------------

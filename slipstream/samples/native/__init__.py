@@ -112,16 +112,16 @@ def build(directory: Path | None = None) -> Path:
 def _load(path: Path) -> Kernels:
     lib = ctypes.CDLL(str(path))  # CDLL calls release the GIL: reader threads gather side by side
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fns = []
+    take_lists = {}
     for name in ("take_lists_i32", "take_lists_i64"):
         fn = getattr(lib, name)
         fn.restype = i64
         fn.argtypes = [i64, p, ctypes.c_int32, p, p, p, i64, p, i64, p]
-        fns.append(fn)
+        take_lists[name] = fn
     fnv = lib.fnv1a_divisible
     fnv.restype = None
     fnv.argtypes = [i64, p, p, ctypes.c_uint64, p]
-    return Kernels(path, *fns, fnv)
+    return Kernels(path, take_lists["take_lists_i32"], take_lists["take_lists_i64"], fnv)
 
 
 def _disabled_by_env() -> bool:
