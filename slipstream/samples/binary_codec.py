@@ -26,7 +26,9 @@ another spec's record, label, NaN/inf), so a bad record is a dead letter with a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,7 +54,7 @@ class BinaryLayout:
         self.dense = tuple(f.name for f in spec.dense)
         self.lists = tuple(f.name for f in spec.lists)
         self.tag = int(spec.digest[:8], 16)
-        fields: list[tuple] = [
+        fields: list[tuple[Any, ...]] = [
             ("marker", "u1"), ("label", "u1"), ("n_dense", "u1"), ("n_sparse", "u1"), ("n_lists", "u1"),
             ("sid_len", "<u2"), ("tag", "<u4"), ("event_time", "<i8"),
         ]
@@ -132,7 +134,7 @@ class BinaryLayout:
         sid_len = heads["sid_len"].astype(np.int64)
         D, K, L = len(self.dense), len(self.sparse), len(self.lists)
         ok = np.ones(len(idx), dtype=bool)
-        checks = (
+        checks: list[tuple[np.ndarray, Callable[[int], str]]] = [
             ((heads["n_dense"] != D) | (heads["n_sparse"] != K) | (heads["n_lists"] != L),
              lambda j: f"binary sample has {heads['n_dense'][j]} dense, {heads['n_sparse'][j]} sparse and "
                        f"{heads['n_lists'][j]} list features, spec {self.spec.name} has {D}, {K} and {L}"),
@@ -143,12 +145,12 @@ class BinaryLayout:
              lambda j: f"binary sample of {int(lengths[idx[j]])} bytes does not match its head "
                        f"({int(list_len[j].sum())} list values, {int(sid_len[j])}-byte sample id)"),
             (heads["label"] > 1, lambda j: f"field 'label' must be 0 or 1, got {int(heads['label'][j])}"),
-        )
+        ]
         if D:
-            checks += ((~np.isfinite(heads["dense"]).all(axis=1), lambda j: self._not_finite(heads["dense"][j])),)
+            checks.append((~np.isfinite(heads["dense"]).all(axis=1), lambda j: self._not_finite(heads["dense"][j])))
         for failed, reason in checks:
-            for j in np.flatnonzero(failed & ok):
-                bad.append((int(idx[j]), reason(j)))
+            for row in np.flatnonzero(failed & ok):
+                bad.append((int(idx[row]), reason(int(row))))
             ok &= ~failed
         idx, heads, list_len, sid_len = idx[ok], heads[ok], list_len[ok], sid_len[ok]
         at = starts[idx] + fixed.itemsize

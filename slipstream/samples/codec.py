@@ -114,10 +114,12 @@ class SampleCodec:
     def decode(self, values: Sequence[bytes | None]) -> DecodedBatch:
         """Decode a batch of Kafka values (of either codec) into sample columns, separating dead letters."""
         n = len(values)
+        binary: np.ndarray
+        lengths: np.ndarray
         try:  # one newline join serves both codecs: JSON parses it, binary records are read in place
             buf = b"\n".join(values)  # type: ignore[arg-type]
         except TypeError:  # a None value (a tombstone): look at the values one by one
-            binary = np.array([bool(v) and v[0] == MARKER for v in values], dtype=bool)  # type: ignore[index]
+            binary = np.array([v is not None and len(v) > 0 and v[0] == MARKER for v in values], dtype=np.bool_)
             buf, lengths = b"", np.zeros(n, dtype=np.int64)
         else:
             lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)  # type: ignore[arg-type]
