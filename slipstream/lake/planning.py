@@ -73,12 +73,15 @@ def window_bounds(end: datetime, window_days: int) -> tuple[datetime, datetime]:
 
 def plan_window_files(table: Table, snapshot_id: int, start: datetime, end: datetime) -> WindowPlan:
     """Data files at `snapshot_id` that may hold rows with start <= event_time < end."""
-    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan, Reference
+    from pyiceberg.expressions.literals import literal
 
+    # keywords: pydantic's typing of these models knows their fields, not pyiceberg's positional __init__
+    event_time = Reference("event_time")
     scan = table.scan(
         row_filter=And(
-            GreaterThanOrEqual("event_time", start.isoformat()),
-            LessThan("event_time", end.isoformat()),
+            GreaterThanOrEqual(term=event_time, value=literal(start.isoformat())),
+            LessThan(term=event_time, value=literal(end.isoformat())),
         ),
         snapshot_id=snapshot_id,
     )
