@@ -2,7 +2,12 @@
 JSON lines or Parquet read with the explicit schema of the spec's source.
 
 Malformed JSON lines are kept (PERMISSIVE mode) with the line in `_corrupt_record`, and every
-row carries the file it came from, so validation can send bad records to `samples_rejects`.
+row carries the file it came from and where in it, so validation can send bad records to
+`samples_rejects` with their file and line. JSON lines are read as text and parsed with the
+source's schema (blank lines are no records but count as lines); a row's place is its position
+in the file split that read it (`_line_pos`, `_block`: the split's first byte), turned into the
+file's line by `line_offsets` (splits before it, counted only when there are rejects). Parquet
+rows carry their row index (`_block` null).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ log = logging.getLogger(__name__)
 
 CORRUPT = "_corrupt_record"
 SOURCE = "_source_file"
+LINE_POS = "_line_pos"
+"""JSON: the row's position id within its split (monotonic); Parquet: its row index in the file."""
+BLOCK = "_block"
+"""JSON: the first byte of the split that read the row; Parquet: null."""
 
 _SPARK_TYPES: dict[pa.DataType, T.DataType] = {
     pa.string(): T.StringType(),
@@ -71,22 +80,49 @@ def list_raw_files(spark: SparkSession, dirs: Iterable[str]) -> list[str]:
     return sorted(out)
 
 
+def _json_lines(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Every line of `files` (blank ones too) with its file, split and position in the split. The
+    position is taken straight off the scan, so it counts every line the split read, in order."""
+    return spark.read.text(files).select(
+        F.col("value"), F.input_file_name().alias(SOURCE), F.col("_metadata.file_block_start").alias(BLOCK),
+        F.monotonically_increasing_id().alias(LINE_POS),
+    )
+
+
+def line_offsets(spark: SparkSession, files: list[str]) -> DataFrame | None:
+    """Per JSON file and split: the position id of the split's first line and the lines of the
+    file before the split (`lines_before`), so `lines_before + pos - first_pos + 1` is a row's line.
+    One aggregate over the files (only where rows were rejected); None without JSON files."""
+    json_files = [f for f in files if raw_format(f) == "json"]
+    if not json_files:
+        return None
+    splits = (_json_lines(spark, json_files).groupBy(SOURCE, BLOCK)
+              .agg(F.count(F.lit(1)).alias("n"), F.min(LINE_POS).alias("first_pos")).collect())
+    rows, before = [], {}
+    for r in sorted(splits, key=lambda r: (r[SOURCE], r[BLOCK])):
+        done = before.get(r[SOURCE], 0)
+        rows.append((r[SOURCE], int(r[BLOCK]), int(r["first_pos"]), done))
+        before[r[SOURCE]] = done + int(r["n"])
+    schema = T.StructType([T.StructField(SOURCE, T.StringType()), T.StructField(BLOCK, T.LongType()),
+                           T.StructField("first_pos", T.LongType()), T.StructField("lines_before", T.LongType())])
+    return spark.createDataFrame(rows, schema)
+
+
 def read_raw(spark: SparkSession, files: list[str], schema: T.StructType) -> DataFrame:
     """Rows of `files` with `schema` plus `_corrupt_record` (the raw line of a JSON record that
-    did not parse into the schema; null otherwise) and `_source_file`."""
-    out_cols = [*schema.fieldNames(), CORRUPT, SOURCE]
+    did not parse into the schema; null otherwise), `_source_file` and the row's place in it
+    (`_line_pos`, `_block`)."""
+    out_cols = [*schema.fieldNames(), CORRUPT, SOURCE, LINE_POS, BLOCK]
     parts: list[DataFrame] = []
     json_files = [f for f in files if raw_format(f) == "json"]
     parquet_files = [f for f in files if raw_format(f) == "parquet"]
     if json_files:
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-        df = (
-            spark.read.schema(with_corrupt)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT)
-            .json(json_files)
-        )
-        parts.append(df.withColumn(SOURCE, F.input_file_name()).select(*out_cols))
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        lines = _json_lines(spark, json_files).where(F.trim(F.col("value")) != "")
+        parsed = lines.select("*", F.from_json(F.col("value"), with_corrupt, options).alias("_r"))
+        parts.append(parsed.select(*[F.col(f"_r.{n}").alias(n) for n in with_corrupt.fieldNames()], SOURCE, LINE_POS, BLOCK)
+                     .select(*out_cols))
     if parquet_files:
         # A column missing from a file reads as nulls here; validation turns that into a
         # schema-drift error naming the file.
@@ -94,10 +130,13 @@ def read_raw(spark: SparkSession, files: list[str], schema: T.StructType) -> Dat
         parts.append(
             df.withColumn(CORRUPT, F.lit(None).cast(T.StringType()))
             .withColumn(SOURCE, F.input_file_name())
+            .withColumn(LINE_POS, F.col("_metadata.row_index"))
+            .withColumn(BLOCK, F.lit(None).cast(T.LongType()))
             .select(*out_cols)
         )
     if not parts:
-        empty = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType()), T.StructField(SOURCE, T.StringType())])
+        empty = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType()), T.StructField(SOURCE, T.StringType()),
+                              T.StructField(LINE_POS, T.LongType()), T.StructField(BLOCK, T.LongType())])
         return spark.createDataFrame([], empty)
     result = parts[0]
     for p in parts[1:]:

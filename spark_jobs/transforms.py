@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from slipstream.samples.spec import LABEL, SAMPLE_ID, SourceSpec, Spec
-from spark_jobs.raw_input import CORRUPT, SOURCE, spark_schema
+from spark_jobs.raw_input import BLOCK, CORRUPT, LINE_POS, SOURCE, spark_schema
 
 REASON = "_reject_reason"
 US_PER_S = 1_000_000
@@ -76,19 +76,27 @@ def classify(raw: DataFrame, source: SourceSpec, day: date | None = None) -> Dat
 
 
 def good(classified: DataFrame) -> DataFrame:
-    return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT, SOURCE)
+    return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT, SOURCE, LINE_POS, BLOCK)
 
 
-def rejects(classified: DataFrame, day: date, run_id: str, source: SourceSpec) -> DataFrame:
+def rejects(classified: DataFrame, day: date, run_id: str, source: SourceSpec, offsets: DataFrame | None = None) -> DataFrame:
     """Rejected records in the `samples_rejects` layout; `raw_line` is the line as read when it
-    did not parse, else the parsed fields as JSON (NaN shows as NaN)."""
-    return classified.where(F.col(REASON).isNotNull()).select(
+    did not parse, else the parsed fields as JSON (NaN shows as NaN); `line` its line in
+    `source_file` (Parquet: the row), from `offsets` (`raw_input.line_offsets`) for JSON files."""
+    bad = classified.where(F.col(REASON).isNotNull())
+    if offsets is not None:
+        bad = bad.join(F.broadcast(offsets), on=[SOURCE, BLOCK], how="left")
+        in_json = F.col("lines_before") + F.col(LINE_POS) - F.col("first_pos") + 1
+    else:
+        in_json = F.lit(None).cast("long")
+    return bad.select(
         F.lit(day).alias("day"),
         F.lit(run_id).alias("run_id"),
         F.lit(source.name).alias("record_kind"),
         F.col(SOURCE).alias("source_file"),
         F.col(REASON).alias("reason"),
         F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*source.field_names))).alias("raw_line"),
+        F.when(F.col(BLOCK).isNull(), F.col(LINE_POS) + 1).otherwise(in_json).cast("long").alias("line"),
     )
 
 
@@ -198,9 +206,11 @@ def exact_rows(events: DataFrame, labels: DataFrame | None, spec: Spec) -> DataF
     return ordered.select(*finisher_columns(spec))
 
 
-def rejects_of(classified: dict[str, DataFrame], spec: Spec, day: date, run_id: str) -> DataFrame:
-    """The rejects of every source read for the day, in one DataFrame."""
-    parts = [rejects(df, day, run_id, spec.source(name)) for name, df in classified.items()]
+def rejects_of(classified: dict[str, DataFrame], spec: Spec, day: date, run_id: str,
+               offsets: dict[str, DataFrame | None] | None = None) -> DataFrame:
+    """The rejects of every source read for the day, in one DataFrame; `offsets`: per source, its
+    JSON files' `line_offsets`."""
+    parts = [rejects(df, day, run_id, spec.source(name), (offsets or {}).get(name)) for name, df in classified.items()]
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
