@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from slipstream.errors import ConfigError
 from slipstream.lake.iceberg import get_catalog
 from slipstream.quality import plots
-from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
+from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range, stream_audit_start
 from slipstream.quality.drift import FeatureShift, compare_profiles, drift_features
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.reading import day_bounds, load_samples, read_interval
@@ -303,7 +303,10 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")
         try:
-            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, end, spec=spec)
+            access = KafkaAccess.from_settings(own)
+            if metrics.get("window_start"):  # from the window's start: the records skipped as "before T" are checked too
+                start = stream_audit_start(access, topic, datetime.fromisoformat(metrics["window_start"]), start)
+            kafka = read_kafka_range(access, topic, start, end, spec=spec)
         except Exception as e:  # also a bad security setting: the rest of the report still renders
             notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
     else:
