@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
 from slipstream_airflow import data_tasks
@@ -18,7 +17,7 @@ SAMPLES = Asset("slipstream://samples")
 @dag(
     dag_id="cache_warmup",
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("17 * * * *", timezone="UTC"), assets=[SAMPLES]),
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
     catchup=False,
     max_active_runs=1,
     params={

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, dag, task
 
 from slipstream.pipeline.cluster import ClusterSettings
@@ -33,7 +32,7 @@ MODELS = Asset("slipstream://models")
 @dag(
     dag_id="daily_retrain",
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
     catchup=False,
     max_active_runs=1,
     params=train_params({"backend": BACKEND}, enums={"backend": BACKENDS}),

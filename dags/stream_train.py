@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Param, dag, task
 
 from slipstream.pipeline.cluster import ClusterSettings
@@ -35,7 +34,7 @@ params["export_every_min"] = Param(10, type="number", exclusiveMinimum=0, maximu
 @dag(
     dag_id="stream_train",
     schedule="@continuous",
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=True,

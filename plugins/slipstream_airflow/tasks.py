@@ -77,9 +77,12 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
     from slipstream.lake.retrain_plan import plan_days
     from slipstream.pipeline.runplan import plan_request, write_plan
 
+    from slipstream_airflow.run_dates import check_interval_over
+
     settings, cluster = Settings.from_env(), ClusterSettings.from_env()
     run_id = run_id_of(context)
     start, end = interval(context)
+    check_interval_over(start, end)
     request = TrainRequest.from_params(params)
     table = _samples_table(settings)
     days = plan_days(table, start, end, request.window_days)
