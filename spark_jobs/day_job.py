@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from slipstream.errors import DuplicateSampleIds, RawDataError, RejectRateExceeded
 from slipstream.lake.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
 from slipstream.lake.raw_zone import day_dir, hour_dir, raw_format, spill_hours
-from slipstream.lake.unique_ids import check_unique_ids
+from slipstream.lake.unique_ids import check_unique_ids, ids_can_repeat_across_days
 from slipstream.samples.schema import sample_arrow_schema, source_arrow_schema
 from slipstream.samples.spec import SAMPLE_ID, SourceSpec, Spec
 from spark_jobs.finisher import SampleFinisher
@@ -305,6 +305,9 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
             finisher, arrow_to_spark(sample_arrow_schema(spec)))
         rows = samples.count()
         props.update(rows=str(rows), rejects=str(n_rejects))
+        if ids_can_repeat_across_days(spec):  # Spark's writer commits as it writes: check the ids first
+            ids = good_events.select(SAMPLE_ID).distinct().toArrow().column(SAMPLE_ID)
+            check_unique_ids(table.refresh(), spec, {day: ids})
         _write_native(samples, opts, props)
         snapshot_id, n_files = _native_snapshot_id(catalog, opts, day), -1
     else:

@@ -12,7 +12,7 @@ training on a day that is not over yet (its data interval ends in the future).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from slipstream.errors import ConfigError
 
@@ -20,7 +20,7 @@ from slipstream.errors import ConfigError
 def check_interval_over(start: datetime, end: datetime, now: datetime | None = None) -> None:
     """Refuse (ConfigError) a data interval that has not ended: its day is still being written,
     and the handoff T = its end lies in the future."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if end > now:
         raise ConfigError(
             f"the data interval [{start.isoformat()}, {end.isoformat()}) of this run ends in the future (now "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from slipstream.lake.importer import ImportOptions, import_files
@@ -19,7 +19,7 @@ def utc_time(text: str) -> datetime:
         t = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 date or time: {text!r} (e.g. 2026-11-05 or 2026-11-05T12:00:00Z)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from slipstream.errors import RawDataError
 from slipstream.samples.spec import SourceSpec
@@ -58,9 +58,10 @@ def check_columns(path: Path, source: SourceSpec, names: Iterable[str], *, allow
     optional = [f.name for f in source.fields if f.optional and f.name not in names]
     guessed = {f: did_you_mean(f, unknown) for f in [*required, *optional]}
     refused = required + [f for f in optional if f not in allowed and unknown]
-    if refused == [source.time] and not guessed[source.time]:
+    if source.time is not None and refused == [source.time] and not guessed[source.time]:
         raise RawDataError(f"{path}: the records of source {source.name!r} have no time (`{source.time}` is no column of "
-                           "the file): give --day YYYY-MM-DD to spread them over that UTC day, in file order. Nothing was imported")
+                           "the file): give --day YYYY-MM-DD to spread them over that UTC day, in file order. "
+                           "Nothing was imported")
     if refused:
         what = ", ".join(f"`{f}`" + (f" (did you mean `{guessed[f]}`?)" if guessed[f] else "") for f in refused)
         why = f"the file has columns the spec does not know: {', '.join(unknown[:12])}" if unknown else \
@@ -86,8 +87,9 @@ def separator_hint(lines: Sequence[str], fmt: str, expected: int) -> str | None:
     got = Counter(line.count(used) + 1 for line in lines).most_common(1)[0][0]
     for sep in SEPARATORS:
         if sep != used and all(line.count(sep) + 1 == expected for line in lines):
+            ext = "tsv" if sep == "\t" else "csv"
             return (f"{got} column{'s' * (got != 1)} per line, the spec expects {expected}: is the separator "
-                    f"{_name(sep)}? The source reads {fmt} (set `format:` in the spec, or name the file .{'tsv' if sep == chr(9) else 'csv'})")
+                    f"{_name(sep)}? The source reads {fmt} (set `format:` in the spec, or name the file .{ext})")
     return None
 
 

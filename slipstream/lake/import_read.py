@@ -18,10 +18,11 @@ import csv
 import gzip
 import json
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa

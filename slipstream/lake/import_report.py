@@ -56,7 +56,8 @@ class SourceReport:
     def render(self) -> list[str]:
         n = len(self.files)
         span = "" if not self.days else f" ({self.days[0]})" if len(self.days) == 1 else f" ({self.days[0]} … {self.days[-1]})"
-        where = f"into {len(self.days)} day folder{'s' * (len(self.days) != 1)}{span}" if self.kind != "table" else "(table replaced)"
+        folders = f"{len(self.days)} day folder{'s' * (len(self.days) != 1)}"
+        where = f"into {folders}{span}" if self.kind != "table" else "(table replaced)"
         lines = [f"{self.source}: {n} file{'s' * (n != 1)}, {self.records:,} records: {self.imported:,} imported {where}, "
                  f"{self.rejected:,} rejected" + (f"; {self.streamed:,} of them also to the stream" if self.streamed else "")]
         if self.rejected:
@@ -88,7 +89,8 @@ class ImportResult:
     def render(self) -> str:
         lines = [line for r in self.sources.values() for line in r.render()]
         if self.stream_after is not None:
-            lines.append(f"stream after {self.stream_after.isoformat()}: {0 if self.tail is None else self.tail.num_rows:,} samples "
+            n = 0 if self.tail is None else self.tail.num_rows
+            lines.append(f"stream after {self.stream_after.isoformat()}: {n:,} samples "
                          "(their events are in the raw zone too: a run whose T is at or after this time trains each once)")
         return "\n".join(lines)
 
@@ -141,7 +143,8 @@ class RejectsFile:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.path, "w")
             raw = r.raw if r.raw is not None else batch.text(r.row)  # built only for the lines written
-            self._fh.write(json.dumps({"file": str(path), "line": r.line, "source": source, "reason": r.reason, "raw": raw}) + "\n")
+            row = {"file": str(path), "line": r.line, "source": source, "reason": r.reason, "raw": raw}
+            self._fh.write(json.dumps(row) + "\n")
             self.written += 1
 
     def close(self) -> None:

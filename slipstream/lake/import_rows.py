@@ -11,15 +11,15 @@ absent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from slipstream.lake.import_parse import parse_field, reason_kind
-from slipstream.lake.import_time import TS
 from slipstream.lake.import_read import RawBatch
+from slipstream.lake.import_time import TS
 from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, SourceSpec, Spec
 from slipstream.samples.transform import Featurizer, sample_ids
@@ -51,7 +51,7 @@ class TimeRule:
 
     def spread(self, ordinal: np.ndarray) -> pa.Array:
         assert self.spread_day is not None
-        d0 = int(datetime(self.spread_day.year, self.spread_day.month, self.spread_day.day, tzinfo=timezone.utc).timestamp()) * 1_000_000
+        d0 = int(datetime(self.spread_day.year, self.spread_day.month, self.spread_day.day, tzinfo=UTC).timestamp()) * 1_000_000
         us = d0 + ((ordinal + 0.5) * US_PER_DAY / max(self.spread_total, 1)).astype(np.int64)
         return pa.array(np.minimum(us, d0 + US_PER_DAY - 1), pa.int64()).cast(TS)
 
@@ -117,7 +117,7 @@ class SampleTail:
 
     def __init__(self, spec: Spec, t: datetime) -> None:
         self.spec, self.t = spec, t
-        self.day_start = datetime(t.year, t.month, t.day, tzinfo=timezone.utc)
+        self.day_start = datetime(t.year, t.month, t.day, tzinfo=UTC)
         self.events: list[pa.Table] = []
         self.labels: list[pa.Table] = []
         self.needs_context = any(f.kind == "sequence" for f in spec.features)

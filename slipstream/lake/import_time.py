@@ -12,7 +12,7 @@ format that fits. Integers are scaled exactly (no float on the way); the result 
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -23,11 +23,11 @@ import pyarrow.compute as pc
 from slipstream.samples.spec import EPOCH_FORMATS, FieldSpec
 
 TS = pa.timestamp("us", tz="UTC")
-PLAUSIBLE_FROM = datetime(1990, 1, 1, tzinfo=timezone.utc)
-PLAUSIBLE_TO = datetime(2100, 1, 1, tzinfo=timezone.utc)
+PLAUSIBLE_FROM = datetime(1990, 1, 1, tzinfo=UTC)
+PLAUSIBLE_TO = datetime(2100, 1, 1, tzinfo=UTC)
 """An epoch number without a declared unit must read as a time in here."""
-VALID_FROM = datetime(1900, 1, 1, tzinfo=timezone.utc)
-VALID_TO = datetime(2200, 1, 1, tzinfo=timezone.utc)
+VALID_FROM = datetime(1900, 1, 1, tzinfo=UTC)
+VALID_TO = datetime(2200, 1, 1, tzinfo=UTC)
 """Any time, however written, must lie in here (a declared unit that is wrong lands far outside)."""
 _VALID_US = (int(VALID_FROM.timestamp()) * 1_000_000, int(VALID_TO.timestamp()) * 1_000_000)
 _LO_S, _HI_S = int(PLAUSIBLE_FROM.timestamp()), int(PLAUSIBLE_TO.timestamp())
@@ -37,6 +37,22 @@ _NUMBER = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 SUGGESTED_PATTERNS = ("%y%m%d%H", "%Y%m%d%H", "%Y%m%d", "%y%m%d", "%Y%m%d%H%M", "%Y%m%d%H%M%S")
 """Patterns tried on an implausible number to say which `format:` would read it."""
 INT64_MAX = (1 << 63) - 1
+_WIDTHS = {"%Y": 4, "%y": 2, "%m": 2, "%d": 2, "%H": 2, "%M": 2, "%S": 2, "%%": 1}
+
+
+def fixed_width(pattern: str) -> int | None:
+    """The text length a pattern of fixed-width fields (`%Y%m%d%H`) matches, else None. strptime
+    alone accepts `141021` for `%y%m%d%H` (reading the day as 2 and the hour as 1)."""
+    width, i = 0, 0
+    while i < len(pattern):
+        if pattern[i] == "%":
+            w = _WIDTHS.get(pattern[i:i + 2])
+            if w is None:
+                return None
+            width, i = width + w, i + 2
+        else:
+            width, i = width + 1, i + 1
+    return width
 
 
 class BadTime(ValueError):
@@ -51,7 +67,7 @@ def _show(v: Any) -> str:
 def _iso(us: int) -> str:
     """A time for a message; beyond what datetime holds, its year."""
     try:
-        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (OverflowError, ValueError, OSError):
         return f"the year {1970 + us // 31_556_952_000_000}"
 
@@ -97,7 +113,7 @@ def guess_epoch(x: int | Decimal, raw: Any) -> int:
 
 def implausible(x: int | Decimal, raw: Any) -> str:
     """The reason for a number that is no plausible epoch time in any unit, with the format to declare."""
-    seen = f" (as epoch seconds {_iso(_scale(x, 1))})" if abs(x) < 1 << 40 else ""
+    seen = f" (as epoch seconds {_iso(_scale(x, 1))})" if -(1 << 40) < x < 1 << 40 else ""
     fits = [p for p in SUGGESTED_PATTERNS if _fits(str(raw).strip(), p)]
     hint = (f"declare the field's format, e.g. `format: '{fits[0]}'` (reads it as {_strptime_iso(str(raw).strip(), fits[0])})"
             if fits else "declare the field's format (epoch_s, epoch_ms, epoch_us, epoch_ns, iso or a strptime pattern)")
@@ -106,20 +122,22 @@ def implausible(x: int | Decimal, raw: Any) -> str:
 
 
 def _fits(text: str, pattern: str) -> bool:
+    if len(text) != fixed_width(pattern):
+        return False
     try:
-        t = datetime.strptime(text, pattern).replace(tzinfo=timezone.utc)
+        t = datetime.strptime(text, pattern).replace(tzinfo=UTC)
     except ValueError:
         return False
     return PLAUSIBLE_FROM <= t < PLAUSIBLE_TO
 
 
 def _strptime_iso(text: str, pattern: str) -> str:
-    return datetime.strptime(text, pattern).replace(tzinfo=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.strptime(text, pattern).replace(tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _from_datetime(dt: datetime) -> int:
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.replace(microsecond=0).timestamp()) * 1_000_000 + dt.microsecond
 
 
@@ -145,8 +163,11 @@ def _time_value(fs: FieldSpec, v: Any) -> int:
     if fmt is not None and fmt != "iso":  # a strptime pattern
         if isinstance(v, (float, bool)) or not isinstance(v, (str, int)):
             raise BadTime(f"expected text matching {fmt!r}: {_show(v)}")
+        text = str(v).strip()
         try:
-            return _from_datetime(datetime.strptime(str(v).strip(), fmt))
+            if fixed_width(fmt) not in (None, len(text)):
+                raise ValueError("width")
+            return _from_datetime(datetime.strptime(text, fmt))
         except ValueError:
             raise BadTime(f"does not match the format {fmt!r}: {_show(v)}") from None
     if not isinstance(v, str) and fmt == "iso":
@@ -201,12 +222,12 @@ def _epoch_array(x: pa.Array, per_second: int | None) -> pa.Array:
         raise ValueError("not finite")
     if per_second is None:
         a = np.abs(f)
-        ps = np.select([a < _HI_S, a < _HI_S * 1e3, a < _HI_S * 1e6], [1.0, 1e3, 1e6], 1e9)
-        if not ((f >= _LO_S * ps) & (f < _HI_S * ps) | pc.is_null(x).to_numpy(zero_copy_only=False)).all():
+        unit = np.select([a < _HI_S, a < _HI_S * 1e3, a < _HI_S * 1e6], [1.0, 1e3, 1e6], 1e9)
+        if not ((f >= _LO_S * unit) & (f < _HI_S * unit) | pc.is_null(x).to_numpy(zero_copy_only=False)).all():
             raise ValueError("implausible")
     else:
-        ps = np.full(len(f), float(per_second))
-    return _as_ts(np.round(f * (1e6 / ps)).astype(np.int64), x)
+        unit = np.full(len(f), float(per_second))
+    return _as_ts(np.round(f * (1e6 / unit)).astype(np.int64), x)
 
 
 def time_array(fs: FieldSpec, arr: pa.Array) -> pa.Array:
@@ -236,7 +257,11 @@ def _time_array(fs: FieldSpec, arr: pa.Array) -> pa.Array:
     if not text and not (pa.types.is_integer(t) and fmt not in (None, "iso")):
         raise ValueError("not text")
     if fmt is not None and fmt != "iso":
-        parsed = pc.strptime(pc.cast(arr, pa.string()), format=fmt, unit="us", error_is_null=False)
+        text_arr = pc.cast(arr, pa.string())
+        width = fixed_width(fmt)
+        if width is not None and not pc.all(pc.fill_null(pc.equal(pc.utf8_length(text_arr), width), True)).as_py():
+            raise ValueError("width")
+        parsed = pc.strptime(text_arr, format=fmt, unit="us", error_is_null=False)
         return pc.cast(parsed, TS)
     try:
         return pc.cast(arr, TS)

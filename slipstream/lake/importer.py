@@ -26,7 +26,7 @@ import shutil
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,15 @@ from pyarrow import fs as pafs
 
 from slipstream.errors import RawDataError
 from slipstream.lake.import_checks import ColumnCheck, all_rejected, check_columns, separator_hint
-from slipstream.lake.import_read import DELIMITERS, READ_ERRORS, count_records, file_format, header_columns, read_batches, unreadable
+from slipstream.lake.import_read import (
+    DELIMITERS,
+    READ_ERRORS,
+    count_records,
+    file_format,
+    header_columns,
+    read_batches,
+    unreadable,
+)
 from slipstream.lake.import_report import ImportResult, Progress, RejectsFile, SourceReport
 from slipstream.lake.import_rows import SampleTail, TimeRule, split_tail, typed_records
 from slipstream.lake.raw_files import hour_groups, staging_name, swap_in, write_parquet
@@ -70,7 +78,7 @@ class ImportOptions:
     """Events at or after this time are also returned as samples for the stream."""
     allow_missing: tuple[str, ...] = ()
     """Optional fields a file may lack while it has columns the spec does not know."""
-    run_id: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6])
+    run_id: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6])
     progress_every_s: float = 5.0
     max_rejects_written: int = 100_000
 
@@ -158,11 +166,13 @@ def _open(path: Path, source: SourceSpec, opts: ImportOptions) -> _File:
     return f
 
 
-def _check(f: _File, source: SourceSpec, names: list[str] | set[str], opts: ImportOptions, hint: str | None = None) -> ColumnCheck:
+def _check(f: _File, source: SourceSpec, names: list[str] | set[str], opts: ImportOptions,
+           hint: str | None = None) -> ColumnCheck:
     checked = check_columns(f.path, source, names, allow_missing=opts.allow_missing, time_given=opts.day is not None,
                             fmt=f.fmt, sep_hint=hint)
     if checked.unknown:
-        log.warning("%s: columns %s are not fields of source %s in the spec: ignored", f.path, ", ".join(checked.unknown), source.name)
+        log.warning("%s: columns %s are not fields of source %s in the spec: ignored", f.path,
+                    ", ".join(checked.unknown), source.name)
     if checked.absent:
         log.warning("%s: no record has %s: every record takes the spec's default", f.path, ", ".join(checked.absent))
     return checked
@@ -216,7 +226,7 @@ def _stage_days(staged: list[Path], raw_dir: Path, source: SourceSpec, pending: 
 
 
 def _read_file(spec: Spec, source: SourceSpec, f: _File, opts: ImportOptions, rule: TimeRule, offset: int,
-               report: SourceReport, rejects: RejectsFile, tail: SampleTail | None, out: "_Sink") -> None:
+               report: SourceReport, rejects: RejectsFile, tail: SampleTail | None, out: _Sink) -> None:
     """Every batch of one file through `typed_records` into `out`; refuses the file when its
     columns misname the fields or when it had lines and yielded no record."""
     header = 1 if f.fmt in DELIMITERS and source.header else 0

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,14 +72,14 @@ def _bounds(df: object, field_id: int) -> tuple[bytes | None, bytes | None]:
     return lower.get(field_id), upper.get(field_id)
 
 
-def find_collisions(table: "Table", new_ids: Mapping[date, pa.Array | pa.ChunkedArray]) -> Collisions:
+def find_collisions(table: Table, new_ids: Mapping[date, pa.Array | pa.ChunkedArray]) -> Collisions:
     """Where the ids of `new_ids` (day -> the ids about to be committed for it) already exist in
     the table's other days (and in each other, when several days are committed together)."""
     out = Collisions()
     replaced = set(new_ids)
     days = sorted(new_ids)
     arrays = [new_ids[d].combine_chunks() if isinstance(new_ids[d], pa.ChunkedArray) else new_ids[d] for d in days]
-    for i, d in enumerate(days):  # days committed together must not share ids either
+    for i in range(len(days)):  # days committed together must not share ids either
         for other, ids in zip(days[i + 1:], arrays[i + 1:]):
             n = int(pc.sum(pc.is_in(ids, value_set=arrays[i])).as_py() or 0)
             if n:
@@ -122,7 +123,7 @@ def find_collisions(table: "Table", new_ids: Mapping[date, pa.Array | pa.Chunked
     return out
 
 
-def check_unique_ids(table: "Table", spec: Spec, new_ids: Mapping[date, pa.Array | pa.ChunkedArray]) -> Collisions | None:
+def check_unique_ids(table: Table, spec: Spec, new_ids: Mapping[date, pa.Array | pa.ChunkedArray]) -> Collisions | None:
     """Refuse (`DuplicateSampleIds`) the days of `new_ids` when some of their ids already exist in
     other days of the table; None when the spec's ids cannot repeat across days (not checked)."""
     if not ids_can_repeat_across_days(spec):
@@ -138,7 +139,7 @@ def check_unique_ids(table: "Table", spec: Spec, new_ids: Mapping[date, pa.Array
     return found
 
 
-def describe(table: "Table", spec: Spec, days: Iterable[date], n_new: int, found: Collisions) -> str:
+def describe(table: Table, spec: Spec, days: Iterable[date], n_new: int, found: Collisions) -> str:
     where = ", ".join(f"{d} ({n:,})" for d, n in sorted(found.days.items()))
     rule = spec.events.id
     why = (f"the events' id field `{rule}` repeats across days" if isinstance(rule, str)

@@ -7,9 +7,9 @@ sequences (the earlier values of a field per user, from the events themselves) a
 (log1p / clip / scale; standardised by the trainer with the window's statistics). Side tables
 (users, items) join the events by key. A timestamp field may declare its `format` (epoch_s,
 epoch_ms, epoch_us, epoch_ns, iso or a strptime pattern); a feature with `missing: indicator` gets
-a derived 0/1 dense feature `<name>_missing` next to it (`Spec.features` holds both). The Spark job, the Iceberg table, the Kafka codecs, the
-loader and model inputs, the quality suite and the generator all read it; nothing else defines a
-column.
+a derived 0/1 dense feature `<name>_missing` next to it (`Spec.features` holds both). The Spark
+job, the Iceberg table, the Kafka codecs, the loader and model inputs, the quality suite and the
+generator all read it; nothing else defines a column.
 
 `load_spec(path)` validates the file against `spec.schema.json` and the references between its
 parts; an error names the file, the line and the key, and says what to do.
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 import re
+import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

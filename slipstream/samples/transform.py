@@ -20,7 +20,7 @@ The steps, in order (`Featurizer.samples`):
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -107,7 +107,8 @@ def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table],
             side = pa.table({c: pa.array([], field_arrow_type(src.field(c).type)) for c in (key, *cols)})
         for c in cols:  # a column the table lacks: absent everywhere
             if c not in side.column_names:
-                side = side.append_column(pa.field(c, field_arrow_type(src.field(c).type)), pa.nulls(side.num_rows, field_arrow_type(src.field(c).type)))
+                typ = field_arrow_type(src.field(c).type)
+                side = side.append_column(pa.field(c, typ), pa.nulls(side.num_rows, typ))
         side = side.select([key, *cols])
         side = side.rename_columns([key, *(f"{name}.{c}" for c in cols)])
         side = last_per_key(side, key)
@@ -325,7 +326,7 @@ class Featurizer:
         self._history = {f.name: kind(f.length) for f in spec.features if f.kind == "sequence"}
 
     @property
-    def sequences(self) -> dict[str, "SequenceHistory | KeyedSequenceState"]:
+    def sequences(self) -> dict[str, SequenceHistory | KeyedSequenceState]:
         """Each sequence feature's history (the joiner saves and restores the keyed ones)."""
         return self._history
 

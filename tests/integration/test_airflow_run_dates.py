@@ -5,7 +5,7 @@ date whose day is not over fails its first task with the reason, not retried."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ def test_a_2014_day_runs_its_tasks(settings: Settings, migrated_airflow_db: Path
 
 
 def test_a_day_that_is_not_over_is_refused(settings: Settings, migrated_airflow_db: Path) -> None:  # noqa: F811
-    tomorrow = (datetime.now(timezone.utc) + timedelta(days=2)).date().isoformat()
+    tomorrow = (datetime.now(UTC) + timedelta(days=2)).date().isoformat()
     text = _dags_test(settings, migrated_airflow_db, tomorrow, {})
     assert "AirflowFailException" in text and "ends in the future" in text and "cannot be trained on yet" in text, text[-4000:]
     assert "UP_FOR_RETRY" not in text and "up_for_retry" not in text and "state=failed" in text

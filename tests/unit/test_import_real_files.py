@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from slipstream.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "import"
 AVAZU = DATA / "avazu"
-UTC = timezone.utc
+UTC = UTC
 BIG_IDS = ["10000169349117863715", "10000371904215119486", "10000640724480838376", "10000679056417042096",
            "10000720757801103869", "10000918755742328737", "10000949271186029916", "10001264480619467364"]
 FITTING_IDS = ["1000009418151094273", "9223372036854775807", "1000011894040108031", "1000010000000000001"]
@@ -59,7 +59,8 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return rc, out.out, out.err
 
 
-def test_avazu_ids_beyond_and_within_int64_stay_exact(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_avazu_ids_beyond_and_within_int64_stay_exact(settings: Settings, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     # as text (`type: string`): every id exactly as written, also the ones beyond int64
     rc, out, _ = _run(capsys, "--json", "--spec", str(AVAZU / "avazu.yaml"), str(AVAZU / "train.csv"))
     assert rc == 0 and json.loads(out)["sources"]["impressions"]["imported"] == 12
@@ -210,7 +211,8 @@ def test_a_missing_value_reaches_the_model_as_an_indicator(settings: Settings) -
     dense = [f.name for f in spec.dense]  # what the trainer reads: each indicator next to its feature
     assert dense[11:14] == ["i12", "i12_missing", "i13"] and dense[-1] == "c22_missing" and len(dense) == 15
     assert spec.feature("i12_missing").indicator_of == "i12"
-    import_files(spec, [DATA / "criteo" / "day_0.txt"], ImportOptions(raw_dir=Path(settings.raw_dir), day=datetime(2026, 11, 1).date()))
+    opts = ImportOptions(raw_dir=Path(settings.raw_dir), day=datetime(2026, 11, 1).date())
+    import_files(spec, [DATA / "criteo" / "day_0.txt"], opts)
     raw = _raw(settings, "displays")
     assert raw.column("I12").to_pylist() == [None, None, 3, None, None]  # blanks stay missing in the raw zone
     samples = Featurizer(spec).samples(raw)
