@@ -510,6 +510,14 @@ def _check_indicator(spec: Spec, ev: SourceSpec, f: FeatureSpec, declared: list[
     if f.table is None and not ev.field(f.column).optional:
         raise _KeyProblem(at, f"{f.column} is a required field, never missing: make it `optional: true` (with a "
                               "default) or drop `missing: indicator`")
+    default = (ev if f.table is None else spec.source(f.table)).field(f.column).default
+    if isinstance(default, str) and default.strip():
+        try:
+            float(default)
+        except ValueError:
+            # the trainer fills a column absent from older files with float(the field's default)
+            raise _KeyProblem(at, f"an indicator on a field whose default is text ({default!r}) is not supported yet: "
+                                  "give the field an empty or numeric default, or drop `missing: indicator`") from None
 
 
 def _check_label(spec: Spec, ev: SourceSpec) -> None:

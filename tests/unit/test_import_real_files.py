@@ -226,3 +226,28 @@ def test_an_indicator_on_a_required_field_is_refused() -> None:
     doc["features"]["label_again"] = {"kind": "dense", "field": "label", "missing": "indicator"}
     with pytest.raises(Exception, match="features.label_again.missing: label is a required field, never missing"):
         spec_from_dict(doc)
+
+
+def test_an_indicator_the_trainer_cannot_default_is_refused() -> None:
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "specs" / "ratings.yaml").read_text())
+    doc["features"]["gender"]["missing"] = "indicator"  # users.gender defaults to `unknown`
+    with pytest.raises(Exception, match=r"features.gender.missing: an indicator on a field whose default is text \('unknown'\)"):
+        spec_from_dict(doc)
+    doc["features"]["gender"]["missing"] = "default"
+    doc["features"]["year"]["missing"] = "indicator"  # a side table's field, numeric default: fine
+    spec = spec_from_dict(doc)
+    assert [f.name for f in spec.dense] == ["year", "year_missing"]
+
+
+def test_json_lines_with_a_misnamed_key_and_a_corrupt_gzip_are_refused(settings: Settings, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A JSON-lines file is checked on the keys of all its records; a gzip that is no gzip names itself."""
+    f = tmp_path / "impressions.jsonl"
+    f.write_text((DATA / "synthetic" / "impressions.jsonl").read_text().replace('"user_tenure_days"', '"userTenureDays"'))
+    rc, _, err = _run(capsys, str(f))
+    assert rc == 2 and "field `user_tenure_days` (did you mean `userTenureDays`?) of source 'impressions' is no column" in err
+    bad = tmp_path / "impressions-2.jsonl.gz"
+    bad.write_bytes(b"this is plain text, not gzip\n")
+    rc, _, err = _run(capsys, str(DATA / "synthetic" / "impressions.jsonl"), str(bad))
+    assert rc == 2 and "Traceback" not in err and f"{bad} is not a valid gzip file (Not a gzipped file" in err
+    assert not (Path(settings.raw_dir) / "impressions").exists()
