@@ -16,7 +16,7 @@ import logging
 from typing import Iterable
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -81,31 +81,34 @@ def list_raw_files(spark: SparkSession, dirs: Iterable[str]) -> list[str]:
 
 
 def _json_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """Every line of `files` (blank ones too) with its file, split and position in the split. The
-    position is taken straight off the scan, so it counts every line the split read, in order."""
+    """Every line of `files` (blank ones too) with its file, split and position in the split (as
+    `read_raw` numbers them: straight off the scan, every line the split read, in order)."""
     return spark.read.text(files).select(
         F.col("value"), F.input_file_name().alias(SOURCE), F.col("_metadata.file_block_start").alias(BLOCK),
         F.monotonically_increasing_id().alias(LINE_POS),
     )
 
 
-def line_offsets(spark: SparkSession, files: list[str]) -> DataFrame | None:
-    """Per JSON file and split: the position id of the split's first line and the lines of the
-    file before the split (`lines_before`), so `lines_before + pos - first_pos + 1` is a row's line.
-    One aggregate over the files (only where rows were rejected); None without JSON files."""
+def line_offsets(spark: SparkSession, files: list[str]) -> dict[str, int]:
+    """Per JSON file split (`split_key`): what to add to a row's position in it to get its line in
+    the file (the lines of the file's earlier splits, less the split's first position, plus 1).
+    One aggregate over the files, run only where rows were rejected; a few entries per file."""
     json_files = [f for f in files if raw_format(f) == "json"]
     if not json_files:
-        return None
+        return {}
     splits = (_json_lines(spark, json_files).groupBy(SOURCE, BLOCK)
               .agg(F.count(F.lit(1)).alias("n"), F.min(LINE_POS).alias("first_pos")).collect())
-    rows, before = [], {}
+    out, before = {}, {}
     for r in sorted(splits, key=lambda r: (r[SOURCE], r[BLOCK])):
         done = before.get(r[SOURCE], 0)
-        rows.append((r[SOURCE], int(r[BLOCK]), int(r["first_pos"]), done))
+        out[f"{r[SOURCE]}#{r[BLOCK]}"] = done - int(r["first_pos"]) + 1
         before[r[SOURCE]] = done + int(r["n"])
-    schema = T.StructType([T.StructField(SOURCE, T.StringType()), T.StructField(BLOCK, T.LongType()),
-                           T.StructField("first_pos", T.LongType()), T.StructField("lines_before", T.LongType())])
-    return spark.createDataFrame(rows, schema)
+    return out
+
+
+def split_key() -> Column:
+    """A row's file split as `line_offsets` names it."""
+    return F.concat_ws("#", F.col(SOURCE), F.col(BLOCK).cast("string"))
 
 
 def read_raw(spark: SparkSession, files: list[str], schema: T.StructType) -> DataFrame:
@@ -119,9 +122,16 @@ def read_raw(spark: SparkSession, files: list[str], schema: T.StructType) -> Dat
     if json_files:
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        lines = _json_lines(spark, json_files).where(F.trim(F.col("value")) != "")
-        parsed = lines.select("*", F.from_json(F.col("value"), with_corrupt, options).alias("_r"))
-        parts.append(parsed.select(*[F.col(f"_r.{n}").alias(n) for n in with_corrupt.fieldNames()], SOURCE, LINE_POS, BLOCK)
+        # The parsed record and the (nondeterministic) position in ONE struct: the optimizer then
+        # neither pushes a later filter below the parse nor inlines it, so each line is parsed once
+        # (a deterministic from_json would be copied into every check that names a field).
+        lines = spark.read.text(json_files).select(
+            F.col("value"), F.input_file_name().alias(SOURCE), F.col("_metadata.file_block_start").alias(BLOCK),
+            F.struct(F.from_json(F.col("value"), with_corrupt, options).alias("j"),
+                     F.monotonically_increasing_id().alias("pos")).alias("_r"))
+        parts.append(lines.where(F.trim(F.col("value")) != "")
+                     .select(*[F.col(f"_r.j.{n}").alias(n) for n in with_corrupt.fieldNames()], SOURCE,
+                             F.col("_r.pos").alias(LINE_POS), BLOCK)
                      .select(*out_cols))
     if parquet_files:
         # A column missing from a file reads as nulls here; validation turns that into a
