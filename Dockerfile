@@ -9,6 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 RUN groupadd --gid 1000 slipstream && useradd --uid 1000 --gid 1000 --create-home slipstream
 WORKDIR /opt/slipstream
 COPY requirements.txt ./
+# pip takes no extras in a constraints file: the pinned set without them
+RUN sed -E 's/\[[^]]*\]//' requirements.txt > constraints.txt
 
 # the loader's native kernels, compiled here so the trainer image needs no compiler
 FROM base AS native
@@ -21,14 +23,14 @@ FROM base AS trainer
 #   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 --build-arg FBGEMM=fbgemm-gpu
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG FBGEMM=fbgemm-gpu-cpu
-RUN pip install --extra-index-url "${TORCH_INDEX}" \
-      $(grep -E '^(torch|pyiceberg(\[[a-z,-]+\])?|pyiceberg-core|confluent-kafka|pyyaml|tensorboard|pandas|great-expectations|pydantic|pydantic-settings)([=<>]|$)' requirements.txt) \
- # torchrec without its fbgemm-gpu dependency: the FBGEMM build arg picks the CPU or the CUDA one
- && pip install --no-deps $(grep -E '^torchrec==' requirements.txt) \
-      "${FBGEMM}==$(grep -E '^fbgemm-gpu-cpu==' requirements.txt | cut -d= -f3)" \
- && pip install tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 tqdm==4.70.1
+COPY pyproject.toml README.md ./
 COPY slipstream/ slipstream/
 COPY trainers/ trainers/
+# the core and the `trainer` extra, at the versions requirements.txt pins; torchrec depends on the
+# CUDA fbgemm-gpu, which the FBGEMM build arg replaces on CPU images
+RUN pip install --extra-index-url "${TORCH_INDEX}" -c constraints.txt ".[trainer]" \
+ && if [ "${FBGEMM}" != fbgemm-gpu ]; then pip uninstall -y fbgemm-gpu \
+      && pip install --no-deps --force-reinstall "${FBGEMM}==$(grep -E '^fbgemm-gpu-cpu==' requirements.txt | cut -d= -f3)"; fi
 COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
 ENV SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native
 USER 1000:1000
@@ -39,11 +41,13 @@ FROM base AS airflow
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 AIRFLOW_HOME=/opt/airflow
-RUN pip install -r requirements.txt psycopg2-binary==2.9.10 \
- && pip uninstall -y fbgemm-gpu && pip install --no-deps --force-reinstall $(grep -E '^fbgemm-gpu-cpu==' requirements.txt)
+COPY pyproject.toml README.md ./
 COPY slipstream/ slipstream/
 COPY spark_jobs/ spark_jobs/
 COPY trainers/ trainers/
+# Airflow runs the local trainer too (backend=local): every extra but dev, at the pinned versions
+RUN pip install -c constraints.txt ".[airflow,spark,trainer]" psycopg2-binary==2.9.10 \
+ && pip uninstall -y fbgemm-gpu && pip install --no-deps --force-reinstall $(grep -E '^fbgemm-gpu-cpu==' requirements.txt)
 COPY --from=native /opt/slipstream/native/ /opt/slipstream/native/
 ENV SLIPSTREAM_NATIVE_DIR=/opt/slipstream/native
 COPY plugins/ plugins/

@@ -45,7 +45,7 @@ from slipstream.scoring import auc
 from slipstream.stream.kafka import create_topic, produce_samples
 from slipstream.samples.schema import is_holdout
 from slipstream.dev.stack import free_port, start_kafka, stop_process
-from trainers.config import load_config
+from trainers.config.schema import load_config
 
 log = logging.getLogger("bench.model_quality")
 

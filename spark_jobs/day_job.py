@@ -18,9 +18,10 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from py4j.protocol import Py4JJavaError
 from pyiceberg.catalog import Catalog
@@ -236,7 +237,7 @@ def _label_dirs(opts: DayOptions, source: SourceSpec, day: date) -> list[str]:
     ]
 
 
-def _reasons(per_file: dict[str, "FileStats"]) -> str:
+def _reasons(per_file: dict[str, FileStats]) -> str:
     counts: Counter[str] = Counter()
     for fs in per_file.values():
         counts.update(fs.reasons)
@@ -321,7 +322,7 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
                 "and re-run the day; `samples` was left unchanged"
             ) from e
         raw_records, n_rejects = 0, 0
-        for name, (df, obs) in seen.items():
+        for df, obs in seen.values():
             got = _observation(obs, df)
             raw_records += got["records"]
             n_rejects += got["rejects"]

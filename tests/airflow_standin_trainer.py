@@ -1,10 +1,10 @@
-"""A tiny stand-in for `trainers.train`, used only by the Airflow tests while `trainers/` is not on
-this branch (the lead switches the tests to the real trainer on merge).
+"""A tiny stand-in for `trainers.train`, for the tests of the launcher itself (killing a training
+process tree, a failing rank, a run that never ends) where the real trainer's work is beside the point.
 
 It honours the trainer's command-line contract (`--plan P`, `--config F`, `--set section.key=value`:
 the plan's ids, snapshot, T, cache folder and knobs first, then the `--set` pairs), really runs
 under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
-of CONTRACTS.md from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
+(docs/trainer.md, Run layout) from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
 `--set standin.auc=X` sets the AUC it reports (after T; its baseline's is 0.6); `--set standin.fail=true` exits 3.
 """
 
@@ -27,7 +27,8 @@ def plan_settings(path: str) -> dict[str, str]:
     plan = read_plan(Path(path))
     out = {"run.run_id": plan.run_id, "data.snapshot_id": str(plan.snapshot_id), "data.t_handoff": plan.t_handoff.isoformat(),
            "data.cache_dir": plan.cache_dir}
-    out.update(trainer_overrides(plan.request) if plan.request else {})
+    out.update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in (trainer_overrides(plan.request) if plan.request else {}).items()})
     return out
 
 

@@ -1,7 +1,7 @@
 """`torchrun -m tests.checkpoint_pause_train ...`: the trainer, paused at one moment of a checkpoint
 re-save so a test can kill -9 it exactly there.
 
-PAUSE_AT names a method of `trainers.checkpoint.Checkpointer` (`_publish`, `_point_latest`,
+PAUSE_AT names a method of `trainers.checkpoint.store.Checkpointer` (`_publish`, `_point_latest`,
 `_prune`); when rank 0 calls it while committing a step that is already committed (the handoff
 re-commits the batch phase's last step), it writes `<checkpoint>/paused` and sleeps until killed.
 Nothing in the trainer's own code knows about this.
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainers import checkpoint
+from trainers.checkpoint import store as checkpoint
 from trainers.train import exit_worker, main
 
 

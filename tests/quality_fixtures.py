@@ -1,5 +1,5 @@
 """Helpers for the quality tests: realistic sample days in a real (SQLite) Iceberg catalog, and
-a fake-but-faithful training run folder (the files the trainer writes, per CONTRACTS.md)."""
+a fake-but-faithful training run folder (the files the trainer writes, docs/trainer.md)."""
 
 from __future__ import annotations
 

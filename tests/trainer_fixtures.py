@@ -183,11 +183,14 @@ def run_torchrun(home: Path, config_path: Path, nproc: int = 2, overrides: tuple
 
 # --- kill -9 and resume ---------------------------------------------------------------------
 def checkpoint_meta(run_dir: Path) -> dict[str, object] | None:
+    """The latest committed checkpoint's run progress (step, phase, epoch, positions, counters) with
+    its world size, or None before the first commit."""
     latest = run_dir / "checkpoint" / "latest"
     try:
-        return json.loads((run_dir / "checkpoint" / latest.read_text().strip() / "meta.json").read_text())
+        meta = json.loads((run_dir / "checkpoint" / latest.read_text().strip() / "meta.json").read_text())
     except (OSError, ValueError):
         return None
+    return {**meta["run"], "world": meta["world"]}
 
 
 def kill_run(proc: subprocess.Popen[bytes]) -> None:

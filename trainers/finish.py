@@ -28,23 +28,25 @@ from slipstream.samples.codec import decode_samples
 from slipstream.samples.schema import HOLDOUT_MODULO
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
-from trainers.audit import merge_parts
-from trainers.config import TrainConfig
+from trainers.observe.sample_audit import merge_parts
+from trainers.observe.stream_verify import verify_stream
+from trainers.config.schema import TrainConfig
 from trainers.data.holdout import holdout_mask
 from trainers.data.iceberg_source import ChunkStats, read_units, select_rows
 from trainers.data.kafka_source import assigned_partitions, read_range
 from trainers.data.units import Opener, WorkUnit
-from trainers.distributed import Dist
-from trainers.drift import DriftGauge
-from trainers.baselines import Baselines
-from trainers.judge import judged, load_champion
-from trainers.validation import EarlyStopping, scores, validation_rows
-from trainers.export import export_model
-from trainers.metrics import MetricsLogger, percentile
+from trainers.parallel.dist import Dist
+from trainers.optim.drift_gauge import DriftGauge
+from trainers.eval.baselines import Baselines
+from trainers.eval.judge import judged, load_champion
+from trainers.eval.new_ids import evaluate_id_tables
+from trainers.eval.validation import EarlyStopping, scores, validation_rows
+from trainers.models.export import export_model
+from trainers.observe.run_metrics import MetricsLogger, percentile
 from trainers.models import build_model
-from trainers.rows import RowLayout, Rows
-from trainers.state import Throughput, TrainState
-from trainers import stream_profile
+from trainers.data.rows import RowLayout, Rows
+from trainers.data.progress import Throughput, TrainState
+from trainers.data import stream_profile
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +173,7 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
     pick = {"after_t": (a_a, ll_a, ba[0]), "validation": (a_v, ll_v, bv[0]), "holdout_before_t": (a_b, ll_b, bb[0])}
     out.update(auc=pick[source][0], logloss=pick[source][1], baseline_auc=pick[source][2], auc_on=source)
     batch_only = run.run_dir / "checkpoint" / "batch_only" / "model.pt"
+    m, bo_a = None, None
     if batch_only.exists():
         m = build_model(spec, run.cfg.model, run.cfg.data.seed).to(dev)
         m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
@@ -180,6 +183,9 @@ def evaluate(run: RunOutcome, d: Dist) -> dict[str, Any]:
         if len(lab_a):
             bo_a = scores(d.gather, m, after, dev)
             out.update(auc_after_t_batch_only=bo_a[0], logloss_after_t_batch_only=bo_a[1])
+    out.update(evaluate_id_tables(spec, run.model, m, after, lab_a, p_a, bo_a[3] if bo_a is not None else None,
+                                  np.concatenate(users), run.units, run.open_file,
+                                  (int(run.plan.window_start.timestamp() * 1e6), int(run.plan.t_handoff.timestamp() * 1e6)), d))
     e = run.early
     out.update(validation_curve=e.curve, chosen_epoch=e.best_epoch if e.curve else None,
                epochs_run=run.state.epoch, stopped_early=e.stopped, train_end=run.train_end.isoformat())
@@ -207,6 +213,13 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
+def verify_committed(run: RunOutcome) -> dict[str, Any]:
+    """Rank 0: the stream phase against what was committed in its range (`verify_stream`)."""
+    st, dc = run.state, run.cfg.data
+    return verify_stream(run.run_dir, run.broker, dc.topic, run.plan.spec, run.plan.t_handoff, st.handoff_offsets,
+                         st.positions, st.stop_offsets)
+
+
 def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     st, tp = run.state, run.throughput
@@ -219,6 +232,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         return {}
     dc, plan = run.cfg.data, run.plan
     merge_parts(run.run_dir / "audit")
+    verified = verify_committed(run)  # before anything is exported: a lost record stops the run here
     stream_profile.merge(profiles, run.plan.spec).write(run.run_dir / "stream_profile.json")
     lat = np.concatenate(tp.latencies_ms).tolist() if tp.latencies_ms else []
     summary: dict[str, Any] = {
@@ -247,6 +261,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "checkpoint": st.last_checkpoint,
         "cache": run.cache,
     }
+    summary.update(verified)
     assert run.whole is not None
     summary["export"] = str(export_model(run.whole, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                          positions=st.positions, metrics=summary))

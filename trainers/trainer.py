@@ -1,13 +1,17 @@
 """The training job: batch phase over the planned window, handoff at T, stream phase.
 
 Every rank runs the same loop; one small all-reduce per step tells all ranks how many rows the
-step has globally and whether rank 0 wants a checkpoint or a stop, so all ranks take the same
-number of optimizer steps (a rank without rows steps on an empty batch) and decide together.
+step has globally, whether rank 0 wants a checkpoint or a stop, and whether any rank was signalled
+to stop (a graceful stop, `trainers.parallel.graceful_stop`: all ranks commit a checkpoint after that
+step and exit), so all ranks take the same number of optimizer steps (a rank without rows steps on
+an empty batch) and decide together.
 
-The job is assembled from pieces that each save and restore their own state in a checkpoint
-(`trainers.stateful`): the run's counters and positions (`TrainState`), the model and optimizer
-(`Stepper`), the Iceberg and Kafka sources, the stream shuffle, the replay reservoir and the
-drift gauge. What the run reads comes from its plan (`slipstream.pipeline.runplan`).
+The job is assembled from pieces that each save and restore their own state, registered once in
+a `CheckpointPieces` registry with where each is stored (`trainers.checkpoint.pieces`): the run's
+lineage, counters and positions, the stream profile, the drift gauge and early stopping (meta);
+the model, optimizer and baselines (`Stepper`, model); the batch cursor, the stream shuffle and the
+replay reservoir (data, per rank, re-dealt on another world size). Checkpoint and resume loop over
+the registry. What the run reads comes from its plan (`slipstream.pipeline.runplan`).
 """
 
 from __future__ import annotations
@@ -27,26 +31,34 @@ from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import KafkaAccess, create_topic
-from trainers import stream_profile
-from trainers.audit import AuditWriter, drop_uncommitted
-from trainers.checkpoint import Checkpointer, atomic_torch_save
-from trainers.config import TrainConfig
+from trainers.data import stream_profile
+from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
+from trainers.checkpoint.pieces import CheckpointPieces
+from trainers.checkpoint.store import Checkpointer, atomic_torch_save
+from trainers.config.schema import TrainConfig
 from trainers.data.iceberg_source import IcebergSource
-from trainers.dense_stats import window_dense_stats
+from trainers.data.dedupe import SampleIdDedupe
+from trainers.data.dense_stats import window_dense_stats
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
 from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
-from trainers.distributed import Dist
-from trainers.export import export_model
+from trainers.parallel.dist import Dist
+from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST, GracefulStop
+from trainers.models.export import export_model
 from trainers.finish import RunOutcome
-from trainers.metrics import MetricsLogger, ProgressLog
-from trainers.plan import plan_for_config
-from trainers.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
-from trainers.state import COUNTERS, ResumePoint, Throughput, TrainState, resume_point
-from trainers.stepper import Stepper
-from trainers.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
+from trainers.observe.run_metrics import MetricsLogger, ProgressLog
+from trainers.observe.world_log import WorldLog
+from trainers.config.plan import RunLineage, plan_for_config
+from trainers.data.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
+from trainers.data.progress import BatchCursor, RunProgress, Throughput, TrainState
+from trainers.step import Stepper
+from trainers.eval.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_LAYOUT = 2
+"""meta.json holds `{layout, step, world, time, <meta piece>: state ...}`; layout 1 spread the run's
+counters over the top level and routed every piece by hand."""
 
 
 def _us(t: Any) -> int:
@@ -66,22 +78,51 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, d.is_main, cfg.run.tensorboard)
         self.progress = ProgressLog(self.metrics, cfg.run.log_every_steps)
         self.audit = AuditWriter(self.run_dir / "audit", d.rank)
+        self.worlds = WorldLog(self.run_dir, d.is_main, d.world)
         self.state = TrainState()
         self.tp = Throughput()
-        self.profile = stream_profile.new_profile(spec)
+        self.profile_piece = stream_profile.StreamProfilePiece(spec, d.gather, d.rank)
+        self.progress_piece = RunProgress(self.state, d)
+        self.batch_cursor = BatchCursor(self.state, d.rank, d.world)
         self.plan: RunPlan | None = None
         self._open_file = open_file
         self.open_file: Opener = open_file  # type: ignore[assignment]  # set by setup()
         self.cache_reader: Any = None
         self.iceberg: IcebergSource | None = None
         self.kafka: KafkaSource | None = None
-        self.shuffle = StreamShuffle(cfg.data.stream_shuffle_buffer, cfg.data.seed, d.rank, self.layout)
+        self.shuffle = StreamShuffle(cfg.data.stream_shuffle_buffer, cfg.data.seed, d.rank, self.layout, d.world)
         self.t_us = _us(cfg.data.t_handoff)
         replay_start = self.t_us - int(cfg.data.replay_window_hours * 3600 * 1e6)
-        self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout)
+        self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout,
+                                      d.world)
         self.early = EarlyStopping(cfg.data.patience)
+        self.dedupe = SampleIdDedupe(cfg.data.dedupe_horizon_s or cfg.data.max_lateness_s + 3 * spec.label.window_s,
+                                     cfg.data.dedupe_max_ids)
         self.val_rows: Rows = Rows.empty(self.layout)
         self._last_ckpt_t = time.monotonic()
+        self.pieces = CheckpointPieces()
+        """Every piece a checkpoint holds; `lineage` joins them first once `setup` knows the plan."""
+
+    @property
+    def profile(self) -> Any:
+        """The stream's feature profile this rank has seen (rank 0: with a resumed run's earlier part)."""
+        return self.profile_piece.profile
+
+    def _register_pieces(self, plan: RunPlan) -> None:
+        """The registry, in the order every rank saves it (meta pieces may run collectives). The
+        id -> row maps of managed tables are buffers of the model, alike on every rank (merged every
+        step): they travel in `model`, with the rows they index, and load on any world size."""
+        add = self.pieces.add
+        add("lineage", RunLineage(plan, self.cfg.model.sharding), "meta")
+        add("run", self.progress_piece, "meta")
+        add("profile", self.profile_piece, "meta")
+        add("drift", self.stepper.drift, "meta", optional=True)
+        add("early_stopping", self.early, "meta", optional=True)
+        add("model", self.stepper, "model")
+        add("iceberg", self.batch_cursor, "data")
+        add("replay", self.replay, "data")
+        add("shuffle", self.shuffle, "data")
+        add("dedupe", self.dedupe, "data")
 
     # --- setup ------------------------------------------------------------------------------
     def setup(self, plan: RunPlan | None) -> list[WorkUnit]:
@@ -102,45 +143,40 @@ class Trainer:
             stats = window_dense_stats(units, self.open_file, self.layout) if any(f.standardize for f in self.spec.dense) else None
             planned = (plan, units, stats)
         self.plan, units, stats = self.d.broadcast(planned)
+        self._register_pieces(self._plan())
         if stats is not None:  # a resumed run's checkpoint restores the same numbers with the weights
             self.stepper.set_dense_stats(*(torch.as_tensor(s, dtype=torch.float32) for s in stats))
         return units
 
-    def resume(self) -> ResumePoint | None:
+    def resume(self) -> bool:
+        """Collective: every piece back from the latest committed checkpoint; False when there is none."""
         latest = self.ckpt.latest()
         if latest is None:
-            return None
+            return False
         if not self.cfg.run.resume:
             raise ResumeError(f"{self.run_dir} already holds checkpoint {latest.name} and run.resume is false: use a new run.run_id")
         meta = self.ckpt.load_meta(latest)
-        plan = self._plan()
-        for key, mine in (("snapshot_id", plan.snapshot_id), ("t_handoff", plan.t_handoff.isoformat()),
-                          ("window_days", plan.window_days), ("topic", plan.topic), ("sharding", self.cfg.model.sharding)):
-            if meta.get(key, "none" if key == "sharding" else None) != mine:
-                raise ResumeError(f"checkpoint {latest} has {key}={meta.get(key)!r} but the plan says {mine!r}: "
-                                  "a run resumes only with the data and table layout it started with; use a new run.run_id")
-        self.stepper.load_state_dict(self.ckpt.load_model(latest, into=self.stepper.live_state()))
-        states = [self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))]
-        parts = None
-        if meta["phase"] != "batch":
-            parts = assigned_partitions(sorted(int(p) for p in meta["positions"]), self.d.rank, self.d.world)
-        rp = resume_point(meta, states, self.d.rank, self.d.world, parts)
+        if meta.get("layout") != CHECKPOINT_LAYOUT:
+            raise ResumeError(f"checkpoint {latest} was written in layout {meta.get('layout', 1)!r}; this Slipstream reads "
+                              f"layout {CHECKPOINT_LAYOUT}: finish the run with the Slipstream that wrote it, or use a new run.run_id")
+        self.pieces.load("meta", meta, str(latest))  # the lineage first: a checkpoint of other data is refused
+        self.pieces.load("model", self.ckpt.load_model(latest, into=self._live_model()), str(latest))
+        st = self.state
+        if st.phase != "batch":  # buffered stream rows go to the rank that now reads their partition
+            self.shuffle.partitions = self.dedupe.partitions = assigned_partitions(sorted(st.positions), self.d.rank,
+                                                                                  self.d.world)
+        self.pieces.load_data([self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))])
         if self.d.is_main:
-            drop_uncommitted(self.run_dir / "audit", rp.state.step)
+            drop_uncommitted(self.run_dir / "audit", st.step)
         self.d.barrier()
-        self.state = rp.state
-        self.stepper.drift.load_state_dict(meta.get("drift"))
-        self.early.load_state_dict(meta.get("early_stopping"))
-        self.stepper.set_lr(self.state.phase)
-        if rp.profile:
-            self.profile = stream_profile.as_profile(rp.profile, self.spec)
-        if rp.replay is not None:
-            self.replay.load_state_dict(rp.replay)
-        if rp.shuffle is not None:
-            self.shuffle.load_state_dict(rp.shuffle)
-        log.info("rank %d resumes %s at step %d (phase %s, epoch %d)", self.d.rank, latest.name, self.state.step,
-                 self.state.phase, self.state.epoch)
-        return rp
+        self.stepper.set_lr(st.phase)
+        log.info("rank %d resumes %s at step %d (phase %s, epoch %d)", self.d.rank, latest.name, st.step, st.phase, st.epoch)
+        return True
+
+    def _live_model(self) -> dict[str, Any] | None:
+        """A sharded run loads its tables in place, each rank its own shards (`Stepper.live_state`)."""
+        live = self.stepper.live_state()
+        return None if live is None else {"model": live}
 
     def _plan(self) -> RunPlan:
         if self.plan is None:
@@ -152,6 +188,7 @@ class Trainer:
         """One optimizer step; returns the rows' losses (detached, on the device)."""
         losses = self.stepper.step(rows, batch_size, fresh)
         self.state.step += 1
+        self.worlds.stepped(self.state.step)
         return losses
 
     def train_step_if_any(self, rows: Rows, batch_size: int, control: list[float]) -> list[float] | None:
@@ -161,6 +198,7 @@ class Trainer:
         if taken is None:
             return None
         self.state.step += 1
+        self.worlds.stepped(self.state.step)
         return taken[1]
 
     def _flags(self) -> float:
@@ -171,6 +209,20 @@ class Trainer:
         due = step > 0 and ((step + 1) % r.checkpoint_every_steps == 0 or
                             (r.checkpoint_every_s > 0 and time.monotonic() - self._last_ckpt_t >= r.checkpoint_every_s))
         return float(due)
+
+    # --- graceful stop (trainers.parallel.graceful_stop) ------------------------------------------
+    def stop_agreed(self) -> bool:
+        """Collective: whether any rank has been asked to stop (before the first step of a world)."""
+        return self.d.sum([STOP_REQUEST.wish()])[0] > 0
+
+    def _stop_if_asked(self, g_stop: float) -> None:
+        """After a step every rank took: when any rank was signalled (`g_stop`, summed with the
+        step's control values), commit a checkpoint that holds the step and raise GracefulStop."""
+        if not g_stop:
+            return
+        self.checkpoint()
+        self.worlds.stopped(self.state.step, self.state.last_checkpoint, int(g_stop))
+        raise GracefulStop(self.state.step, self.state.last_checkpoint, int(g_stop))
 
     # --- batch phase ------------------------------------------------------------------------
     def train_end(self) -> datetime:
@@ -195,16 +247,17 @@ class Trainer:
             return 1
         return dc.epochs
 
-    def batch_phase(self, units: list[WorkUnit], rp: ResumePoint | None) -> None:
+    def batch_phase(self, units: list[WorkUnit]) -> None:
         dc, st, tp, plan = self.cfg.data, self.state, self.tp, self._plan()
         train_end_us = _us(self.train_end())
         src = IcebergSource(units, self.open_file, rank=self.d.rank, world=self.d.world, seed=dc.seed,
                             batch_size=dc.batch_size, shuffle_rows=dc.shuffle_buffer,
                             window_us=(_us(plan.window_start), train_end_us), prefetch_chunks=dc.prefetch_chunks,
                             layout=self.layout)
-        self.iceberg = src
-        if rp is not None and rp.iceberg is not None:
-            src.load_state_dict(rp.iceberg)
+        self.iceberg = self.batch_cursor.source = src
+        if self.batch_cursor.resumed is not None:
+            src.load_state_dict(self.batch_cursor.resumed)
+            self.batch_cursor.resumed = None
         validating = train_end_us < self.t_us
         if validating:
             self.val_rows = validation_rows(units, self.open_file, self.layout, train_end_us, self.t_us,
@@ -223,10 +276,10 @@ class Trainer:
                     rows = rows if rows is not None else Rows.empty(self.layout)
                     # every rank's row count and rank 0's wish to checkpoint travel with the step's
                     # own collectives: no step is taken once no rank has rows left
-                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags()])
+                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags(), STOP_REQUEST.wish()])
                     if totals is None:
                         break
-                    g_n, g_ckpt = totals
+                    g_n, g_ckpt, g_stop = totals
                     if replay:
                         self.replay.offer(rows)
                     self.stepper.known_users.mark(rows.sparse)
@@ -235,6 +288,7 @@ class Trainer:
                     tp.trained_global += int(g_n)
                     tp.train_s += time.perf_counter() - t0
                     self._maybe_log()
+                    self._stop_if_asked(g_stop)
                     if g_ckpt:
                         self.checkpoint()
                 src.close()
@@ -242,6 +296,7 @@ class Trainer:
                     self._validate_epoch(st.epoch)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
+            self._maybe_log(last=True)
         finally:
             src.close()
         if validating:
@@ -325,11 +380,12 @@ class Trainer:
     def stream_phase(self) -> None:
         dc, stop, st, tp = self.cfg.data, self.cfg.data.stop, self.state, self.tp
         st.my_partitions = parts = assigned_partitions(sorted(st.positions), self.d.rank, self.d.world)
+        self.shuffle.partitions = parts
         src = KafkaSource(bootstrap=self.broker, topic=dc.topic, dlq_topic=dc.dlq_topic, partitions=parts,
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
                           group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec,
-                          max_future_skew_s=dc.max_future_skew_s)
+                          max_future_skew_s=dc.max_future_skew_s, max_age_s=dc.max_age_s, dedupe=self.dedupe)
         self.kafka = src
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
@@ -359,8 +415,9 @@ class Trainer:
                                    and time.monotonic() - last_export >= stop.export_every_min * 60)
                 timeout = float(self.d.is_main and stop.timeout_s > 0 and elapsed >= stop.timeout_s)
                 over = float(self.d.is_main and stop.mode == "duration" and elapsed >= stop.duration_s)
-                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle)])
-                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy = g
+                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle),
+                                STOP_REQUEST.wish()])
+                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy, g_stop = g
                 if g_n > 0:
                     replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
                     rows = Rows.concat([batch, replay]) if len(replay) else batch
@@ -393,7 +450,10 @@ class Trainer:
                     st.stop_reason = f"stream timeout {stop.timeout_s:.0f}s"
                     log.warning("stream phase stopped by data.stop.timeout_s with lag %d", int(g_lag))
                 if st.stop_reason:
+                    st.stop_offsets = self._stop_offsets(src)
+                    self._maybe_log(lag=g_lag, last=True)
                     break
+                self._stop_if_asked(g_stop)
                 if g_ckpt:
                     self.checkpoint()
         finally:
@@ -408,7 +468,7 @@ class Trainer:
         across a checkpoint: the rows a rank's advanced offsets cover are, by the next
         checkpoint, in the buffer of exactly one rank (or trained and audited), and every rank's
         buffer is saved at that same step, so the checkpoint stays exactly-once. A resume gives
-        buffered rows back to the rank owning their partition (trainers.state.resume_point)."""
+        buffered rows back to the rank owning their partition (trainers.data.progress.resume_point)."""
         if self.d.world <= 1:
             return fresh
         t0 = time.perf_counter()
@@ -418,21 +478,22 @@ class Trainer:
         self.tp.exchange_s += time.perf_counter() - t0
         return rows
 
+    def _stop_offsets(self, src: KafkaSource) -> dict[int, int]:
+        """Collective: every partition's committed end at the stop (what the audit counts up to)."""
+        merged: dict[int, int] = {}
+        for ends in self.d.gather(src.stop_offsets()):
+            merged.update(ends)
+        return merged
+
     def global_positions(self) -> dict[int, int]:
         """Collective: every partition's next offset (each rank reports the partitions it reads)."""
-        st = self.state
-        if st.phase == "batch" or st.handoff_offsets is None:
-            return {}
-        merged = dict(st.positions)
-        for own in self.d.gather({p: st.positions[p] for p in st.my_partitions}):
-            merged.update(own)
-        st.positions.update(merged)
-        return merged
+        return self.progress_piece.global_positions()
 
     def _absorb(self, src: KafkaSource) -> None:
         s, c = src.counters, self.state.counters
         c["dropped_before_t"] += s.dropped_before_t
         c["dead_letters"] += s.dead_letters
+        c["duplicates"] += s.duplicates
         c["holdout_stream"] += s.holdout
         c["records_kafka"] += s.records
         newest = s.newest_event_us
@@ -442,6 +503,7 @@ class Trainer:
         s.dead_reasons = reasons
         self.state.positions.update(src.positions)
         self.audit.add_dead_letters(src.take_dead_letters(), self.state.step)
+        self.audit.add_dead_letters(src.take_duplicates(), self.state.step, source="duplicate")
 
     def _record_latency(self, batch: Rows) -> None:
         lat = self.tp.latencies_ms
@@ -450,42 +512,27 @@ class Trainer:
 
     # --- checkpoint, logs, export, finish ------------------------------------------------------
     def checkpoint(self) -> None:
-        """Collective: every piece's state, committed together (trainers.checkpoint)."""
-        st, plan = self.state, self._plan()
+        """Collective: every registered piece's state, committed together (trainers.checkpoint.store)."""
+        st = self.state
         if self.kafka is not None:
             self.kafka.flush_dead_letters()
-        totals = self.d.sum([float(st.counters[k]) for k in COUNTERS])
-        profiles = self.d.gather(self.profile)
-        positions = self.global_positions()
-        cursor: dict[str, Any] = self.iceberg.state_dict() if self.iceberg is not None else {}
-        if st.phase != "batch" or not cursor or cursor["epoch"] < st.epoch:
-            cursor = {**cursor, "epoch": st.epoch, "chunk": 0, "offset": 0}  # an epoch boundary
-        data_state = {
-            "rank": self.d.rank, "world": self.d.world, "phase": st.phase, "iceberg": cursor,
-            "replay": self.replay.state_dict() if len(self.replay) else None,
-            "shuffle": self.shuffle.state_dict() if st.phase != "batch" else None,
-            "positions": dict(st.positions),
-        }
-        meta = {
-            **st.state_dict(counters=dict(zip(COUNTERS, totals))),
-            "world": self.d.world, "snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
-            "window_days": plan.window_days, "topic": plan.topic, "sharding": self.cfg.model.sharding,
-            "positions": positions or st.handoff_offsets or {},
-            "profile": stream_profile.merge(profiles, self.spec).to_dict(), "drift": self.stepper.drift.state_dict(),
-            "early_stopping": self.early.state_dict(), "time": time.time(),
-        }
+        meta = {"layout": CHECKPOINT_LAYOUT, "step": st.step, "world": self.d.world, "time": time.time(),
+                **self.pieces.state_dicts("meta")}
+        data = self.pieces.state_dicts("data")
         self.audit.write_part(st.step)
         if st.phase == "batch":  # the users every rank trained, for rank 0 to save; fixed from the handoff on
             self.stepper.known_users.merge(self.d)
-        model_state = {**self.stepper.state_dict(), "step": st.step}  # every rank: they write its tensors together
-        st.last_checkpoint = str(self.ckpt.save(st.step, model_state, data_state, meta))
+        model = {**self.pieces.state_dicts("model"), "step": st.step}  # every rank: they write its tensors together
+        st.last_checkpoint = str(self.ckpt.save(st.step, model, data, meta))
         self._last_ckpt_t = time.monotonic()
 
-    def _maybe_log(self, lag: float | None = None) -> None:
+    def _maybe_log(self, lag: float | None = None, *, last: bool = False) -> None:
+        """A metrics.jsonl line every `run.log_every_steps` steps; `last`: the phase's last step too,
+        unless it was just logged (a run shorter than the interval still has its curve)."""
         st, tp = self.state, self.tp
-        if not self.progress.due(st.step):
+        if not (self.progress.due(st.step) or (last and self.progress.logged_step != st.step and st.step > 0)):
             return
-        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch,
+        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch, "world": self.d.world,
                                   "samples_iceberg_rank0": st.counters["samples_iceberg"],
                                   "samples_kafka_rank0": st.counters["samples_kafka"]}
         if lag is not None:

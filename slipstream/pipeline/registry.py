@@ -10,7 +10,7 @@ Layout under the registry location (a local folder or `s3://bucket/prefix`):
 
 The decision reads the run's metrics.json, whose scores the trainer computed on rows after T (the
 future: neither the challenger, its baselines nor the champion trained on them), with the champion
-re-scored on the same rows in the same step (`trainers.judge`). A challenger is promoted when it
+re-scored on the same rows in the same step (`trainers.eval.judge`). A challenger is promoted when it
 beats its own logistic-regression baseline there, and its AUC is at least the champion's minus a
 tolerance (retraining on fresher data is worth a hair of AUC noise; a real regression is not).
 The reason names the numbers, the rows and the 95% interval of each difference (a bootstrap over
@@ -25,10 +25,11 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -58,7 +59,9 @@ SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "base
 @dataclass(frozen=True, kw_only=True)
 class RegistryConfig:
     location: str
-    """SLIPSTREAM_REGISTRY: folder or s3://bucket/prefix of the model registry (default <home>/registry)."""
+    """The data set's registry, a folder or s3://bucket/prefix: `Settings.registry` (SLIPSTREAM_REGISTRY,
+    or SLIPSTREAM_DATASET__<NAME>__REGISTRY; default <home>/registry/<data set>). One per data set:
+    a champion is only ever compared with models of its own data set."""
     tolerance: float = DEFAULT_TOLERANCE
     """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: promote when challenger AUC >= champion AUC - this."""
 
@@ -67,9 +70,11 @@ class RegistryConfig:
             raise ConfigError(f"SLIPSTREAM_PROMOTION_AUC_TOLERANCE must be in [0, 0.5), got {self.tolerance}")
 
     @classmethod
-    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "RegistryConfig":
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> RegistryConfig:
+        """The registry of `settings`' data set (the location is the settings', never re-read from
+        the environment, which names the deployment's default data set's), with the tolerance of `env`."""
         return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_REGISTRY_ENV,
-                                 defaults={"location": str(settings.home / "registry")})
+                                 given={"location": settings.registry})
 
 
 _REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE"}
@@ -221,7 +226,7 @@ class ModelRegistry:
         if not reason.strip():
             raise ConfigError("a manual promotion needs a reason (--reason): it is kept in champion.json")
         champion = {"run_id": run_id, "auc": pkg.get("metrics", {}).get("auc"),
-                    "promoted_at": datetime.now(timezone.utc).isoformat(), "manual": reason.strip()}
+                    "promoted_at": datetime.now(UTC).isoformat(), "manual": reason.strip()}
         self._write_bytes(self._path(CHAMPION_FILE), json.dumps(champion, indent=2).encode())
         log.info("%s promoted by hand in %s: %s", run_id, self.location, reason)
         return champion
@@ -242,7 +247,7 @@ class ModelRegistry:
         decision = decide_promotion(run_id, metrics, self.champion(), tolerance)
         package = {
             "run_id": run_id,
-            "created_at": datetime.now(timezone.utc).isoformat(),
+            "created_at": datetime.now(UTC).isoformat(),
             "schema_version": model_meta.get("schema_version", model_meta.get("SCHEMA_VERSION")),
             "lineage": {k: metrics[k] for k in LINEAGE_FIELDS if k in metrics},
             "metrics": {k: metrics[k] for k in SCORE_FIELDS if k in metrics},

@@ -121,6 +121,24 @@ class LabelSpec:
         return f"{self.field} {self.op} {self.value:g}"
 
 
+EVICTIONS = ("lru", "lfu", "ttl")
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """A managed embedding table (`table: managed`): every admitted value gets a row of its own, no
+    two share one; values not (yet) admitted share row 0, the "new id" row."""
+
+    rows: int
+    """Rows of the table, row 0 included: the memory it takes whatever the number of distinct values."""
+    admit_after: int = 0
+    """Occurrences before a value gets a row of its own (0: at its first)."""
+    eviction: str = "lru"
+    """How a row is freed for a new value: `lru` (the least recently seen value gives it up when the
+    table is full), `lfu` (the least often seen) or `ttl` (a value not seen for `ttl_days` loses it)."""
+    ttl_days: float | None = None
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     name: str
@@ -143,6 +161,11 @@ class FeatureSpec:
     indicator_of: str | None = None
     """Set on a derived `<name>_missing` feature: the feature whose value it says was absent
     (1.0) or present (0.0). It reads the same field."""
+    table_kind: str = "hashed"
+    """id / categorical (`table:` in the file): `hashed` (the value modulo `buckets`) or `managed` (a
+    row of its own per admitted value, `TableOptions`)."""
+    managed: TableOptions | None = None
+    """The managed table's options (None for a hashed one)."""
 
     @property
     def table(self) -> str | None:
@@ -153,6 +176,11 @@ class FeatureSpec:
     def column(self) -> str:
         """The raw field's name (without its table)."""
         return self.field.split(".", 1)[-1]
+
+    @property
+    def table_rows(self) -> int | None:
+        """Rows of the feature's own embedding table: `rows` of a managed table, else `buckets`."""
+        return self.managed.rows if self.managed is not None else self.buckets
 
     @property
     def is_sparse(self) -> bool:
@@ -304,7 +332,8 @@ def load_spec(name_or_path: str | Path = DEFAULT_SPEC) -> Spec:
         text = read_shipped_text(path)
     except FileNotFoundError:
         shipped = ", ".join(sorted(p.stem for p in SPECS_DIR.glob("*.yaml")))
-        raise SpecError(f"feature spec {path} not found: give a path to a spec file, or one of the shipped specs ({shipped})") from None
+        raise SpecError(f"feature spec {path} not found: give a path to a spec file, "
+                        f"or one of the shipped specs ({shipped})") from None
     return parse_spec_text(text, str(path))
 
 
@@ -409,10 +438,11 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
     declared = [
         FeatureSpec(
             name=name, kind=f["kind"], field=f["field"], buckets=f.get("buckets"),
-            log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,  # type: ignore[arg-type]
+            log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,
             scale=float(f.get("scale", 1.0)), standardize=bool(f.get("standardize", False)),
             separator=f.get("separator"), length=int(f.get("length", 0)), per=f.get("per"), shares=f.get("shares"),
-            role=f.get("role"), missing=f.get("missing", "default"),
+            role=f.get("role"), missing=f.get("missing", "default"), table_kind=f.get("table", "hashed"),
+            managed=_table_options(f),
         )
         for name, f in doc["features"].items()
     ]
@@ -436,6 +466,13 @@ def _indicator(f: FeatureSpec) -> tuple[FeatureSpec, ...]:
     return (FeatureSpec(name=f.name + MISSING_SUFFIX, kind="dense", field=f.field, indicator_of=f.name),)
 
 
+def _table_options(f: Mapping[str, Any]) -> TableOptions | None:
+    if f.get("table") != "managed":
+        return None
+    return TableOptions(rows=int(f.get("rows", 0)), admit_after=int(f.get("admit_after", 0)),
+                        eviction=f.get("eviction", "lru"), ttl_days=f.get("ttl_days"))
+
+
 def _parse_label(d: Mapping[str, Any]) -> LabelSpec:
     if "click_within" in d:
         c = d["click_within"]
@@ -457,9 +494,11 @@ def _check_references(spec: Spec) -> None:
         at = ("sources", s.name)
         for f in s.fields:
             if f.optional and f.default is None and not f.is_list:
-                raise _KeyProblem((*at, "fields", f.name), "an optional field needs a default (the value a record without it takes)")
+                raise _KeyProblem((*at, "fields", f.name),
+                                  "an optional field needs a default (the value a record without it takes)")
             if not f.optional and f.default is not None:
-                raise _KeyProblem((*at, "fields", f.name), "a default is only for optional fields: add `optional: true` or drop it")
+                raise _KeyProblem((*at, "fields", f.name),
+                                  "a default is only for optional fields: add `optional: true` or drop it")
             if f.format is not None:
                 _check_time_format(f, (*at, "fields", f.name, "format"))
         if s.kind == "events":
@@ -487,11 +526,11 @@ def _check_references(spec: Spec) -> None:
                 raise _KeyProblem((*at, "columns"), f"column {col} is not a field (name unused columns _x)")
     _check_label(spec, ev)
     names = {f.name for f in spec.features}
-    declared = [f for f in spec.features if f.indicator_of is None]
-    for f in declared:
-        _check_feature(spec, ev, f, names)
-        if f.missing == "indicator":
-            _check_indicator(spec, ev, f, declared)
+    declared = [feat for feat in spec.features if feat.indicator_of is None]
+    for feat in declared:
+        _check_feature(spec, ev, feat, names)
+        if feat.missing == "indicator":
+            _check_indicator(spec, ev, feat, declared)
 
 
 def _check_time_format(f: FieldSpec, at: tuple[Any, ...]) -> None:
@@ -541,7 +580,9 @@ def _source_field(spec: Spec, ev: SourceSpec, f: FeatureSpec) -> FieldSpec:
     at = ("features", f.name, "field")
     if f.table is None:
         if f.column not in ev.field_names:
-            raise _KeyProblem(at, f"{f.column} is not a field of the events source {ev.name} (a side table's field is <table>.<field>)")
+            raise _KeyProblem(at,
+                              f"{f.column} is not a field of the events source {ev.name} "
+                              "(a side table's field is <table>.<field>)")
         return ev.field(f.column)
     try:
         tab = spec.source(f.table)
@@ -559,7 +600,8 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
     if f.name in RESERVED:
         raise _KeyProblem(at, f"{f.name} is a column every sample has ({', '.join(RESERVED)}): pick another name")
     src = _source_field(spec, ev, f)
-    if f.kind in ("id", "categorical", "list") and not f.buckets and not f.shares:
+    _check_table(spec, f)
+    if f.kind in ("id", "categorical", "list") and not f.table_rows and not f.shares:
         raise _KeyProblem(at, f"this {f.kind} feature needs `buckets:` (its embedding table's rows)")
     if f.kind == "dense":
         if src.type not in NUMERIC_TYPES:
@@ -568,14 +610,17 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
             raise _KeyProblem((*at, "clip"), f"expected [lo, hi] with lo < hi, got {list(f.clip)}")
     elif f.kind == "list":
         if not src.is_list and not (src.type == "string" and f.separator):
-            raise _KeyProblem((*at, "field"), f"a list feature needs a list field or a string field with `separator:`, {src.name} is {src.type}")
+            raise _KeyProblem((*at, "field"),
+                              f"a list feature needs a list field or a string field with `separator:`, {src.name} is {src.type}")
     elif f.kind == "sequence":
         if f.table is not None:
             raise _KeyProblem((*at, "field"), "a sequence looks back on the events' own field, not a side table's")
         if f.length < 1:
             raise _KeyProblem(at, "a sequence needs `length:` (K, the earlier values kept)")
         if f.per is None or f.per not in ev.field_names:
-            raise _KeyProblem((*at, "per"), f"a sequence needs `per:` naming an events field (e.g. user_id), one of {', '.join(ev.field_names)}")
+            raise _KeyProblem((*at, "per"),
+                              "a sequence needs `per:` naming an events field (e.g. user_id), "
+                              f"one of {', '.join(ev.field_names)}")
     elif src.is_list:
         raise _KeyProblem((*at, "field"), f"{src.name} holds lists: use kind: list")
     if f.role is not None:
@@ -586,3 +631,29 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
     if f.shares is not None:
         if f.shares not in names or not spec.feature(f.shares).is_sparse:
             raise _KeyProblem((*at, "shares"), f"shares must name an id or categorical feature, got {f.shares}")
+
+
+_MANAGED_ONLY = ("rows", "admit_after", "eviction", "ttl_days")
+
+
+def _check_table(spec: Spec, f: FeatureSpec) -> None:
+    """`table: managed` and its options fit the feature (the schema checks types and ranges)."""
+    at = ("features", f.name)
+    raw = spec.raw["features"][f.name]
+    if f.managed is None:
+        extra = [k for k in _MANAGED_ONLY if k in raw]
+        if extra:
+            raise _KeyProblem((*at, extra[0]), f"{', '.join(extra)} only apply to a managed table: add `table: managed` "
+                                                "(and `rows:`), or drop them")
+        return
+    if f.kind not in SPARSE_KINDS:
+        raise _KeyProblem((*at, "table"), f"only an id or categorical feature can have a managed table, {f.name} is {f.kind} "
+                                          "(a list or sequence looks up the table of the feature it `shares`)")
+    if "buckets" in raw:
+        raise _KeyProblem((*at, "buckets"), "a managed table's size is `rows:`; `buckets` is for hashed tables: drop it")
+    if "rows" not in raw:
+        raise _KeyProblem(at, "a managed table needs `rows:` (its rows, the shared new-id row included)")
+    m = f.managed
+    if (m.eviction == "ttl") != (m.ttl_days is not None):
+        raise _KeyProblem((*at, "ttl_days" if m.ttl_days is not None else "eviction"),
+                          "`ttl_days:` goes with `eviction: ttl`, and `eviction: ttl` needs it")

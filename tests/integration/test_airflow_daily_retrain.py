@@ -1,13 +1,8 @@
-"""`airflow dags test daily_retrain` end to end on the embedded stack (the demo's path).
-
-Needs the other teams' contract modules (Spark preprocessing, quality gate and report, cache
-warmup); skipped with the reason until they are merged. Uses the real trainer when `trainers.train`
-exists, else the stand-in.
-"""
+"""`airflow dags test daily_retrain` end to end on the embedded stack (the demo's path), with the
+real Spark preprocessing, quality gate, cache warmup, trainer and report."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from datetime import date, timedelta
@@ -16,25 +11,10 @@ from pathlib import Path
 import pytest
 
 from slipstream.settings import Settings
-from tests.airflow_fixtures import STANDIN_TRAINER, airflow, airflow_cli_env, migrated_airflow_db, use_airflow_db  # noqa: F401
+from tests.airflow_fixtures import airflow, airflow_cli_env, migrated_airflow_db, use_airflow_db  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
-CONTRACTS = ("slipstream.pipeline.preprocess_launch", "slipstream.quality.gate", "slipstream.quality.report", "slipstream.cache.warm")
-
-
-def _missing() -> list[str]:
-    out = []
-    for name in CONTRACTS:
-        try:
-            if importlib.util.find_spec(name) is None:
-                out.append(name)
-        except ModuleNotFoundError:
-            out.append(name)
-    return out
-
-
-@pytest.mark.skipif(bool(_missing()), reason=f"contract modules not merged yet: {', '.join(_missing())}")
 @pytest.mark.skipif(shutil.which("java") is None, reason="Java 17 is needed by the Spark preprocessing")
 def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str, tmp_path: Path, migrated_airflow_db: Path) -> None:  # noqa: F811
     from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
@@ -50,8 +30,6 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
     env = airflow_cli_env(settings.home)
     env.update({"SLIPSTREAM_KAFKA_BOOTSTRAP": kafka_bootstrap, "SLIPSTREAM_TOPIC": topic,
                 "SLIPSTREAM_TOPIC_PARTITIONS": "2"})
-    if importlib.util.find_spec("trainers.train") is None:
-        env["SLIPSTREAM_TRAINER_MODULE"] = STANDIN_TRAINER
     use_airflow_db(migrated_airflow_db, settings.home)
     t_day = cfg.start_day + timedelta(days=cfg.days)  # logical date T: data interval = the last raw day
     conf = {"window_days": 2, "epochs": 1, "stream_stop": "caught_up", "cpu_processes": 2, "batch_size": 256}
@@ -60,6 +38,27 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
     assert "state=success" in out.stdout + out.stderr
 
     (run,) = [p for p in Path(settings.runs_dir).iterdir() if p.name.startswith(f"daily-{t_day:%Y%m%d}-")]
+    _check_first_run(settings, run)
+
+    # Clear of train_local (or its retry) with nothing changed: the attempt goes on. The launch of
+    # the same plan in the same folder resumes the finished run, which the trainer does not train
+    # again: same metrics, no second attempt.
+    from slipstream.pipeline.cluster import ClusterSettings
+    from slipstream.pipeline.jobspec import build_train_spec
+    from slipstream.pipeline.runplan import read_plan
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
+
+    info = json.loads((run / "run.json").read_text())
+    assert (info["dag_id"], info["attempt"]) == ("daily_retrain", 1)
+    before = (run / "metrics.json").read_bytes()
+    here = Settings.from_env(env)
+    cluster = ClusterSettings.from_env(env)
+    lineage = LocalTorchrunOperator(task_id="train_local").run_spec(build_train_spec(here, cluster, read_plan(run / "plan.json")))
+    assert lineage["run_id"] == run.name and (run / "metrics.json").read_bytes() == before
+    assert sorted(p.name for p in run.parent.iterdir()) == [run.name]
+
+
+def _check_first_run(settings: Settings, run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["preprocess"]["days"]) == {"2025-01-01", "2025-01-02"}
     assert summary["train"]["snapshot_id"] == summary["preprocess"]["snapshot_id"]

@@ -44,7 +44,6 @@ def test_bench_warmup_through_the_relay_reports_sane_fields(tmp_path: Path) -> N
     assert 0 < out["relay"]["no_delay_vs_direct_small"] and 0 < out["relay"]["no_delay_vs_direct_large"]
     assert out["small"]["files"] == 200 and len(out["small"]["rounds"]) == 2
     assert out["incremental_only_new_files"] is True
-    assert not list((tmp_path / "relay").glob("*.port")) or True  # the relays are gone (checked in the next test)
 
 
 def _listening_ports(procs: list[psutil.Process]) -> set[int]:

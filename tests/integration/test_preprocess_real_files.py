@@ -6,7 +6,9 @@ an independent reader (DuckDB is not needed: pyiceberg's scan of the committed s
 - a `missing: indicator` feature gives the table a 0/1 column that says which values were absent;
 - every rejected record in `samples_rejects` names its file and its line (JSON lines read in
   several splits, a blank line counted; Parquet: the row);
-- a day whose sample ids already exist in another day is refused before its commit."""
+- a day whose sample ids already exist in another day is refused before its commit;
+- the range job (a backfill) rejects with the same files and lines, and refuses ids that repeat
+  within its range or in days outside it, as the one-day job does."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from slipstream.samples.spec import Spec, load_spec, spec_from_dict
 from slipstream.samples.transform import Featurizer
 from slipstream.settings import Settings
 from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
+from spark_jobs.range_job import preprocess_range
 from tests.preprocess_fixtures import impression, ts, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -87,10 +90,8 @@ def test_a_missing_indicator_reaches_the_table(spark: Any, tmp_path: Path) -> No
     assert got.column("i12").to_pylist() == want.column("i12").to_pylist()
 
 
-def test_rejects_name_their_file_and_line(spark: Any, tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")
-    spec = load_spec("synthetic")
-    day = date(2026, 10, 5)
+def _files_with_rejects(settings: Settings, spec: Spec, day: date) -> tuple[Path, list[str]]:
+    """A day of JSON lines (gzip and plain) and Parquet with 5 bad records; (the plain file, the gzip lines)."""
     raw = Path(settings.raw_dir) / "impressions" / f"day={day}"
     # gzip JSON lines: a blank line (line 2) is no record but counts; bad lines 3 and 5
     gz = raw / "hour=08" / "part-0.jsonl.gz"
@@ -114,19 +115,39 @@ def test_rejects_name_their_file_and_line(spark: Any, tmp_path: Path) -> None:
     t = pa.Table.from_pylist(pq_rows, schema=source_arrow_schema(spec.events))
     (raw / "hour=10").mkdir(parents=True)
     pq.write_table(t, raw / "hour=10" / "part-0.parquet")
+    return plain, lines
 
+
+def _range(spark: Any, settings: Settings, spec: Spec, days: list[date], run_id: str) -> list[DayResult]:
+    opts = DayOptions(spec=spec, raw_dir=settings.raw_dir, namespace=settings.namespace, run_id=run_id,
+                      max_reject_rate=0.5, target_bytes=64 << 20)
+    return preprocess_range(spark, get_catalog(settings), opts, days, None, on_day=lambda r: None)
+
+
+def _rejects_found(settings: Settings) -> list[tuple[str, str, int]]:
+    rej = rejects_table(get_catalog(settings), settings.namespace).scan().to_arrow()
+    return sorted((Path(f).name, Path(f).parent.name, line) for f, line in zip(rej.column("source_file").to_pylist(),
+                                                                               rej.column("line").to_pylist()))
+
+
+REJECTED_LINES = [("part-0.jsonl", "hour=09", 7), ("part-0.jsonl", "hour=09", 390), ("part-0.jsonl.gz", "hour=08", 3),
+                  ("part-0.jsonl.gz", "hour=08", 5), ("part-0.parquet", "hour=10", 3)]
+
+
+@pytest.mark.parametrize("job", ["day", "range"])
+def test_rejects_name_their_file_and_line(spark: Any, tmp_path: Path, job: str) -> None:
+    settings = Settings(home=tmp_path / "home")
+    spec = load_spec("synthetic")
+    day = date(2026, 10, 5)
+    plain, lines = _files_with_rejects(settings, spec, day)
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(plain.stat().st_size // 5))
     try:
-        res = _run(spark, settings, spec, day, "lines-1")
+        res = _run(spark, settings, spec, day, "lines-1") if job == "day" else _range(spark, settings, spec, [day], "r-1")[0]
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
     assert (res.rejects, res.rows, res.raw_records) == (5, 2 + 398 + 3, 4 + 400 + 4)
+    assert _rejects_found(settings) == REJECTED_LINES
     rej = rejects_table(get_catalog(settings), settings.namespace).scan().to_arrow()
-    found = sorted((Path(f).name, Path(f).parent.name, line) for f, line in zip(rej.column("source_file").to_pylist(),
-                                                                                rej.column("line").to_pylist()))
-    assert found == [("part-0.jsonl", "hour=09", 7), ("part-0.jsonl", "hour=09", 390),
-                     ("part-0.jsonl.gz", "hour=08", 3), ("part-0.jsonl.gz", "hour=08", 5),
-                     ("part-0.parquet", "hour=10", 3)]
     cols = (rej.column(c).to_pylist() for c in ("source_file", "line", "raw_line"))
     by_line = {(Path(f).parent.name, n): r for f, n, r in zip(*cols)}
     assert by_line[("hour=09", 390)] == "[1, 2" and by_line[("hour=08", 3)] == "{not json"
@@ -150,3 +171,30 @@ def test_a_day_whose_ids_exist_in_another_day_is_refused(spark: Any, tmp_path: P
     assert sorted(table.scan().to_arrow().column("sample_id").to_pylist()) == [f"imp-{i}" for i in range(1, 5)]
     assert not list((Path(table.location().removeprefix("file://")) / "data" / f"event_time_day={d2}").glob("*.parquet"))
     # (a re-run of a day is no duplicate of itself: test_preprocess_job re-runs days with the same ids)
+
+
+def test_a_range_whose_ids_repeat_within_it_or_in_other_days_is_refused(spark: Any, tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    spec = load_spec("synthetic")
+    d1, d2, d3 = date(2026, 10, 7), date(2026, 10, 8), date(2026, 10, 9)
+    raw = Path(settings.raw_dir) / "impressions"
+    for d, ids in ((d1, range(1, 5)), (d2, range(3, 7)), (d3, range(10, 14))):
+        write_jsonl(raw / f"day={d}" / "hour=10" / "part-0.jsonl.gz", [impression(f"imp-{i}", ts(d, 10, i), 1, i) for i in ids])
+    # within the range: d2 repeats two of d1's ids
+    with pytest.raises(DuplicateSampleIds, match=r"day 2026-10-07, 2026-10-08: 2 of its 8 sample ids already exist in "
+                                                 r"other days of \S+: 2026-10-08 \(2\); e.g. imp-3, imp-4\. Nothing"):
+        _range(spark, settings, spec, [d1, d2], "dup-r1")
+    table = samples_table(get_catalog(settings), settings.namespace, spec)
+    assert table.current_snapshot() is None
+    assert not list((Path(table.location().removeprefix("file://")) / "data").rglob("*.parquet"))
+    # against a day outside the range: d1 committed alone, then a backfill of d2..d3
+    first = _range(spark, settings, spec, [d1], "dup-r2")[0]
+    assert first.rows == 4
+    with pytest.raises(DuplicateSampleIds, match=r"day 2026-10-08, 2026-10-09: 2 of its 8 sample ids already exist in "
+                                                 r"other days of \S+: 2026-10-07 \(2\)"):
+        _range(spark, settings, spec, [d2, d3], "dup-r3")
+    table.refresh()
+    assert table.current_snapshot().snapshot_id == first.snapshot_id  # samples unchanged
+    assert sorted(table.scan().to_arrow().column("sample_id").to_pylist()) == [f"imp-{i}" for i in range(1, 5)]
+    # a re-run of the committed day is no duplicate of itself
+    assert _range(spark, settings, spec, [d1], "dup-r4")[0].rows == 4

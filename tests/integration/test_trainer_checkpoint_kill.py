@@ -30,7 +30,7 @@ from tests.trainer_fixtures import (
     trainer_env,
     training_ids,
 )
-from trainers.audit import read_audit
+from trainers.observe.sample_audit import read_audit
 
 pytestmark = pytest.mark.integration
 

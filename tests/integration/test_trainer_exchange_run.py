@@ -19,6 +19,7 @@ import pytest
 from slipstream.stream.kafka import create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
+    checkpoint_meta,
     assert_trained_once,
     generated,
     in_stream_with_progress,
@@ -29,9 +30,9 @@ from tests.trainer_fixtures import (
     train_config,
     training_ids,
 )
-from trainers.audit import read_audit
+from trainers.observe.sample_audit import read_audit
 from trainers.data.kafka_source import assigned_partitions
-from trainers.statefile import decode_state
+from trainers.checkpoint.statefile import decode_state
 
 pytestmark = pytest.mark.integration
 
@@ -95,9 +96,8 @@ def test_with_exchange_the_stream_is_trained_exactly_once_and_offsets_are_final(
     assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
     assert s["final_offsets"] == {str(p): o for p, o in end_offsets(runs.bootstrap, runs.topic).items()}
     # the committed checkpoint's offsets are the consuming ranks' positions: the final ones
-    latest = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
-    meta = json.loads((latest / "meta.json").read_text())
-    assert {str(k): v for k, v in meta["positions"].items()} == s["final_offsets"]
+    meta = checkpoint_meta(run_dir)
+    assert meta is not None and {str(k): v for k, v in meta["positions"].items()} == s["final_offsets"]  # type: ignore[attr-defined]
 
 
 def foreign_buffered_rows(run_dir: Path) -> int:

@@ -31,7 +31,7 @@ from tests.trainer_fixtures import (
     train_config,
     training_ids,
 )
-from trainers.audit import read_audit
+from trainers.observe.sample_audit import read_audit
 
 pytestmark = pytest.mark.integration
 
@@ -171,9 +171,9 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
     import torch
 
     from slipstream.samples.schema import SCHEMA_VERSION
-    from trainers.config import ModelConfig
+    from trainers.config.schema import ModelConfig
     from trainers.models import build_model
-    from trainers.rows import Features, Rows
+    from trainers.data.rows import Features, Rows
 
     blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     assert blob["schema_version"] == SCHEMA_VERSION

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_batch_plus_stream_is_clearly_ahead_of_batch_only_under_drift(tmp_path: Path, kafka_bootstrap: str) -> None:
-    from trainers.config import resolve
+    from trainers.config.schema import resolve
     from trainers.train import run
 
     # a day of stream: ~1,000 held-out rows after T, so a gap of 0.08 is several standard errors

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def _train(fx: SamplesFixture, bootstrap: str, topic: str, run_id: str, **sections: dict[str, Any]) -> dict[str, Any]:
-    from trainers.config import resolve
+    from trainers.config.schema import resolve
     from trainers.train import run
 
     raw = train_config(fx, run_id=run_id, bootstrap=bootstrap, topic=topic, dlq_topic=f"{topic}.dlq",
@@ -65,9 +65,9 @@ def test_a_model_worse_than_its_baseline_is_not_promoted_and_says_why(tmp_path: 
 
 def _rescore(model_pt: Path, rows: pa.Table) -> float:
     """AUC of an exported model on `rows`, rebuilt from its file alone (not the trainer's scorer)."""
-    from trainers.config import ModelConfig
+    from trainers.config.schema import ModelConfig
     from trainers.models import build_model
-    from trainers.rows import Features, RowLayout, Rows
+    from trainers.data.rows import Features, RowLayout, Rows
 
     blob = torch.load(model_pt, map_location="cpu", weights_only=True)
     spec = spec_from_dict(json.loads(blob["spec"]), str(model_pt))

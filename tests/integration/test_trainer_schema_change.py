@@ -31,7 +31,7 @@ def _spec_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_a_feature_added_mid_window_trains_across_the_schema_change(tmp_path: Path, kafka_bootstrap: str) -> None:
-    from trainers.config import resolve
+    from trainers.config.schema import resolve
     from trainers.train import run
 
     v1_path, v2_path = _spec_files(tmp_path)

@@ -1,4 +1,4 @@
-"""The latency relay's delay line (bench/relay.py) on an event loop, without sockets: every chunk
+"""The latency relay's delay line (bench/support/relay.py) on an event loop, without sockets: every chunk
 leaves after the delay, in order, while later chunks keep arriving (a delay line, not a sleep
 per request), a close follows the data, and a full line stops reading its source."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bench.relay import HIGH_WATER, HORIZON_S, DelayLine
+from bench.support.relay import HIGH_WATER, HORIZON_S, DelayLine
 
 
 class Sink:

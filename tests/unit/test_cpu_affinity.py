@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.processes import start_process, stop_process, usable_cpus
-from trainers.distributed import rank_cpus
+from trainers.parallel.dist import rank_cpus
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
 

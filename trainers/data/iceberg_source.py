@@ -38,8 +38,8 @@ from trainers.data.holdout import holdout_mask
 from trainers.data.redeal import Piece, deal, pieces_plan, remaining_pieces
 from trainers.data.units import EpochPlan, Opener, WorkUnit, epoch_plan, units_digest
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID
-from trainers.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
-from trainers.stateful import check_version
+from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_ICEBERG, RowLayout, Rows
+from trainers.checkpoint.stateful import check_version
 
 log = logging.getLogger(__name__)
 

@@ -15,23 +15,28 @@ a stream-phase resume neither loses the rows buffered but not yet trained nor re
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from slipstream.errors import ResumeError
-from trainers.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
-from trainers.stateful import check_version
+from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
+from trainers.checkpoint.stateful import check_version
 
 STATE_VERSION = 1
 
 
 class StreamShuffle:
-    def __init__(self, capacity: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT) -> None:
+    def __init__(self, capacity: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT, world: int = 1) -> None:
         self.capacity = capacity
         self.layout = layout
+        self.rank, self.world = rank, world
         self.rng = np.random.default_rng([seed, rank, 17])
         self.rows = Rows.empty(layout)
+        self.partitions: list[int] | None = None
+        """The Kafka partitions this rank reads (set before a stream-phase resume: the buffered rows
+        of these partitions are this rank's, whichever old rank buffered them)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -64,6 +69,24 @@ class StreamShuffle:
         if state.get("rng") is not None:
             self.rng.bit_generator.state = state["rng"]
 
+    def load_rank_states(self, states: Sequence[dict[str, Any] | None]) -> None:
+        """Every old rank's buffer: this rank takes the rows of the partitions it now reads, and its
+        old self's RNG on the same world size (a checkpoint piece, `trainers.checkpoint.pieces`)."""
+        buffered = []
+        for s in states:
+            if s is None:
+                continue
+            check_version("stream shuffle", s, STATE_VERSION)
+            rows = _rows("stream shuffle", s)
+            if len(rows) and self.partitions is None:
+                raise ResumeError("the checkpoint's stream buffer holds rows but this rank reads no partitions yet: "
+                                  "it is damaged (rows buffered before the handoff)")
+            buffered.append(rows.mask(np.isin(rows.partition, list(self.partitions or []))) if len(rows) else rows)
+        same = len(states) == self.world and states[self.rank] is not None
+        self.load_state_dict({"version": STATE_VERSION, "rows": rows_to_state(Rows.concat(buffered)) if buffered
+                              else rows_to_state(Rows.empty(self.layout)),
+                              "rng": states[self.rank]["rng"] if same else None})  # type: ignore[index]
+
 
 class ReplayReservoir:
     """A uniform sample of at most `capacity` of the offered rows with event_time >= start_us:
@@ -74,10 +97,12 @@ class ReplayReservoir:
     step cost a quarter of the batch phase's last epoch on a 250k-row day (docs/benchmarks.md,
     Scale). The sample and its order depend only on the rows offered and the seed."""
 
-    def __init__(self, capacity: int, start_us: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT) -> None:
+    def __init__(self, capacity: int, start_us: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT,
+                 world: int = 1) -> None:
         self.capacity = capacity
         self.start_us = start_us
         self.layout = layout
+        self.rank, self.world = rank, world
         self.rng = np.random.default_rng([seed, rank, 29])
         self._rows = Rows.empty(layout)
         self._keys = np.zeros(0)
@@ -138,7 +163,10 @@ class ReplayReservoir:
         self.replayed += n
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any] | None:
+        """None while empty (nothing to save: a rank that never offered rows)."""
+        if not len(self):
+            return None
         return {"version": STATE_VERSION, "rows": rows_to_state(self.rows), "keys": self.keys,
                 "rng": self.rng.bit_generator.state, "replayed": self.replayed}
 
@@ -156,6 +184,21 @@ class ReplayReservoir:
         self._floor = float(self._keys[-1]) if len(self._keys) >= self.capacity else -1.0
         if state.get("rng") is not None:
             self.rng.bit_generator.state = state["rng"]
+
+    def load_rank_states(self, states: Sequence[dict[str, Any] | None]) -> None:
+        """The samples of the old ranks r with r % world == rank, merged (the RNG only when this rank
+        takes over exactly its old self on the same world size)."""
+        mine = [s for r, s in enumerate(states) if r % self.world == self.rank and s is not None]
+        if not mine:
+            return
+        for s in mine:
+            check_version("replay reservoir", s, STATE_VERSION)
+        if len(mine) == 1 and len(states) == self.world:
+            self.load_state_dict(mine[0])
+            return
+        rows = Rows.concat([_rows("replay reservoir", s) for s in mine])
+        self.load_state_dict({"version": STATE_VERSION, "rows": rows_to_state(rows), "rng": None, "replayed": 0,
+                              "keys": np.concatenate([np.asarray(s.get("keys", np.zeros(0))) for s in mine])})
 
 
 def _rows(what: str, state: dict[str, Any]) -> Rows:

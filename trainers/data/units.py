@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.parquet as pq
 
+from slipstream.cache.reader import CacheReader
 from slipstream.errors import ConfigError
 from slipstream.lake.planning import WindowPlan
 
@@ -34,17 +35,12 @@ class WorkUnit:
     rows: int
 
 
-def file_opener(io: Any, cache_dir: str | None) -> tuple[Opener, Any]:
-    """(open(path), cache reader or None). The cache module is optional: without it, or without
-    a cache folder, files are read through the table's FileIO."""
+def file_opener(io: Any, cache_dir: str | None) -> tuple[Opener, CacheReader | None]:
+    """(open(path), cache reader or None): files through the node-local cache when `cache_dir` is
+    set (`slipstream.cache.reader`), else through the table's FileIO."""
     if cache_dir:
-        try:
-            from slipstream.cache.reader import CacheReader
-        except ImportError:
-            log.warning("data.cache_dir is set but slipstream.cache.reader is not installed: reading files directly")
-        else:
-            reader = CacheReader(cache_dir, dict(getattr(io, "properties", {}) or {}))
-            return reader.open_input_file, reader
+        reader = CacheReader(cache_dir, dict(getattr(io, "properties", {}) or {}))
+        return reader.open_input_file, reader
     return (lambda path: io.new_input(path).open(seekable=True)), None
 
 

@@ -9,7 +9,7 @@ import torch
 
 from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec
-from trainers.config import ModelConfig
+from trainers.config.schema import ModelConfig
 from trainers.models.base import RecModel
 from trainers.models.tables import table_sizes
 from trainers.models.zoo import ZOO

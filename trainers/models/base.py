@@ -1,6 +1,6 @@
 """What every model of the trainer shares, a zoo model's or a user's (`model.class`).
 
-A model is a `RecModel` subclass built as `Class(spec, cfg)` (`cfg`: `trainers.config.ModelConfig`)
+A model is a `RecModel` subclass built as `Class(spec, cfg)` (`cfg`: `trainers.config.schema.ModelConfig`)
 that implements `logits(dense, emb)`:
 
 - `dense`: (n, D) float32, the spec's dense features in `spec.dense` order, already standardised
@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from slipstream.samples.spec import Spec
-from trainers.config import ModelConfig
+from trainers.config.schema import ModelConfig
 from trainers.models.tables import MIN_SHARDED_DIM, SpecTables
-from trainers.rows import Features
+from trainers.data.rows import Features
 
 
 def mlp(widths: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:

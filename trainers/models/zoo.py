@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from slipstream.samples.spec import Spec
-from trainers.config import ModelConfig
+from trainers.config.schema import ModelConfig
 from trainers.models.base import RecModel, mlp
 
 
