@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
 from slipstream.pipeline.datasets import DatasetRef, dataset_refs
@@ -19,7 +18,7 @@ def cache_warmup_of(ds: DatasetRef) -> None:
         dag_id=ds.dag_id("cache_warmup"),
         schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("17 * * * *", timezone="UTC"),
                                      assets=[Asset(ds.asset_uri("samples"))]),
-        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
         catchup=False,
         max_active_runs=1,
         params={

@@ -21,15 +21,14 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, dag, task
+
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator
 from slipstream_airflow.params import train_params
-
-from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"  # env only: no database or network
 BACKENDS = ("local", "kubernetes") if BACKEND == "kubernetes" else ("local",)
@@ -39,7 +38,7 @@ def daily_retrain_of(ds: DatasetRef) -> None:
     @dag(
         dag_id=ds.dag_id("daily_retrain"),
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
         catchup=False,
         max_active_runs=1,
         params=train_params({"backend": BACKEND}, enums={"backend": BACKENDS}),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, PokeReturnValue, dag, task
 
 from slipstream.pipeline.datasets import DatasetRef, dataset_refs
@@ -31,7 +30,7 @@ def preprocess_samples_of(ds: DatasetRef) -> None:
     @dag(
         dag_id=ds.dag_id("preprocess_samples"),
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
         catchup=False,
         max_active_runs=4,
         params={

@@ -16,15 +16,14 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Param, dag, task
+
+from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream_airflow import stream_tasks
 from slipstream_airflow.callbacks import log_failure
 from slipstream_airflow.local_launch import LocalTorchrunOperator
 from slipstream_airflow.params import train_params
-
-from slipstream.pipeline.cluster import ClusterSettings
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 
 BACKEND = os.environ.get("SLIPSTREAM_TRAINING_BACKEND") or "local"
 
@@ -45,7 +44,7 @@ def stream_train_of(ds: DatasetRef) -> None:
     @dag(
         dag_id=ds.dag_id("stream_train"),
         schedule="@continuous",
-        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        start_date=None,  # any logical date runs (slipstream_airflow.run_dates)
         catchup=False,
         max_active_runs=1,
         is_paused_upon_creation=True,

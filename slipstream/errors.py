@@ -17,6 +17,11 @@ class RawDataError(SlipstreamError):
     """The raw zone is missing a day, a file is unreadable or a required column is missing."""
 
 
+class DuplicateSampleIds(RawDataError):
+    """A day's sample ids already exist in other days of the table; the message names the days,
+    how many ids each holds, and examples. Nothing was committed."""
+
+
 class RejectRateExceeded(SlipstreamError):
     """Too many raw records were rejected; the message names the worst files."""
 

@@ -18,9 +18,10 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from py4j.protocol import Py4JJavaError
 from pyiceberg.catalog import Catalog
@@ -29,13 +30,14 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from slipstream.errors import RawDataError, RejectRateExceeded
+from slipstream.errors import DuplicateSampleIds, RawDataError, RejectRateExceeded
 from slipstream.lake.iceberg import REJECTS_SCHEMA, commit_day_overwrite, rejects_table, samples_table
 from slipstream.lake.raw_zone import day_dir, hour_dir, raw_format, spill_hours
+from slipstream.lake.unique_ids import check_unique_ids, ids_can_repeat_across_days
 from slipstream.samples.schema import sample_arrow_schema, source_arrow_schema
 from slipstream.samples.spec import SAMPLE_ID, SourceSpec, Spec
 from spark_jobs.finisher import SampleFinisher
-from spark_jobs.raw_input import SOURCE, arrow_to_spark, list_raw_files, read_raw, spark_schema
+from spark_jobs.raw_input import SOURCE, arrow_to_spark, line_offsets, list_raw_files, read_raw, spark_schema
 from spark_jobs.transforms import (
     REASON,
     classify,
@@ -235,7 +237,7 @@ def _label_dirs(opts: DayOptions, source: SourceSpec, day: date) -> list[str]:
     ]
 
 
-def _reasons(per_file: dict[str, "FileStats"]) -> str:
+def _reasons(per_file: dict[str, FileStats]) -> str:
     counts: Counter[str] = Counter()
     for fs in per_file.values():
         counts.update(fs.reasons)
@@ -298,12 +300,15 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
         per_file = _collect_stats(stats_of(classified, spec), day)
         raw_records = sum(fs.records for fs in per_file.values())
         n_rejects = sum(fs.rejects for fs in per_file.values())
-        _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, per_file)
+        _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, per_file, files)
         finisher = SampleFinisher(spec, sort_key(spec), side_tables)
         samples = exact_rows(good_events, good_labels, spec).mapInArrow(
             finisher, arrow_to_spark(sample_arrow_schema(spec)))
         rows = samples.count()
         props.update(rows=str(rows), rejects=str(n_rejects))
+        if ids_can_repeat_across_days(spec):  # Spark's writer commits as it writes: check the ids first
+            ids = good_events.select(SAMPLE_ID).distinct().toArrow().column(SAMPLE_ID)
+            check_unique_ids(table.refresh(), spec, {day: ids})
         _write_native(samples, opts, props)
         snapshot_id, n_files = _native_snapshot_id(catalog, opts, day), -1
     else:
@@ -317,15 +322,16 @@ def preprocess_day(spark: SparkSession, catalog: Catalog, opts: DayOptions, day:
                 "and re-run the day; `samples` was left unchanged"
             ) from e
         raw_records, n_rejects = 0, 0
-        for name, (df, obs) in seen.items():
+        for df, obs in seen.values():
             got = _observation(obs, df)
             raw_records += got["records"]
             n_rejects += got["rejects"]
         log.info("day %s: read %d raw records and wrote %d samples in %.1fs (%.0f records/s)", day, raw_records,
                  written.rows, time.monotonic() - t_write, raw_records / max(time.monotonic() - t_write, 1e-9))
         try:
-            _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, None)
-        except RejectRateExceeded:
+            _settle_rejects(spark, catalog, opts, day, classified, n_rejects, raw_records, props, None, files)
+            check_unique_ids(table.refresh(), spec, {day: _written_ids(table.io, written.paths)})
+        except (RejectRateExceeded, DuplicateSampleIds):
             for path in written.paths:  # never committed: remove them so no orphan files remain
                 table.io.delete(path)
             raise
@@ -386,26 +392,32 @@ def _write_samples(events: DataFrame, labels: DataFrame | None, opts: DayOptions
     )
 
 
-def _duplicates_in(io: Any, paths: list[str]) -> tuple[int, list[str]]:
-    """(surplus copies, a few ids) of the sample ids in the written files (one column read)."""
+def _written_ids(io: Any, paths: list[str]) -> Any:
+    """The sample ids of the written files (one column read), as one chunked array."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from slipstream.quality.metrics import duplicate_ids
 
     parts = []
     for path in paths:
         with io.new_input(path).open() as f:
             parts.append(pq.read_table(f, columns=[SAMPLE_ID]).column(SAMPLE_ID))
-    if not parts:
+    return pa.chunked_array([c for p in parts for c in p.chunks], type=pa.string())
+
+
+def _duplicates_in(io: Any, paths: list[str]) -> tuple[int, list[str]]:
+    """(surplus copies, a few ids) of the sample ids in the written files (one column read)."""
+    from slipstream.quality.metrics import duplicate_ids
+
+    if not paths:
         return 0, []
-    return duplicate_ids(pa.chunked_array([c for p in parts for c in p.chunks], type=parts[0].type))
+    return duplicate_ids(_written_ids(io, paths))
 
 
 def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day: date,
                     classified: dict[str, DataFrame], n_rejects: int, raw_records: int, props: dict[str, str],
-                    per_file: dict[str, FileStats] | None) -> None:
-    """Replace the day's rejects, then refuse the day when there are too many of them."""
+                    per_file: dict[str, FileStats] | None, files: Mapping[str, list[str]]) -> None:
+    """Replace the day's rejects (each with its file and line), then refuse the day when there are
+    too many of them."""
     rate = n_rejects / max(raw_records, 1)
     failing = rate > opts.max_reject_rate
     if n_rejects and (failing or per_file is not None):
@@ -415,7 +427,8 @@ def _settle_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, day
     elif n_rejects:
         log.warning("day %s: %d of %d raw records rejected (%.3f%%); see %s.samples_rejects",
                     day, n_rejects, raw_records, 100 * rate, opts.namespace)
-    _commit_rejects(spark, catalog, opts, day, rejects_of(classified, opts.spec, day, opts.run_id), n_rejects,
+    offsets = {name: line_offsets(spark, paths) for name, paths in files.items()} if n_rejects else None
+    _commit_rejects(spark, catalog, opts, day, rejects_of(classified, opts.spec, day, opts.run_id, offsets), n_rejects,
                     {**props, "rejects": str(n_rejects)})
     if failing:
         raise _fail_on_rejects(per_file or {}, opts, day, n_rejects, raw_records)

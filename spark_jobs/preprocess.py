@@ -29,8 +29,8 @@ from datetime import date  # noqa: E402
 from typing import Any  # noqa: E402
 
 from slipstream.errors import ConfigError, SlipstreamError  # noqa: E402
-from slipstream.settings import Settings  # noqa: E402
 from slipstream.pipeline.spark_settings import SparkSettings, check_job_limits  # noqa: E402
+from slipstream.settings import Settings  # noqa: E402
 
 log = logging.getLogger("spark_jobs.preprocess")
 

@@ -37,8 +37,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from slipstream.errors import RawDataError, RejectRateExceeded
+from slipstream.errors import DuplicateSampleIds, RawDataError, RejectRateExceeded
 from slipstream.lake.iceberg import commit_days_overwrite, rejects_table, samples_table
+from slipstream.lake.unique_ids import check_unique_ids
 from slipstream.samples.schema import sample_arrow_schema
 from slipstream.samples.spec import EVENT_TIME
 from spark_jobs.day_job import (
@@ -52,11 +53,12 @@ from spark_jobs.day_job import (
     _observation,
     _observed,
     _read_error,
+    _written_ids,
     read_side_tables,
 )
 from spark_jobs.finisher import SampleFinisher, tables_to_ipc
 from spark_jobs.range_input import DAY, RangeFiles, folder_day, folders, list_range_files, parquet_drift
-from spark_jobs.raw_input import read_raw_folders, spark_schema
+from spark_jobs.raw_input import line_offsets, read_raw_folders, spark_schema
 from spark_jobs.transforms import (
     REASON,
     classify,
@@ -191,15 +193,18 @@ def _write_range(events: DataFrame, labels: DataFrame | None, opts: DayOptions, 
     return WrittenDays(paths, rows, written.inputs, written.bytes + again.bytes)
 
 
-def _write_rejects(catalog: Catalog, opts: DayOptions, days: Sequence[date], classified: dict[str, DataFrame],
-                   any_rejects: bool, props: dict[str, str]) -> dict[str, int]:
-    """Replace the days' rejects in ONE commit (a day now clean loses its old ones); returns the
-    rejects per day."""
+def _write_rejects(spark: SparkSession, catalog: Catalog, opts: DayOptions, days: Sequence[date], files: RangeFiles,
+                   classified: dict[str, DataFrame], any_rejects: bool, props: dict[str, str]) -> dict[str, int]:
+    """Replace the days' rejects (each with its file and line) in ONE commit (a day now clean
+    loses its old ones); returns the rejects per day."""
     table = rejects_table(catalog, opts.namespace)
     by_day: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     if any_rejects:
-        parts = [rejects(df, F.col(DAY), opts.run_id, opts.spec.source(name)) for name, df in classified.items()]
+        offsets = {name: line_offsets(spark, folders(_folders_of(opts, files, name), days).get("json", []), folders=True)
+                   for name in classified}
+        parts = [rejects(df, F.col(DAY), opts.run_id, opts.spec.source(name), offsets[name])
+                 for name, df in classified.items()]
         df = functools.reduce(DataFrame.unionByName, parts)
         written = write_day_files(df.repartition("day").sortWithinPartitions("day"), directory=f"{table.location()}/data",
                                   split=Split("day", output_day="day"), run_tag=opts.run_id,
@@ -208,6 +213,11 @@ def _write_rejects(catalog: Catalog, opts: DayOptions, days: Sequence[date], cla
         by_day, counts = written.paths, written.rows
     commit_days_overwrite(table, {d: by_day.get(str(d), []) for d in days}, snapshot_properties=props)
     return counts
+
+
+def _folders_of(opts: DayOptions, files: RangeFiles, source: str) -> dict[date, dict[str, set[str]]]:
+    """The folders a source was read from (`_classified`), by day."""
+    return files.event_folders if source == opts.spec.events.name else files.label_folders
 
 
 def _label_counts(labels: DataFrame | None) -> dict[str, tuple[int, int]]:
@@ -249,7 +259,8 @@ def _run_pass(spark: SparkSession, catalog: Catalog, opts: DayOptions, days: lis
             classified[lab.name].unpersist()
     n_rejects = sum(g["rejects"] for g in got.values())
     props = {"run_id": opts.run_id, "spec": f"{spec.name}@{spec.version}:{spec.digest}", **_day_props(days)}
-    rejects_by_day = _write_rejects(catalog, opts, days, classified, n_rejects > 0, {**props, "rejects": str(n_rejects)})
+    rejects_by_day = _write_rejects(spark, catalog, opts, days, files, classified, n_rejects > 0,
+                                    {**props, "rejects": str(n_rejects)})
     clock.lap("rejects")
     results, failing = [], []
     for d in days:
@@ -267,6 +278,14 @@ def _run_pass(spark: SparkSession, catalog: Catalog, opts: DayOptions, days: lis
         for path in written.paths.get(str(d), []):  # never committed: remove them so no orphan files remain
             table.io.delete(path)
     keep = [d for d in days if d not in refused]
+    try:  # ids of the kept days against each other and the table's other days, as a day alone is checked
+        if keep:
+            check_unique_ids(table.refresh(), spec, {d: _written_ids(table.io, written.paths.get(str(d), [])) for d in keep})
+    except DuplicateSampleIds:
+        for d in keep:
+            for path in written.paths.get(str(d), []):  # never committed
+                table.io.delete(path)
+        raise
     snapshot_id = None
     if keep:
         props.update(_day_props(keep), rows=str(sum(written.rows.get(str(d), 0) for d in keep)),

@@ -10,6 +10,7 @@ batch and stream samples cannot disagree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from slipstream.samples.spec import LABEL, SAMPLE_ID, SourceSpec, Spec
-from spark_jobs.raw_input import CORRUPT, SOURCE, spark_schema
+from spark_jobs.raw_input import BLOCK, CORRUPT, LINE_POS, SOURCE, spark_schema, split_key
 
 REASON = "_reject_reason"
 US_PER_S = 1_000_000
@@ -84,13 +85,21 @@ def classify(raw: DataFrame, source: SourceSpec, day: date | Column | None = Non
 
 
 def good(classified: DataFrame) -> DataFrame:
-    return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT, SOURCE)
+    return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT, SOURCE, LINE_POS, BLOCK)
 
 
-def rejects(classified: DataFrame, day: date | Column, run_id: str, source: SourceSpec) -> DataFrame:
+def rejects(classified: DataFrame, day: date | Column, run_id: str, source: SourceSpec,
+            offsets: Mapping[str, int] | None = None) -> DataFrame:
     """Rejected records in the `samples_rejects` layout; `raw_line` is the line as read when it
-    did not parse, else the parsed fields as JSON (NaN shows as NaN). `day`: the day read, or a
-    date column (a range job: each record's folder day)."""
+    did not parse, else the parsed fields as JSON (NaN shows as NaN); `line` its line in
+    `source_file` (Parquet: the row), from `offsets` (`raw_input.line_offsets`) for JSON files.
+    `day`: the day read, or a date column (a range job: each record's folder day).
+    The offsets are a literal map, not a join: a join would make the optimizer derive constraints
+    from every field's expression (it does not finish for a source with 40 fields)."""
+    in_json: Column = F.lit(None).cast("long")
+    if offsets:
+        lookup = F.create_map(*[F.lit(x) for k, v in offsets.items() for x in (k, v)])
+        in_json = F.col(LINE_POS) + F.element_at(lookup, split_key())
     return classified.where(F.col(REASON).isNotNull()).select(
         (day if isinstance(day, Column) else F.lit(day)).alias("day"),
         F.lit(run_id).alias("run_id"),
@@ -98,6 +107,7 @@ def rejects(classified: DataFrame, day: date | Column, run_id: str, source: Sour
         F.col(SOURCE).alias("source_file"),
         F.col(REASON).alias("reason"),
         F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*source.field_names))).alias("raw_line"),
+        F.when(F.col(BLOCK).isNull(), F.col(LINE_POS) + 1).otherwise(in_json).cast("long").alias("line"),
     )
 
 
@@ -213,9 +223,11 @@ def exact_rows(events: DataFrame, labels: DataFrame | None, spec: Spec) -> DataF
     return ordered.select(*finisher_columns(spec))
 
 
-def rejects_of(classified: dict[str, DataFrame], spec: Spec, day: date, run_id: str) -> DataFrame:
-    """The rejects of every source read for the day, in one DataFrame."""
-    parts = [rejects(df, day, run_id, spec.source(name)) for name, df in classified.items()]
+def rejects_of(classified: dict[str, DataFrame], spec: Spec, day: date, run_id: str,
+               offsets: Mapping[str, Mapping[str, int]] | None = None) -> DataFrame:
+    """The rejects of every source read for the day, in one DataFrame; `offsets`: per source, its
+    JSON files' `line_offsets`."""
+    parts = [rejects(df, day, run_id, spec.source(name), (offsets or {}).get(name)) for name, df in classified.items()]
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)

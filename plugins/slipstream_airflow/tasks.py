@@ -86,10 +86,12 @@ def preprocess_window(context: Mapping[str, Any], params: Mapping[str, Any], dat
     from slipstream.pipeline.attempts import place_plan
     from slipstream.pipeline.preprocess_launch import run_preprocess_days
     from slipstream.pipeline.runplan import plan_request
+    from slipstream_airflow.run_dates import check_interval_over
 
     settings, cluster = dataset.settings(), ClusterSettings.from_env()
     run_id = run_id_of(context, dataset)
     start, end = interval(context)
+    check_interval_over(start, end)
     request = TrainRequest.from_params(params)
     spec, table = dataset_table(settings)
     days = plan_days(table, start, end, request.window_days)

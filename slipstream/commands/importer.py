@@ -35,7 +35,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--from", dest="time_from", type=utc_time, help="reject records before this time")
     p.add_argument("--to", dest="time_to", type=utc_time, help="reject records at or after this time")
     p.add_argument("--stream-after", type=utc_time, metavar="T",
-                   help="events at or after T go to the Kafka sample topic (as samples) instead of the raw zone")
+                   help="events at or after T also go to the Kafka sample topic (as samples); every event goes to the raw zone")
+    p.add_argument("--allow-missing", action="append", default=[], metavar="FIELD",
+                   help="an optional FIELD may be absent from a file that has columns the spec does not know "
+                        "(it takes its default); repeat it or give FIELD,FIELD")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -48,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
         require_broker(settings)
     raw = settings.raw_dir[len("file:"):] if settings.raw_dir.startswith("file:") else settings.raw_dir
+    allowed = tuple(n.strip() for arg in args.allow_missing for n in arg.split(",") if n.strip())
     opts = ImportOptions(raw_dir=Path(raw), source=args.source, day=args.day, time_from=args.time_from,
-                         time_to=args.time_to, stream_after=args.stream_after)
+                         time_to=args.time_to, stream_after=args.stream_after, allow_missing=allowed)
     result = import_files(spec, list(args.files), opts)
     produced = 0
     if result.tail is not None and result.tail.num_rows:

@@ -137,7 +137,7 @@ from pyiceberg.manifest import DataFile  # noqa: E402
 from pyiceberg.partitioning import PartitionField  # noqa: E402
 from pyiceberg.table import TableProperties  # noqa: E402
 from pyiceberg.transforms import DayTransform, IdentityTransform  # noqa: E402
-from pyiceberg.types import DateType, NestedField, StringType  # noqa: E402
+from pyiceberg.types import DateType, LongType, NestedField, StringType  # noqa: E402
 
 from slipstream.errors import CommitConflict  # noqa: E402
 from slipstream.samples.schema import REJECTS_TABLE  # noqa: E402
@@ -149,6 +149,7 @@ REJECTS_SCHEMA = Schema(
     NestedField(4, "source_file", StringType(), required=False),
     NestedField(5, "reason", StringType(), required=False, doc="why the record was rejected"),
     NestedField(6, "raw_line", StringType(), required=False, doc="the line as read, or the parsed fields as JSON"),
+    NestedField(7, "line", LongType(), required=False, doc="line of source_file (1-based; Parquet: the row)"),
 )
 REJECTS_PARTITION_SPEC = PartitionSpec(
     PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="day")
@@ -157,8 +158,19 @@ _EPOCH = date(1970, 1, 1)
 
 
 def rejects_table(catalog: Catalog, namespace: str) -> Table:
-    """`samples_rejects`: raw records the preprocessing job refused, partitioned by day."""
-    return ensure_table(catalog, f"{namespace}.{REJECTS_TABLE}", REJECTS_SCHEMA, REJECTS_PARTITION_SPEC)
+    """`samples_rejects`: raw records the preprocessing job refused, partitioned by day. A table
+    from before rejects had their `line` gets the column (older rows read it as null)."""
+    table = ensure_table(catalog, f"{namespace}.{REJECTS_TABLE}", REJECTS_SCHEMA, REJECTS_PARTITION_SPEC)
+    missing = [f for f in REJECTS_SCHEMA.fields if f.name not in {g.name for g in table.schema().fields}]
+    if missing:
+        try:
+            with table.update_schema() as update:
+                for f in missing:
+                    update.add_column(f.name, f.field_type, doc=f.doc)
+        except CommitFailedException:  # another job evolved it first
+            pass
+        table = catalog.load_table(f"{namespace}.{REJECTS_TABLE}")
+    return table
 
 
 def day_predicate(table: Table, day: date) -> BooleanExpression:

@@ -5,29 +5,33 @@ field is parsed to its spec type in one vectorised step per batch, and only a ba
 bad value is parsed value by value to name it. A value is either usable, missing (null, an empty
 cell: an optional field then takes its default), or bad (with a reason naming the value).
 
-Timestamps: ISO-8601 strings (`2026-11-01T00:00:01.5Z`, `2026-11-01 00:00:01+01:00`; without an
-offset they are UTC), or epoch numbers whose unit is told by magnitude: below 1e11 seconds, below
-1e14 milliseconds, below 1e17 microseconds, else nanoseconds (so seconds reach the year 5138, and
-milliseconds before 1973-03-03 would be read as seconds).
+Integers are exact end to end: text is parsed as an integer (`3.0` and `1e3` through `Decimal`),
+never through a float, and a value outside the field's range is rejected quoting the text as
+written (`10000169349117863715` does not fit `long`; declare the field `string` to keep it as an
+id). A floating-point column (Parquet, JSON floats) is accepted for an integer field only where a
+float holds the integer exactly (|x| <= 2^53). Timestamps follow the field's `format`
+(`slipstream.lake.import_time`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slipstream.lake.import_time import TS, BadTime, time_array, time_value
 from slipstream.samples.schema import field_arrow_type
 from slipstream.samples.spec import FieldSpec
 
-TS = pa.timestamp("us", tz="UTC")
-_UNITS_US = ((1e11, 1_000_000), (1e14, 1_000), (1e17, 1), (math.inf, 0.001))
+EXACT_FLOAT_INT = 1 << 53
+"""Beyond this a float64 no longer holds every integer: such a float is no exact integer."""
+INT_RANGES = {"long": (-(1 << 63), (1 << 63) - 1), "int": (-(1 << 31), (1 << 31) - 1)}
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
@@ -58,18 +62,46 @@ def _show(v: Any) -> str:
 
 
 def _to_int(v: Any) -> int:
+    """An integer exactly: ints as they are, text parsed as an integer (or through Decimal for
+    `3.0` / `1e3`), floats only where a float holds the integer exactly."""
     if isinstance(v, bool):
         raise BadValue(f"expected an integer: {_show(v)}")
     if isinstance(v, int):
         return v
-    x = _to_float(v)
-    if x != int(x):
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise BadValue("is NaN" if math.isnan(v) else f"is infinite: {_show(v)}")
+        if not v.is_integer():
+            raise BadValue(f"expected an integer: {_show(v)}")
+        if abs(v) > EXACT_FLOAT_INT:
+            raise BadValue(f"a floating-point number beyond 2^53 is no exact integer: {_show(v)} (write the "
+                           "column as integers or as text)")
+        return int(v)
+    if isinstance(v, Decimal):
+        d = v
+    elif isinstance(v, str):
+        s = v.strip()
+        try:
+            return int(s)
+        except ValueError:
+            pass
+        try:
+            d = Decimal(s)
+        except InvalidOperation:
+            raise BadValue(f"not a number: {_show(v)}") from None
+    else:
         raise BadValue(f"expected an integer: {_show(v)}")
-    return int(x)
+    if d.is_nan():
+        raise BadValue("is NaN")
+    if d.is_infinite():
+        raise BadValue(f"is infinite: {_show(v)}")
+    if d != d.to_integral_value():
+        raise BadValue(f"expected an integer: {_show(v)}")
+    return int(d)
 
 
 def _to_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+    if isinstance(v, bool) or not isinstance(v, (int, float, str, Decimal)):
         raise BadValue(f"expected a number: {_show(v)}")
     try:
         x = float(v)
@@ -94,35 +126,7 @@ def _to_bool(v: Any) -> bool:
 def _to_str(v: Any) -> str:
     if isinstance(v, (list, dict)):
         raise BadValue(f"expected text: {_show(v)}")
-    return v if isinstance(v, str) else json.dumps(v)
-
-
-def epoch_to_us(x: float) -> int:
-    """An epoch number in seconds, milliseconds, microseconds or nanoseconds (told by magnitude) -> µs."""
-    for limit, factor in _UNITS_US:
-        if abs(x) < limit:
-            return int(round(x * factor))
-    raise AssertionError("unreachable")
-
-
-def _to_time(v: Any) -> int:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return epoch_to_us(_to_float(v))
-    if isinstance(v, datetime):
-        dt = v
-    else:
-        s = str(v).strip()
-        try:
-            return epoch_to_us(_to_float(s))
-        except BadValue:
-            pass
-        try:
-            dt = datetime.fromisoformat(s)
-        except ValueError:
-            raise BadValue(f"not a time (ISO-8601 or epoch number): {_show(v)}") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.replace(microsecond=0).timestamp()) * 1_000_000 + dt.microsecond
+    return v if isinstance(v, str) else str(v) if isinstance(v, Decimal) else json.dumps(v)
 
 
 def _to_list(inner: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
@@ -140,12 +144,24 @@ def _to_list(inner: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "string": _to_str, "long": _to_int, "int": _to_int, "double": _to_float, "boolean": _to_bool,
-    "timestamp": _to_time, "list<string>": _to_list(_to_str), "list<long>": _to_list(_to_int),
+    "list<string>": _to_list(_to_str), "list<long>": _to_list(_to_int),
 }
 
 
+def _converter(fs: FieldSpec) -> Callable[[Any], Any]:
+    if fs.type != "timestamp":
+        return _CONVERT[fs.type]
+
+    def convert(v: Any) -> int:
+        try:
+            return time_value(fs, v)
+        except BadTime as e:
+            raise BadValue(str(e)) from None
+    return convert
+
+
 def _one_by_one(fs: FieldSpec, arr: pa.Array) -> Parsed:
-    convert = _CONVERT[fs.type]
+    convert = _converter(fs)
     out: list[Any] = []
     bad: dict[int, str] = {}
     for i, v in enumerate(arr.to_pylist()):
@@ -157,24 +173,21 @@ def _one_by_one(fs: FieldSpec, arr: pa.Array) -> Parsed:
         except BadValue as e:
             bad[i] = str(e)
             out.append(None)
-        except (OverflowError, ValueError, TypeError) as e:
+        except (ArithmeticError, ValueError, TypeError) as e:
             bad[i] = f"unusable value: {_show(v)} ({e})"
             out.append(None)
     typ = field_arrow_type(fs.type)
     if fs.type == "timestamp":
         return Parsed(pa.array(out, pa.int64()).cast(TS), bad)
-    try:
-        return Parsed(pa.array(out, typ), bad)
-    except (pa.ArrowInvalid, OverflowError):  # e.g. beyond int32: name each such value
-        keep = []
+    if fs.type in INT_RANGES:  # the text as written names a value beyond the type
+        lo, hi = INT_RANGES[fs.type]
+        raw = arr.to_pylist()
         for i, v in enumerate(out):
-            try:
-                pa.array([v], typ)
-                keep.append(v)
-            except (pa.ArrowInvalid, OverflowError):
-                bad[i] = f"out of range for {fs.type}: {_show(v)}"
-                keep.append(None)
-        return Parsed(pa.array(keep, typ), bad)
+            if v is not None and not lo <= v <= hi:
+                bad[i] = f"out of range for {fs.type} ({'int64' if fs.type == 'long' else 'int32'}): {_show(raw[i])}" + (
+                    " (declare the field `type: string` to keep it as an id)" if fs.type == "long" else "")
+                out[i] = None
+    return Parsed(pa.array(out, typ), bad)
 
 
 # --- a whole batch at once ----------------------------------------------------------------------
@@ -187,20 +200,6 @@ def _blank_to_null(arr: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, arr.type), trimmed)
 
 
-def _epoch_us(x: pa.Array) -> pa.Array:
-    v = np.asarray(pc.fill_null(pc.cast(x, pa.float64()), 0.0).to_numpy(), dtype=np.float64)
-    if not np.isfinite(v).all():
-        raise ValueError("not finite")
-    a = np.abs(v)
-    factor = np.select([a < 1e11, a < 1e14, a < 1e17], [1e6, 1e3, 1.0], 1e-3)
-    if pa.types.is_integer(x.type):  # exact for integers (no float rounding of big epochs)
-        iv = np.asarray(pc.fill_null(x, 0).to_numpy(), dtype=np.int64)
-        us = np.where(factor >= 1, iv * factor.astype(np.int64).clip(1), iv // 1000)
-    else:
-        us = np.round(v * factor).astype(np.int64)
-    return pc.if_else(pc.is_null(x), pa.scalar(None, TS), pa.array(us, pa.int64()).cast(TS))
-
-
 def _vectorised(fs: FieldSpec, arr: pa.Array) -> pa.Array:
     """The whole array converted, or an exception when some value is not usable."""
     t, typ = arr.type, field_arrow_type(fs.type)
@@ -208,19 +207,7 @@ def _vectorised(fs: FieldSpec, arr: pa.Array) -> pa.Array:
         return pa.nulls(len(arr), typ)
     text = pa.types.is_string(t) or pa.types.is_large_string(t)
     if fs.type == "timestamp":
-        if pa.types.is_timestamp(t):
-            return pc.cast(arr, TS)
-        if pa.types.is_integer(t) or pa.types.is_floating(t):
-            return _epoch_us(arr)
-        if text:
-            if pc.all(pc.match_substring_regex(pc.fill_null(arr, "0"), r"^[+-]?[0-9]+(\.[0-9]*)?$")).as_py():
-                return _epoch_us(pc.cast(arr, pa.float64()) if pc.any(pc.match_substring(arr, ".")).as_py()
-                                 else pc.cast(arr, pa.int64()))
-            try:
-                return pc.cast(arr, TS)
-            except pa.ArrowInvalid:
-                return pc.cast(pc.cast(arr, pa.timestamp("us")), TS)  # no offset: UTC
-        raise ValueError("not a time")
+        return time_array(fs, arr)
     if fs.type in ("long", "int") and (pa.types.is_floating(t) or pa.types.is_boolean(t)):
         raise ValueError("not an integer type")  # integral floats and the rest: one by one
     if fs.type == "boolean" and text:
@@ -245,5 +232,5 @@ def parse_field(fs: FieldSpec, arr: pa.Array | pa.ChunkedArray) -> Parsed:
     arr = _blank_to_null(arr)
     try:
         return Parsed(_vectorised(fs, arr))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError, OverflowError, ArithmeticError):
         return _one_by_one(fs, arr)

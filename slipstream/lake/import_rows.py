@@ -3,23 +3,26 @@ reasons, and the split of the events at T (the tail goes to the stream).
 
 A row is rejected for the first problem found, in field order: a malformed line, a value that is
 not of its field's type (a NaN or infinite number included), a required field missing, a time
-outside `[--from, --to)`. A missing optional field takes the spec's default.
+outside `[--from, --to)`. A missing optional field stays missing (null): the featurizer gives it
+the spec's default when it builds samples, and a `missing: indicator` feature records that it was
+absent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.lake.import_parse import TS, parse_field, reason_kind
+from slipstream.lake.import_parse import parse_field, reason_kind
 from slipstream.lake.import_read import RawBatch
+from slipstream.lake.import_time import TS
 from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, SourceSpec, Spec
-from slipstream.samples.transform import Featurizer, fill_defaults, sample_ids
+from slipstream.samples.transform import Featurizer, sample_ids
 
 US_PER_DAY = 86_400_000_000
 
@@ -48,7 +51,7 @@ class TimeRule:
 
     def spread(self, ordinal: np.ndarray) -> pa.Array:
         assert self.spread_day is not None
-        d0 = int(datetime(self.spread_day.year, self.spread_day.month, self.spread_day.day, tzinfo=timezone.utc).timestamp()) * 1_000_000
+        d0 = int(datetime(self.spread_day.year, self.spread_day.month, self.spread_day.day, tzinfo=UTC).timestamp()) * 1_000_000
         us = d0 + ((ordinal + 0.5) * US_PER_DAY / max(self.spread_total, 1)).astype(np.int64)
         return pa.array(np.minimum(us, d0 + US_PER_DAY - 1), pa.int64()).cast(TS)
 
@@ -67,7 +70,7 @@ def _iso(t: datetime | None) -> str:
 
 def typed_records(spec: Spec, source: SourceSpec, batch: RawBatch, rule: TimeRule, ordinal_offset: int = 0
                   ) -> tuple[pa.Table, list[Reject]]:
-    """The batch's good rows as `source_arrow_schema(source)` (defaults filled) and its rejects.
+    """The batch's good rows as `source_arrow_schema(source)` (missing optional values null) and its rejects.
     A row's position among the records a `--day` spread covers is `ordinal_offset + line - 1`."""
     n = batch.num_rows
     reasons: list[tuple[str, str] | None] = [None] * n
@@ -94,7 +97,6 @@ def typed_records(spec: Spec, source: SourceSpec, batch: RawBatch, rule: TimeRul
                               f"field `{source.time}` outside [--from, --to)")
     good = np.array([r is None for r in reasons], dtype=bool)
     table = pa.table(cols, schema=source_arrow_schema(source)).filter(pa.array(good))
-    table = fill_defaults(spec, source.name, table).cast(source_arrow_schema(source))
     rejects = [Reject(int(batch.lines[i]), r[0], r[1], row=i) for i, r in enumerate(reasons) if r is not None]
     rejects += [Reject(line, why, "malformed line", text) for line, why, text in batch.malformed]
     return table, rejects
@@ -115,7 +117,7 @@ class SampleTail:
 
     def __init__(self, spec: Spec, t: datetime) -> None:
         self.spec, self.t = spec, t
-        self.day_start = datetime(t.year, t.month, t.day, tzinfo=timezone.utc)
+        self.day_start = datetime(t.year, t.month, t.day, tzinfo=UTC)
         self.events: list[pa.Table] = []
         self.labels: list[pa.Table] = []
         self.needs_context = any(f.kind == "sequence" for f in spec.features)

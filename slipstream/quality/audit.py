@@ -12,9 +12,16 @@ started before the range and reading through aborted transactions, never from th
 positions. `stop_offsets` is the committed end of each partition when the stream phase stopped
 (metrics.json; runs that did not record it are audited up to their final positions, with a note).
 A committed record below the run's final position that was not trained, held out, dead-lettered,
-refused as a duplicate sample id (audit source `duplicate`) or dropped before T is *lost*, named by partition and offsets. One at or after the final position is
-*unread*: the stream phase's lag at its stop, counted from committed records; a run that stopped
-as caught up (lag 0) with unread records lost them too.
+refused as a duplicate sample id (audit source `duplicate`) or dropped before T is *lost*, named
+by partition and offsets. One at or after the final position is *unread*: the stream phase's lag
+at its stop, counted from committed records; a run that stopped as caught up (lag 0) with unread
+records lost them too.
+
+The stream before T: the stream phase skips every record with event_time < t_handoff as "already in
+the batch". That holds only if the table has it, so the Kafka range read for the audit starts at
+the window's start (`stream_audit_start`), and each record of [window_start, t_handoff) whose id the
+window at the pinned snapshot lacks is counted as lost (source `kafka before T`): it was in neither
+the table nor the trained stream.
 """
 
 from __future__ import annotations
@@ -178,12 +185,63 @@ def _record_keys(t: pa.Table) -> pa.Array:
     return pc.add(pc.multiply(part, 1 << 40), off)
 
 
+def stream_audit_start(bootstrap: Broker, topic: str, window_start: datetime, handoff: dict[int, int],
+                       timeout_s: float = 30.0) -> dict[int, int]:
+    """Per partition, where the audit reads the stream from: the first record at or after the
+    window's start (never after the handoff offset), so the records the stream phase skipped as
+    "before T" can be checked against the table."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from slipstream.stream.kafka import consumer_config
+
+    c = Consumer(consumer_config(bootstrap, group="slipstream-audit"))
+    try:
+        ms = int(window_start.timestamp() * 1000)
+        found = c.offsets_for_times([TopicPartition(topic, p, ms) for p in handoff], timeout=timeout_s)
+    finally:
+        c.close()
+    out = dict(handoff)
+    for tp in found:
+        if tp.offset >= 0 and tp.partition in out:  # -1: no record at or after it (the end)
+            out[tp.partition] = min(out[tp.partition], tp.offset)
+    return out
+
+
+def _stream_before_t(kafka: pa.Table, all_ids: pa.Array, all_times: pa.Array, metrics: dict[str, Any],
+                     t_handoff: datetime) -> tuple[SourceAudit | None, str]:
+    """The stream's records before T that the window lacks: in neither the table nor the trained
+    stream, so lost. Records before the window's start are outside the run."""
+    if "event_time" not in kafka.column_names:
+        return None, "Kafka range held no decodable record"
+    t = kafka.column("event_time")
+    before = kafka.filter(pc.less(t, pa.scalar(t_handoff, t.type)))
+    if not before.num_rows:
+        return None, "Kafka range held no record with event_time < t_handoff"
+    if metrics.get("window_start"):
+        start = datetime.fromisoformat(metrics["window_start"])
+    else:
+        start = pc.min(all_times).as_py() if len(all_times) else t_handoff
+    bt = before.column("event_time")
+    in_window = before.filter(pc.greater_equal(bt, pa.scalar(start, bt.type)))
+    ids = in_window.column("sample_id").combine_chunks()
+    missing = ids.filter(pc.invert(pc.is_in(ids, value_set=all_ids))) if len(ids) else ids
+    older = before.num_rows - in_window.num_rows
+    note = (f"Kafka held {before.num_rows:,} records with event_time < t_handoff: {len(ids) - len(missing):,} in the "
+            f"window at the pinned snapshot (trained or scored in the batch phase), {len(missing):,} not in it (lost: in "
+            f"neither the table nor the trained stream)" + (f", {older:,} before the window (outside the run)" if older else ""))
+    audit = SourceAudit("kafka before T", 0, len(ids), len(ids) - len(missing), len(missing), 0, 0,
+                        missing.slice(0, EXAMPLES).to_pylist())
+    return audit, note
+
+
 def audit_run(
     audit: pa.Table, window_ids: pa.Array, window_times: pa.Array, metrics: dict[str, Any],
     kafka: pa.Table | None,
 ) -> AuditResult:
-    """Compare the trained ids with the expected ones, per source and epoch."""
+    """Compare the trained ids with the expected ones, per source and epoch. `kafka` holds the
+    records read from `stream_audit_start` (or the handoff offsets) to the final offsets."""
     notes: list[str] = []
+    all_ids, all_times = window_ids, window_times
     if metrics.get("train_end") and metrics["train_end"] != metrics.get("t_handoff"):
         # the validation days before T are scored, never trained, in the batch phase
         end = datetime.fromisoformat(metrics["train_end"])
@@ -214,6 +272,12 @@ def audit_run(
         stream, stream_notes, lag = audit_stream(audit, kafka, metrics)
         sources.append(stream)
         notes += stream_notes
+        known = pc.drop_null(all_ids)
+        known = known.combine_chunks() if isinstance(known, pa.ChunkedArray) else known
+        before_t, note = _stream_before_t(kafka, known, all_times, metrics, datetime.fromisoformat(metrics["t_handoff"]))
+        if before_t is not None:
+            sources.append(before_t)
+        notes.append(note)
     score = shuffle_score(audit, window_ids.combine_chunks() if isinstance(window_ids, pa.ChunkedArray) else window_ids,
                           window_times.combine_chunks() if isinstance(window_times, pa.ChunkedArray) else window_times)
     return AuditResult(sources, per_source, score, notes, lag)

@@ -49,6 +49,7 @@ class GateConfig:
             "distinct.": "warning",
             "sequence.empty_fraction": "warning",
             "drift.": "warning",
+            "predates.": "warning",
             "days.nonempty": "warning",
         }
     )

@@ -183,6 +183,10 @@ def run_gate(
             jobs.insert(0, functools.partial(duplicate_ids, data.column("sample_id")))
         done = run_parallel(jobs, parallel=data.num_rows >= PARALLEL_MIN_ROWS, threads=GATE_THREADS)
         agg = compute_aggregates(data, profile, start, end, spec, done[0] if has_ids else None, absent)
+        for name, n in sorted(absent.items()):
+            if n:
+                log.warning("%s: %s of %s rows were written before the spec had %s: they take its default",
+                            scope, f"{n:,}", f"{data.num_rows:,}", name)
         timings["profile"] = time.monotonic() - t0 - timings["read"]
         history = hist.result()
 

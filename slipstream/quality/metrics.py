@@ -112,6 +112,7 @@ def compute_aggregates(
                 agg.details[f"nulls.{name}"] = (
                     f"besides {older:,} rows written before the spec had {name} (they take its default)"
                 )
+                v[f"predates.{name}"] = float(older)
     for f in spec.features:
         if f.name in names:
             _feature_metrics(v, table, profile, f.name, f.kind)

@@ -27,9 +27,8 @@ from slipstream.lake.iceberg import get_catalog
 from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.pipeline.runlayout import run_dir as run_folder_of
 from slipstream.pipeline.runplan import plan_path, read_plan
-from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
+from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range, stream_audit_start
 from slipstream.quality.profiles import FeatureProfile
-from slipstream.quality.report_ids import id_tables_section
 from slipstream.quality.report_data import (
     Window,
     ctr_section,
@@ -43,6 +42,7 @@ from slipstream.quality.report_data import (
     skew_section,
 )
 from slipstream.quality.report_doc import Finding, ReportDoc, findings_table
+from slipstream.quality.report_ids import id_tables_section
 from slipstream.quality.report_model import (
     freshness_section,
     model_finding,
@@ -193,7 +193,10 @@ def _audit(settings: Settings, run_dir: Path, metrics: dict[str, Any], window: W
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")
         try:
-            kafka = read_kafka_range(KafkaAccess.from_settings(own), topic, start, stop, spec=spec)
+            access = KafkaAccess.from_settings(own)
+            if metrics.get("window_start"):  # from the window's start: the records skipped as "before T" are checked too
+                start = stream_audit_start(access, topic, datetime.fromisoformat(metrics["window_start"]), start)
+            kafka = read_kafka_range(access, topic, start, stop, spec=spec)
         except Exception as e:  # also a bad security setting: the rest of the report still renders
             unverified = f"the committed records of its Kafka range could not be read from {bootstrap} ({e})"
     else:

@@ -80,6 +80,10 @@ def build_checks(config: GateConfig, metrics: dict[str, float], spec: Spec, boun
         return checks  # nothing else can be measured on no rows; one clear failure says so
     for name in spec.sample_columns:
         checks.append(Check(f"not_null.{name}", f"nulls.{name}", 0, 0, sev(f"not_null.{name}"), f"{name} is never null"))
+    for metric in sorted(m for m in metrics if m.startswith("predates.")):
+        name = metric.split(".", 1)[1]
+        checks.append(Check(metric, metric, 0, 0, sev(metric),
+                            f"rows written before the spec had {name}: the model sees its default there, not a value"))
     for f in spec.features:
         checks += _feature_checks(f, spec, config, sev)
     checks += [

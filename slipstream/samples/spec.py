@@ -5,9 +5,11 @@ event time, the label (a click within an attribution window, a label column, or 
 `rating >= 4`) and the features: ids and categoricals (hashed into buckets), multi-valued lists,
 sequences (the earlier values of a field per user, from the events themselves) and dense numbers
 (log1p / clip / scale; standardised by the trainer with the window's statistics). Side tables
-(users, items) join the events by key. The Spark job, the Iceberg table, the Kafka codecs, the
-loader and model inputs, the quality suite and the generator all read it; nothing else defines a
-column.
+(users, items) join the events by key. A timestamp field may declare its `format` (epoch_s,
+epoch_ms, epoch_us, epoch_ns, iso or a strptime pattern); a feature with `missing: indicator` gets
+a derived 0/1 dense feature `<name>_missing` next to it (`Spec.features` holds both). The Spark
+job, the Iceberg table, the Kafka codecs, the loader and model inputs, the quality suite and the
+generator all read it; nothing else defines a column.
 
 `load_spec(path)` validates the file against `spec.schema.json` and the references between its
 parts; an error names the file, the line and the key, and says what to do.
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 import re
+import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -43,6 +46,11 @@ RESERVED = (SAMPLE_ID, EVENT_TIME, LABEL)
 SPARSE_KINDS = ("id", "categorical")
 LIST_KINDS = ("list", "sequence")
 NUMERIC_TYPES = ("long", "int", "double", "boolean")
+EPOCH_FORMATS = {"epoch_s": 1_000_000, "epoch_ms": 1_000, "epoch_us": 1, "epoch_ns": 0}
+"""Epoch units a timestamp field may declare, and microseconds per unit (0: nanoseconds, divided)."""
+TIME_FORMATS = (*EPOCH_FORMATS, "iso")
+MISSING_SUFFIX = "_missing"
+"""The derived indicator feature of a feature with `missing: indicator` is `<name>_missing`."""
 _RULE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?[0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -56,6 +64,9 @@ class FieldSpec:
     type: str
     optional: bool = False
     default: Any = None
+    format: str | None = None
+    """timestamp fields: `epoch_s`, `epoch_ms`, `epoch_us`, `epoch_ns`, `iso` or a strptime pattern
+    (`%y%m%d%H`); None: ISO-8601 text or an epoch number whose unit is told by its size."""
 
     @property
     def is_list(self) -> bool:
@@ -145,6 +156,11 @@ class FeatureSpec:
     shares: str | None = None
     role: str | None = None
     """id features: `user` or `item` (the popularity baseline, cold-start views)."""
+    missing: str = "default"
+    """`default`: a missing value takes the field's default; `indicator`: also a derived 0/1 feature."""
+    indicator_of: str | None = None
+    """Set on a derived `<name>_missing` feature: the feature whose value it says was absent
+    (1.0) or present (0.0). It reads the same field."""
     table_kind: str = "hashed"
     """id / categorical (`table:` in the file): `hashed` (the value modulo `buckets`) or `managed` (a
     row of its own per admitted value, `TableOptions`)."""
@@ -316,7 +332,8 @@ def load_spec(name_or_path: str | Path = DEFAULT_SPEC) -> Spec:
         text = read_shipped_text(path)
     except FileNotFoundError:
         shipped = ", ".join(sorted(p.stem for p in SPECS_DIR.glob("*.yaml")))
-        raise SpecError(f"feature spec {path} not found: give a path to a spec file, or one of the shipped specs ({shipped})") from None
+        raise SpecError(f"feature spec {path} not found: give a path to a spec file, "
+                        f"or one of the shipped specs ({shipped})") from None
     return parse_spec_text(text, str(path))
 
 
@@ -407,7 +424,7 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
     sources = []
     for name, s in doc["sources"].items():
         fields = tuple(
-            FieldSpec(fname, f["type"], bool(f.get("optional", False)), f.get("default"))
+            FieldSpec(fname, f["type"], bool(f.get("optional", False)), f.get("default"), f.get("format"))
             for fname, f in s["fields"].items()
         )
         rule = s.get("id")
@@ -418,16 +435,18 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
             header=bool(s.get("header", True)), columns=tuple(s.get("columns", ())),
         ))
     label = _parse_label(doc["label"])
-    features = tuple(
+    declared = [
         FeatureSpec(
             name=name, kind=f["kind"], field=f["field"], buckets=f.get("buckets"),
-            log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,  # type: ignore[arg-type]
+            log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,
             scale=float(f.get("scale", 1.0)), standardize=bool(f.get("standardize", False)),
             separator=f.get("separator"), length=int(f.get("length", 0)), per=f.get("per"), shares=f.get("shares"),
-            role=f.get("role"), table_kind=f.get("table", "hashed"), managed=_table_options(f),
+            role=f.get("role"), missing=f.get("missing", "default"), table_kind=f.get("table", "hashed"),
+            managed=_table_options(f),
         )
         for name, f in doc["features"].items()
-    )
+    ]
+    features = tuple(g for f in declared for g in (f, *_indicator(f)))
     q = doc.get("quality", {})
     quality = QualitySpec(
         ctr_min=q.get("ctr", {}).get("min"), ctr_max=q.get("ctr", {}).get("max"),
@@ -438,6 +457,13 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
     )
     return Spec(doc["name"], int(doc["version"]), tuple(sources), label, features, quality,
                 doc.get("description", ""), doc)
+
+
+def _indicator(f: FeatureSpec) -> tuple[FeatureSpec, ...]:
+    """The derived `<name>_missing` feature of a feature with `missing: indicator` (0/1, dense)."""
+    if f.missing != "indicator":
+        return ()
+    return (FeatureSpec(name=f.name + MISSING_SUFFIX, kind="dense", field=f.field, indicator_of=f.name),)
 
 
 def _table_options(f: Mapping[str, Any]) -> TableOptions | None:
@@ -468,9 +494,13 @@ def _check_references(spec: Spec) -> None:
         at = ("sources", s.name)
         for f in s.fields:
             if f.optional and f.default is None and not f.is_list:
-                raise _KeyProblem((*at, "fields", f.name), "an optional field needs a default (the value a record without it takes)")
+                raise _KeyProblem((*at, "fields", f.name),
+                                  "an optional field needs a default (the value a record without it takes)")
             if not f.optional and f.default is not None:
-                raise _KeyProblem((*at, "fields", f.name), "a default is only for optional fields: add `optional: true` or drop it")
+                raise _KeyProblem((*at, "fields", f.name),
+                                  "a default is only for optional fields: add `optional: true` or drop it")
+            if f.format is not None:
+                _check_time_format(f, (*at, "fields", f.name, "format"))
         if s.kind == "events":
             if s.time is None or s.time not in s.field_names:
                 raise _KeyProblem((*at, "time"), f"events need `time:` naming one of their fields ({', '.join(s.field_names)})")
@@ -496,8 +526,37 @@ def _check_references(spec: Spec) -> None:
                 raise _KeyProblem((*at, "columns"), f"column {col} is not a field (name unused columns _x)")
     _check_label(spec, ev)
     names = {f.name for f in spec.features}
-    for f in spec.features:
-        _check_feature(spec, ev, f, names)
+    declared = [feat for feat in spec.features if feat.indicator_of is None]
+    for feat in declared:
+        _check_feature(spec, ev, feat, names)
+        if feat.missing == "indicator":
+            _check_indicator(spec, ev, feat, declared)
+
+
+def _check_time_format(f: FieldSpec, at: tuple[Any, ...]) -> None:
+    if f.type != "timestamp":
+        raise _KeyProblem(at, f"`format` is for timestamp fields, {f.name} is {f.type}")
+    if f.format not in TIME_FORMATS and "%" not in (f.format or ""):
+        raise _KeyProblem(at, f"expected one of {', '.join(TIME_FORMATS)} or a strptime pattern such as '%Y%m%d%H', "
+                              f"got {f.format!r}")
+
+
+def _check_indicator(spec: Spec, ev: SourceSpec, f: FeatureSpec, declared: list[FeatureSpec]) -> None:
+    at = ("features", f.name, "missing")
+    name = f.name + MISSING_SUFFIX
+    if any(g.name == name for g in declared):
+        raise _KeyProblem(at, f"the indicator would be named {name}, which is already a feature: rename that one")
+    if f.table is None and not ev.field(f.column).optional:
+        raise _KeyProblem(at, f"{f.column} is a required field, never missing: make it `optional: true` (with a "
+                              "default) or drop `missing: indicator`")
+    default = (ev if f.table is None else spec.source(f.table)).field(f.column).default
+    if isinstance(default, str) and default.strip():
+        try:
+            float(default)
+        except ValueError:
+            # the trainer fills a column absent from older files with float(the field's default)
+            raise _KeyProblem(at, f"an indicator on a field whose default is text ({default!r}) is not supported yet: "
+                                  "give the field an empty or numeric default, or drop `missing: indicator`") from None
 
 
 def _check_label(spec: Spec, ev: SourceSpec) -> None:
@@ -521,7 +580,9 @@ def _source_field(spec: Spec, ev: SourceSpec, f: FeatureSpec) -> FieldSpec:
     at = ("features", f.name, "field")
     if f.table is None:
         if f.column not in ev.field_names:
-            raise _KeyProblem(at, f"{f.column} is not a field of the events source {ev.name} (a side table's field is <table>.<field>)")
+            raise _KeyProblem(at,
+                              f"{f.column} is not a field of the events source {ev.name} "
+                              "(a side table's field is <table>.<field>)")
         return ev.field(f.column)
     try:
         tab = spec.source(f.table)
@@ -549,14 +610,17 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
             raise _KeyProblem((*at, "clip"), f"expected [lo, hi] with lo < hi, got {list(f.clip)}")
     elif f.kind == "list":
         if not src.is_list and not (src.type == "string" and f.separator):
-            raise _KeyProblem((*at, "field"), f"a list feature needs a list field or a string field with `separator:`, {src.name} is {src.type}")
+            raise _KeyProblem((*at, "field"),
+                              f"a list feature needs a list field or a string field with `separator:`, {src.name} is {src.type}")
     elif f.kind == "sequence":
         if f.table is not None:
             raise _KeyProblem((*at, "field"), "a sequence looks back on the events' own field, not a side table's")
         if f.length < 1:
             raise _KeyProblem(at, "a sequence needs `length:` (K, the earlier values kept)")
         if f.per is None or f.per not in ev.field_names:
-            raise _KeyProblem((*at, "per"), f"a sequence needs `per:` naming an events field (e.g. user_id), one of {', '.join(ev.field_names)}")
+            raise _KeyProblem((*at, "per"),
+                              "a sequence needs `per:` naming an events field (e.g. user_id), "
+                              f"one of {', '.join(ev.field_names)}")
     elif src.is_list:
         raise _KeyProblem((*at, "field"), f"{src.name} holds lists: use kind: list")
     if f.role is not None:

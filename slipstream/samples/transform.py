@@ -6,19 +6,21 @@ plain tables. Everything is vectorised (Arrow compute, numpy); a distinct catego
 hashed once per transform.
 
 The steps, in order (`Featurizer.samples`):
-1. defaults: a missing (null) optional field takes the spec's default;
+1. defaults: a missing (null) optional field takes the spec's default; for a feature with
+   `missing: indicator`, which rows lacked the value is noted first;
 2. side tables: each `table` source is joined on its key (a missing key takes the table's
-   defaults);
+   defaults, and counts as a missing value for an indicator);
 3. features: ids (longs as they are, strings hashed), categoricals (hashed), dense numbers
    (`log1p`, `clip`, `/ scale`), lists (hashed values) and sequences (the earlier values of a field
-   per key, same UTC day, most recent last; `SequenceHistory` carries a key's tail across batches);
+   per key, same UTC day, most recent last; `SequenceHistory` carries a key's tail across batches),
+   and each derived `<name>_missing` indicator (1.0 where the value was absent, else 0.0);
 4. the label, for `column` and `rule` labels (a click-within label is joined before: by Spark's
    cogroup or the joiner's window).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -85,9 +87,12 @@ def fill_defaults(spec: Spec, source: str, table: pa.Table) -> pa.Table:
     return table
 
 
-def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table]) -> pa.Table:
+def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table],
+                missing: dict[str, pa.Array] | None = None) -> pa.Table:
     """Add `<table>.<field>` columns for the side-table fields the features read (left join on
-    the table's key; an events row without a match takes the table's defaults)."""
+    the table's key; an events row without a match takes the table's defaults). `missing`, when
+    given, gets for each such column where the value was absent (no row for the key, or the row
+    without it) before the default filled it."""
     wanted: dict[str, list[str]] = {}
     for f in spec.features:
         if f.table is not None:
@@ -100,16 +105,22 @@ def join_tables(spec: Spec, events: pa.Table, tables: Mapping[str, pa.Table]) ->
         side = tables.get(name)
         if side is None:
             side = pa.table({c: pa.array([], field_arrow_type(src.field(c).type)) for c in (key, *cols)})
-        side = fill_defaults(spec, name, side).select([key, *cols])
+        for c in cols:  # a column the table lacks: absent everywhere
+            if c not in side.column_names:
+                typ = field_arrow_type(src.field(c).type)
+                side = side.append_column(pa.field(c, typ), pa.nulls(side.num_rows, typ))
+        side = side.select([key, *cols])
         side = side.rename_columns([key, *(f"{name}.{c}" for c in cols)])
         side = last_per_key(side, key)
         keys = events.column(key)
         idx = pc.index_in(keys, value_set=side.column(key))
         for c in cols:
             out = side.column(f"{name}.{c}").take(idx)
+            if missing is not None:
+                missing[f"{name}.{c}"] = pc.is_null(out)
             fs = src.field(c)
             if fs.optional and fs.default is not None:
-                out = pc.fill_null(out, pa.scalar(fs.default, field_arrow_type(fs.type)))
+                out = pc.fill_null(pc.cast(out, field_arrow_type(fs.type)), pa.scalar(fs.default, field_arrow_type(fs.type)))
             events = events.append_column(f"{name}.{c}", out)
     return events
 
@@ -315,7 +326,7 @@ class Featurizer:
         self._history = {f.name: kind(f.length) for f in spec.features if f.kind == "sequence"}
 
     @property
-    def sequences(self) -> dict[str, "SequenceHistory | KeyedSequenceState"]:
+    def sequences(self) -> dict[str, SequenceHistory | KeyedSequenceState]:
         """Each sequence feature's history (the joiner saves and restores the keyed ones)."""
         return self._history
 
@@ -325,15 +336,19 @@ class Featurizer:
         (per, time, sample_id) when the spec has sequences. Returns the sample columns."""
         spec = self.spec
         ev_name = spec.events.name
+        missing = _absent_values(spec, events)
         events = fill_defaults(spec, ev_name, events)
         if SAMPLE_ID not in events.column_names:
             events = events.append_column(SAMPLE_ID, sample_ids(spec, events))
-        events = join_tables(spec, events, self.tables)
+        events = join_tables(spec, events, self.tables, missing)
         time_col = pc.cast(events.column(spec.events.time or ""), pa.timestamp("us", tz="UTC"))
         out: dict[str, pa.Array | pa.ChunkedArray] = {SAMPLE_ID: pc.cast(events.column(SAMPLE_ID), pa.string()),
                                                       EVENT_TIME: time_col}
         time_us = pc.cast(time_col, pa.int64()).to_numpy(zero_copy_only=False)
         for f in spec.features:
+            if f.indicator_of is not None:
+                out[f.name] = pc.cast(missing[f.field], pa.float32())
+                continue
             col = events.column(f.field)
             if f.kind == "dense":
                 out[f.name] = pa.array(dense_values(f, col), pa.float32())
@@ -354,6 +369,20 @@ class Featurizer:
         for batch in batches:
             if batch.num_rows:
                 yield from self.samples(pa.Table.from_batches([batch])).to_batches()
+
+
+def _absent_values(spec: Spec, events: pa.Table) -> dict[str, pa.Array]:
+    """events field -> where its value is absent, for the events fields an indicator reads (the
+    column missing altogether: absent everywhere). Side-table fields are added by `join_tables`."""
+    out: dict[str, pa.Array] = {}
+    for f in spec.features:
+        if f.indicator_of is not None and f.table is None and f.field not in out:
+            if f.field in events.column_names:
+                col = events.column(f.field)
+                out[f.field] = pc.is_null(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+            else:
+                out[f.field] = pa.array(np.ones(events.num_rows, dtype=bool))
+    return out
 
 
 def _shares_raw_ids(spec: Spec, f: FeatureSpec) -> bool:

@@ -24,6 +24,7 @@ out = {"dags": {}, "errors": {k: v[-1500:] for k, v in bag.import_errors.items()
 for dag_id, dag in bag.dags.items():
     out["dags"][dag_id] = {"tasks": sorted(dag.task_ids), "params": sorted(dag.params.keys()), "tags": sorted(dag.tags),
                            "timetable": type(dag.timetable).__name__,
+                           "start_date": str(dag.start_date), "catchup": dag.catchup,
                            "edges": sorted([t.task_id, d] for t in dag.tasks for d in t.downstream_task_ids)}
 print("PARSED " + json.dumps(out))
 """
@@ -54,6 +55,12 @@ def parsed_k8s(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignor
 def test_all_dags_parse_without_errors(parsed: dict) -> None:  # type: ignore[type-arg]
     assert parsed["errors"] == {}
     assert set(parsed["dags"]) == {"daily_retrain", "preprocess_samples", "cache_warmup", "stream_train"}
+
+
+def test_every_dag_runs_any_past_day_without_a_catchup_storm(parsed: dict) -> None:  # type: ignore[type-arg]
+    """No start date: a run dated before one would create no task and "succeed" doing nothing."""
+    assert {d: (v["start_date"], v["catchup"]) for d, v in parsed["dags"].items()} == {
+        d: ("None", False) for d in parsed["dags"]}
 
 
 def test_no_heavy_import_at_parse_time(parsed: dict) -> None:  # type: ignore[type-arg]

@@ -185,15 +185,17 @@ def _dedupe_day(prepared: Prepared, spark: object, tmp_path: Path, day: date, im
     import logging
 
     raw = tmp_path / "raw"
+    tag = f"@{day:%m%d}"  # a sample id is unique across the table: each day's ids get the day
+    imps = [{**r, "impression_id": f"{r['impression_id']}{tag}"} for r in imps]
     write_jsonl(raw / "impressions" / f"day={day}" / "hour=00" / "part-0.jsonl.gz", imps)
     write_jsonl(raw / "clicks" / f"day={day}" / "hour=00" / "part-0.jsonl.gz",
-                [{"impression_id": "x", "ts": ts(day, 9, 5)}])
+                [{"impression_id": f"x{tag}", "ts": ts(day, 9, 5)}])
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="spark_jobs.day_job"):
         res = _run_day(prepared, spark, day, f"run-{day}", raw_dir=str(raw))
     fell_back = "writing the day again with the dedupe by id" in caplog.text
     table = _samples(prepared)
-    rows = {r["sample_id"]: r for r in day_rows(table, day).to_pylist()}
+    rows = {r["sample_id"].removesuffix(tag): r for r in day_rows(table, day).to_pylist()}
     assert res.rows == len(rows)
     # no orphan: the files of a first write that was redone are gone
     on_disk = {f"file://{f}" for f in Path(table.location().removeprefix("file://"), "data", f"event_time_day={day}").glob("*.parquet")}

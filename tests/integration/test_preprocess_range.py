@@ -69,7 +69,7 @@ def _samples(settings: Settings, spec: Spec) -> pa.Table:
 
 def _rejects(settings: Settings) -> pa.Table:
     rows = rejects_table(get_catalog(settings), settings.namespace).scan(
-        selected_fields=("day", "record_kind", "source_file", "reason", "raw_line")).to_arrow()
+        selected_fields=("day", "record_kind", "source_file", "reason", "raw_line", "line")).to_arrow()
     return rows.sort_by([(n, "ascending") for n in rows.schema.names])
 
 

@@ -67,8 +67,9 @@ def test_ratings_csv_with_side_tables(settings: Settings, capsys: pytest.Capture
         "2026-11-01T08:00:00+00:00", "2026-11-01T09:30:00+00:00", "2026-11-01T12:00:00+00:00",
         "2026-11-02T10:00:00+00:00", "2026-11-02T18:30:00+00:00", "2026-11-04T06:15:00+00:00", "2026-11-04T23:59:59+00:00"]
     users = pq.read_table(raw / "users")
-    assert users.to_pylist()[1] == {"user_id": 2, "gender": "M", "age": 41, "occupation": "unknown"}  # the default
-    assert pq.read_table(raw / "items").column("year").to_pylist() == [1979, 2001, 0]
+    # a missing value stays missing in the raw zone: the featurizer gives it the default
+    assert users.to_pylist()[1] == {"user_id": 2, "gender": "M", "age": 41, "occupation": None}
+    assert pq.read_table(raw / "items").column("year").to_pylist() == [1979, 2001, None]
     assert (out["sources"]["users"]["imported"], out["sources"]["items"]["imported"]) == (2, 3)
     assert not [p for p in raw.rglob("*") if p.name.startswith("_import") or p.name.startswith("_new")]
 
@@ -87,7 +88,7 @@ def test_criteo_tsv_without_header_spread_over_the_given_day(settings: Settings,
     assert bad["line"] == 4 and bad["reason"] == "field `I13`: not a number: 'x7'" and bad["raw"].count("\t") == 39
     day = _rows(raw, "displays", "2026-11-01")
     assert day.column("label").to_pylist() == [0, 1, 0, 0, 1]
-    assert day.column("I12").to_pylist()[0] == 0 and day.column("C22").to_pylist()[0] == ""  # empty cells: defaults
+    assert day.column("I12").to_pylist()[0] is None and day.column("C22").to_pylist()[0] is None  # empty cells: missing
 
 
 def test_jsonl_of_the_synthetic_layout_gzipped(settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,18 +109,23 @@ def test_jsonl_of_the_synthetic_layout_gzipped(settings: Settings, tmp_path: Pat
 def test_a_file_whose_every_row_is_bad_fails_with_the_reasons(settings: Settings, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "ratings.csv"
-    f.write_text("user_id,item_id,ts\n1,10,1793520000\n2,10,1793520001\n3,11,1793520002\n")
+    f.write_text("user_id,item_id,rating,ts\n1,10,x,1793520000\n2,10,,1793520001\n3,11,4,1793520002,9\n")
     assert main(["import", "--spec", "ratings", str(f)]) == 2
     err = capsys.readouterr().err
-    assert f"all 3 rows of {f} rejected: field `rating` missing in 3 records" in err and "Traceback" not in err
+    assert f"all 3 rows of {f} rejected: " in err and "field `rating` not a number in 1 record" in err and "Traceback" not in err
+    assert "First bad lines: line 2: field `rating`: not a number: 'x'; also lines 3, 4." in err
     raw = Path(settings.raw_dir)
     assert not (raw / "ratings").exists() and not list(raw.glob("_import*"))
-    assert len(_rejects(err.rsplit("Rejected rows: ", 1)[1].strip())) == 3
+    assert len(_rejects(err.rsplit("Rejected rows: ", 1)[1].split(" Nothing")[0].strip())) == 3
+
+    f.write_text("user_id,item_id,ts\n1,10,1793520000\n")  # a required column missing: refused before reading
+    assert main(["import", "--spec", "ratings", str(f)]) == 2
+    assert "field `rating` of source 'ratings' is no column of the file" in capsys.readouterr().err
 
     crit = tmp_path / "day_9.txt"
     crit.write_text("0\t1" + "\t" * 38 + "\n")
     assert main(["import", "--spec", "criteo", "--source", "displays", str(crit)]) == 2
-    assert "field `ts` missing in 1 records (records without `ts`: give --day" in capsys.readouterr().err
+    assert "have no time (`ts` is no column of the file): give --day YYYY-MM-DD" in capsys.readouterr().err
 
 
 def test_reimport_replaces_the_days_it_covers_and_leaves_the_others(settings: Settings, tmp_path: Path,
@@ -160,7 +166,7 @@ def test_malformed_lines_time_range_parquet_input_and_progress(settings: Setting
     p = tmp_path / "ratings_more.parquet"
     pq.write_table(pa.table({"user_id": pa.array([5, 6], pa.int32()), "item_id": pa.array([10, 10], pa.int32()),
                              "rating": [4.0, 1.0], "ts": pa.array([datetime(2026, 11, 1, 3, tzinfo=UTC)] * 2)}), p)
-    caplog.set_level(logging.INFO, "slipstream.lake.importer")
+    caplog.set_level(logging.INFO, "slipstream.lake")
     opts = ImportOptions(raw_dir=Path(settings.raw_dir), time_from=datetime(2026, 11, 1, tzinfo=UTC),
                          time_to=datetime(2026, 12, 1, tzinfo=UTC), progress_every_s=0)
     res = import_files(spec, [f, p], opts)
