@@ -68,3 +68,8 @@ class NativeBuildError(SlipstreamError):
 class PlanError(ConfigError):
     """A run's plan.json is missing, malformed, from another version, or does not match the data
     it describes; the message names the file and the key."""
+
+
+class MetricsContractError(SlipstreamError):
+    """A run's metrics.json does not fit its contract (`slipstream.pipeline.run_metrics`): a key of
+    the wrong type, or one the contract does not declare."""

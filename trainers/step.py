@@ -25,7 +25,7 @@ from trainers.optim.drift_gauge import KINDS, DriftGauge
 from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
 from trainers.models import build_model
 from trainers.optim.known_users import KnownUsers
-from trainers.data.rows import SOURCE_REPLAY, Features, Rows
+from trainers.data.rows import Features, Rows
 from trainers.parallel.sharding import gather_state, local_tensors, shard_model
 from trainers.parallel.grad_exchange import SparseGradExchange, data_parallel
 
@@ -128,18 +128,17 @@ class Stepper:
         set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift),
                 o.table_lr / o.lr if o.table_lr else 1.0)
 
-    def gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
-        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums
-        per kind of row (known users, new users), all ranks together, to the drift gauge and set
-        the next step's rates from it."""
-        replay = rows.source == SOURCE_REPLAY
-        kinds = self.known_users.kinds(rows.sparse)
-        loss = losses.float().cpu().numpy()
+    def gauge_drift(self, fresh: Rows, fresh_loss: np.ndarray, reference: Rows, reference_loss: np.ndarray) -> None:
+        """Collective (every rank, every stream step): feed the step's fresh rows' losses (scored
+        before the step) and the reference rows' (rows before T the model never trained on, or
+        replayed ones) per kind of row (known users, new users), all ranks together, to the drift
+        gauge and set the next step's rates from it."""
+        kf, kr = self.known_users.kinds(fresh.sparse), self.known_users.kinds(reference.sparse)
         sums: list[float] = []
         for k in range(KINDS):
-            f, r = (kinds == k) & ~replay, (kinds == k) & replay
+            f, r = kf == k, kr == k
             # sums over an empty batch are 0: a rank without rows still joins the all-reduce
-            sums += [float(loss[f].sum()), float(f.sum()), float(loss[r].sum()), float(r.sum())]
+            sums += [float(fresh_loss[f].sum()), float(f.sum()), float(reference_loss[r].sum()), float(r.sum())]
         total = self.d.sum(sums)
         self.drift.update_kinds([tuple(total[4 * k:4 * k + 4]) for k in range(KINDS)])  # type: ignore[misc]
         self.set_lr("stream")

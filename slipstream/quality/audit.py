@@ -174,6 +174,19 @@ def _record_keys(t: pa.Table) -> pa.Array:
     return pc.add(pc.multiply(part, 1 << 40), off)
 
 
+def _before_forward_tail(after: pa.Table, metrics: dict[str, Any], notes: list[str]) -> pa.Table:
+    """The stream records before the run's forward tail: the tail (event time >= its start) is
+    scored at the end, never trained, so it is not expected in training."""
+    start = metrics.get("forward_tail_start")
+    if not start or not after.num_rows:
+        return after
+    ts = after.column("event_time")
+    before = pc.less(ts, pa.scalar(datetime.fromisoformat(start), ts.type))
+    held = after.num_rows - (pc.sum(before).as_py() or 0)
+    notes.append(f"{held:,} records of the forward tail (event time from {start} on) are scored, never trained: not expected")
+    return after.filter(before)
+
+
 def audit_run(
     audit: pa.Table, window_ids: pa.Array, window_times: pa.Array, metrics: dict[str, Any],
     kafka: pa.Table | None,
@@ -215,6 +228,7 @@ def audit_run(
             notes.append(f"{dead.num_rows:,} records went to the dead-letter topic ({pc.sum(refused).as_py():,} of them "
                          "decodable with event_time >= t_handoff): not expected in training")
             after = after.filter(pc.invert(refused))
+        after = _before_forward_tail(after, metrics, notes)
         expected_stream = _trainable(after.column("sample_id"))
         rows = audit.filter(pc.equal(src, "kafka"))
         sources.append(compare_ids("kafka", 0, expected_stream, rows.column("sample_id").combine_chunks()))

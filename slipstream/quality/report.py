@@ -22,9 +22,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.errors import ConfigError
+from slipstream.errors import ConfigError, SlipstreamError
 from slipstream.lake.iceberg import get_catalog
-from slipstream.quality import plots
+from slipstream.pipeline.run_metrics import RunMetrics, parse_run_metrics
+from slipstream.quality import evaluation_report, plots
 from slipstream.quality.audit import AuditResult, audit_run, read_audit, read_kafka_range
 from slipstream.quality.drift import FeatureShift, compare_profiles, drift_features
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
@@ -104,13 +105,15 @@ def _offsets(raw: Any) -> dict[int, int]:
 class _Window:
     """The run's Iceberg window: ids/times for the audit, per-day profiles for the plots."""
 
-    def __init__(self, settings: Settings, metrics: dict[str, Any], plan: RunPlan | None) -> None:
+    def __init__(self, settings: Settings, metrics: RunMetrics, plan: RunPlan | None) -> None:
         settings = run_settings(settings, metrics)
         # the run's plan.json when it has one (its window, files and spec); else what metrics.json says
         self.spec: Spec = plan.spec if plan else load_spec(settings.spec)
-        self.snapshot_id = plan.snapshot_id if plan else int(metrics["snapshot_id"])
-        self.start = plan.window_start if plan else datetime.fromisoformat(metrics["window_start"]).astimezone(timezone.utc)
-        self.end = plan.t_handoff if plan else datetime.fromisoformat(metrics["t_handoff"]).astimezone(timezone.utc)
+        if plan is None and (metrics.snapshot_id is None or metrics.window_start is None or metrics.t_handoff is None):
+            raise ValueError("neither plan.json nor metrics.json name the run's snapshot and window")
+        self.snapshot_id = plan.snapshot_id if plan else int(metrics.snapshot_id)  # type: ignore[arg-type]  # checked above
+        self.start = plan.window_start if plan else metrics.window_start.astimezone(timezone.utc)  # type: ignore[union-attr]
+        self.end = plan.t_handoff if plan else metrics.t_handoff.astimezone(timezone.utc)  # type: ignore[union-attr]
         catalog = get_catalog(settings)
         table = load_samples(catalog, settings.namespace)
         keys = read_interval(table, self.snapshot_id, self.start, self.end, ("sample_id", "event_time"),
@@ -152,55 +155,29 @@ def _fmt(x: Any) -> str:
     return f"{x:.4f}" if isinstance(x, (int, float)) and math.isfinite(x) else "–"
 
 
-def _diff(metrics: dict[str, Any], key: str) -> str:
-    d = metrics.get(key)
-    lo, hi = (metrics.get(f"{key}_ci") or [None, None])[:2]
-    if not isinstance(d, (int, float)) or not math.isfinite(d):
-        return "–"
-    ci = f" [{lo:+.4f}, {hi:+.4f}]" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) else ""
-    return f"{d:+.4f}{ci}"
-
-
-def _model_section(doc: _Doc, run_dir: Path, metrics: dict[str, Any]) -> None:
-    """The model against its baselines and the champion, the validation curve, the promotion."""
-    if not metrics or "auc_after_t" not in metrics:
+def _model_sections(doc: _Doc, run_dir: Path, m: RunMetrics) -> None:
+    """The model on every evaluation set, the prequential curve, the forward-tail decision and the
+    validation curve (`slipstream.quality.evaluation_report`)."""
+    if m.auc_on is None and not m.validation_curve:
         return
-    doc.h2("Model, baselines and promotion", "model")
-    m = metrics
-    doc.table([
-        (f"after T ({m.get('eval_rows_after_t', 0):,} held-out rows: the future)", _fmt(m.get("auc_after_t")),
-         _fmt(m.get("baseline_auc_after_t")), _fmt(m.get("popularity_auc_after_t")), _fmt(m.get("champion_auc_after_t")),
-         _fmt(m.get("auc_after_t_batch_only")), _fmt(m.get("best_auc_after_t"))),
-        (f"validation days ({m.get('val_rows', 0):,} rows before T)", _fmt(m.get("val_auc")),
-         _fmt(m.get("baseline_val_auc")), "–", "–", "–", "–"),
-        (f"held out before T ({m.get('eval_rows_before_t', 0):,} rows, interpolation)", _fmt(m.get("auc_before_t")),
-         _fmt(m.get("baseline_auc_before_t")), "–", "–", _fmt(m.get("auc_before_t_batch_only")),
-         _fmt(m.get("best_auc_before_t"))),
-    ], ("AUC on", "model", "logistic baseline", "item popularity", f"champion {m.get('champion_run_id') or ''}",
-        "batch-only", "best achievable"))
-    doc.p(f"Model − baseline after T: {_diff(m, 'auc_diff_vs_baseline')}; model − champion on the same rows: "
-          f"{_diff(m, 'auc_diff_vs_champion')} (95% intervals from a bootstrap over users)."
-          + (f" The champion was not re-scored: {m['champion_note']}." if m.get("champion_note") else ""))
-    curve = m.get("validation_curve") or []
-    if curve:
-        doc.p(f"Early stopping on the validation days: {m.get('epochs_run')} of at most {m.get('epochs')} epochs run, "
-              f"epoch {m.get('chosen_epoch')} kept (lowest validation loss)"
-              + (", stopped early." if m.get("stopped_early") else "."))
-        img = plots.validation_curve(curve, m.get("chosen_epoch"))
+    doc.h2("Model, baselines and evaluation sets", "model")
+    evaluation_report.evaluation_table(doc, m)
+    if m.validation_curve:
+        doc.p(f"Early stopping on the validation days: {m.epochs_run} of at most {m.epochs} epochs run, "
+              f"epoch {m.chosen_epoch} kept (lowest validation loss)" + (", stopped early." if m.stopped_early else "."))
+        img = plots.validation_curve([c.model_dump() for c in m.validation_curve], m.chosen_epoch)
         if img:
             doc.img(img, "validation curve")
-    decision = (_load_json(run_dir / "summary.json") or {}).get("publish")
-    if decision:
-        doc.p(f"Promotion: {'PROMOTED' if decision.get('promoted') else 'not promoted'} — {decision.get('reason', '')}",
-              "ok" if decision.get("promoted") else "bad")
     doc.end()
+    evaluation_report.prequential_section(doc, m)
+    evaluation_report.decision_section(doc, m, (_load_json(run_dir / "summary.json") or {}).get("publish"))
 
 
-def run_settings(settings: Settings, metrics: dict[str, Any]) -> Settings:
+def run_settings(settings: Settings, metrics: RunMetrics) -> Settings:
     """The settings the run itself used, as far as metrics.json records them (a run may set its own
     catalog, namespace, topic or broker: the report must audit those, not the deployment's defaults)."""
-    given = {"catalog": metrics.get("catalog"), "namespace": metrics.get("namespace"),
-             "topic": metrics.get("topic"), "kafka_bootstrap": metrics.get("kafka_bootstrap")}
+    given = {"catalog": metrics.catalog, "namespace": metrics.namespace, "topic": metrics.topic,
+             "kafka_bootstrap": metrics.kafka_bootstrap}
     return dataclasses.replace(settings, **{k: v for k, v in given.items() if v})
 
 
@@ -210,24 +187,44 @@ def render_report(settings: Settings, run_id: str) -> Path:
     run_dir = run_folder_of(settings, run_id)
     if not run_dir.is_dir():
         raise ConfigError(f"run folder {run_dir} does not exist: check the run id (SLIPSTREAM_RUNS_DIR={settings.runs_dir})")
-    metrics: dict[str, Any] = _load_json(run_dir / "metrics.json") or {}
+    raw = _load_json(run_dir / "metrics.json")
     doc = _Doc()
+    metrics = RunMetrics()
+    if raw is not None:
+        try:
+            metrics = parse_run_metrics(raw, str(run_dir / "metrics.json"))
+        except SlipstreamError as e:
+            doc.p(str(e), "bad")
 
     doc.h2("Summary", "summary")
-    if metrics:
-        keys = ("snapshot_id", "window_start", "t_handoff", "auc", "auc_on", "baseline_auc", "best_auc", "auc_after_t",
-                "auc_after_t_batch_only", "logloss", "chosen_epoch", "samples_per_s", "data_wait_share", "checkpoint")
-        doc.table([(k, metrics[k]) for k in keys if k in metrics], ("metric", "value"))
+    if raw is not None:
+        m = metrics
+        head = m.headline
+        on = f"{m.auc_on} ({head.rows:,} rows, {head.users:,} users)" if head is not None else "–"
+        auc = head.model.text() if head is not None and head.model is not None else "–"
+        doc.table([("snapshot_id", m.snapshot_id), ("window", f"{m.window_start} to {m.t_handoff}"),
+                   ("AUC", f"{auc} on {on}"), ("logistic baseline", head.baseline.text() if head and head.baseline else "–"),
+                   ("logloss", _fmt(m.logloss)), ("chosen epoch", m.chosen_epoch), ("samples/s", _fmt(m.samples_per_s)),
+                   ("data wait share", _fmt(m.data_wait_share)), ("checkpoint", m.checkpoint)], ("metric", "value"))
+        if m.version < 2:
+            doc.p(f"metrics.json of contract version {m.version}: written before evaluation sets carried their rows and "
+                  "intervals; re-run the training for them.", "muted")
     else:
         doc.p("No metrics.json in the run folder: the run did not finish (or wrote elsewhere).", "bad")
     doc.end()
 
     doc.h2("Freshness", "freshness")
-    if metrics:
+    if raw is not None:
+        f = metrics.freshness
+        live = f.live_prequential
         doc.table([
-            ("newest event time trained on", metrics.get("newest_event_time", "unknown")),
-            ("Kafka lag at stop (records)", metrics.get("kafka_lag_at_stop", "unknown")),
-            ("handoff time T", metrics.get("t_handoff", "unknown")),
+            ("newest event time trained on", metrics.newest_event_time or "unknown"),
+            ("Kafka lag at stop (records)", metrics.kafka_lag_at_stop if metrics.kafka_lag_at_stop is not None else "unknown"),
+            ("handoff time T", metrics.t_handoff or "unknown"),
+            ("event → exported model, p50 / p99 (s)", f"{_fmt(f.event_to_export_s_p50)} / {_fmt(f.event_to_export_s_p99)} "
+                                                     f"over {f.exports} export(s)"),
+            ("live model's prequential AUC (since the previous export)",
+             f"{live.model.text()} on {live.rows:,} rows" if live is not None and live.model is not None else "–"),
         ])
     else:
         doc.p("unknown (no metrics.json)", "muted")
@@ -235,14 +232,14 @@ def render_report(settings: Settings, run_id: str) -> Path:
 
     window: _Window | None = None
     plan = read_plan(plan_path(run_dir)) if plan_path(run_dir).exists() else None
-    if plan is not None or all(k in metrics for k in ("snapshot_id", "window_start", "t_handoff")):
+    if plan is not None or (metrics.snapshot_id is not None and metrics.window_start and metrics.t_handoff):
         try:
             window = _Window(settings, metrics, plan)
         except Exception as e:  # the report must still render what it can
             log.warning("could not read the Iceberg window of run %s: %s", run_id, e)
             doc.p(f"Could not read the Iceberg window: {e}", "bad")
 
-    _model_section(doc, run_dir, metrics)
+    _model_sections(doc, run_dir, metrics)
     _quality_section(doc, settings, run_id)
     stream = FeatureProfile.read(run_dir / "stream_profile.json") if (run_dir / "stream_profile.json").exists() else None
     _audit_section(doc, settings, run_dir, metrics, window, plan.spec if plan is not None else None)
@@ -281,7 +278,7 @@ def _quality_section(doc: _Doc, settings: Settings, run_id: str) -> None:
     doc.end()
 
 
-def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[str, Any], window: _Window | None,
+def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: RunMetrics, window: _Window | None,
                    spec: Any = None) -> None:
     doc.h2("Exactly-once audit", "audit")
     audit = read_audit(run_dir)
@@ -294,12 +291,12 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
         doc.end()
         return
     kafka = None
-    start, end = _offsets(metrics.get("handoff_offsets")), _offsets(metrics.get("final_offsets"))
+    start, end = _offsets(metrics.handoff_offsets), _offsets(metrics.final_offsets)
     notes = []
     if start and end and any(end.get(p, 0) > o for p, o in start.items()):
         own = run_settings(settings, metrics)
         topic, bootstrap = own.topic, own.kafka_bootstrap
-        if "topic" not in metrics:
+        if not metrics.topic:
             notes.append(f"metrics.json does not name the run's topic (a run from before this was recorded): "
                          f"audited {topic} on {bootstrap}, the deployment's")
         try:
@@ -308,7 +305,7 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
             notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
     else:
         notes.append("no stream phase (no Kafka offsets range in metrics.json)")
-    result: AuditResult = audit_run(audit, window.ids, window.times, metrics, kafka)
+    result: AuditResult = audit_run(audit, window.ids, window.times, metrics.to_dict(), kafka)
     verdict = "exactly once: 0 lost, 0 duplicated" if result.exactly_once else "NOT exactly once"
     doc.p(verdict, "ok" if result.exactly_once else "bad")
     doc.table(
@@ -323,7 +320,9 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
 
     doc.h2("Samples per source", "sources")
     rows = [(s, f"{n:,}") for s, n in sorted(result.per_source_rows.items())]
-    rows += [(f"metrics.json {k}", metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters") if k in metrics]
+    rows += [("metrics.json samples_iceberg", metrics.samples_iceberg), ("metrics.json samples_kafka", metrics.samples_kafka),
+             ("metrics.json dropped_before_t", metrics.dropped_before_t), ("metrics.json dead_letters", metrics.dead_letters),
+             ("metrics.json forward_tail_stream (never trained)", metrics.forward_tail_stream)]
     doc.table(rows, ("source", "samples"))
     doc.end()
 
@@ -337,7 +336,7 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: dict[s
     doc.end()
 
 
-def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | None, metrics: dict[str, Any]) -> None:
+def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | None, metrics: RunMetrics) -> None:
     doc.h2("Distributions", "distributions")
     if window is None:
         doc.p("Iceberg window unknown: no distributions.", "muted")
@@ -366,8 +365,7 @@ def _data_sections(doc: _Doc, window: _Window | None, stream: FeatureProfile | N
 
     doc.h2("CTR over time", "ctr")
     if window is not None:
-        t = datetime.fromisoformat(metrics["t_handoff"]) if "t_handoff" in metrics else None
-        doc.img(plots.ctr_over_time(window.profile, stream, t), "CTR over time")
+        doc.img(plots.ctr_over_time(window.profile, stream, metrics.t_handoff), "CTR over time")
     else:
         doc.p("no data", "muted")
     doc.end()
