@@ -21,11 +21,12 @@ from slipstream.samples.spec import Spec
 from trainers.config.schema import TrainConfig
 from trainers.parallel.dist import Dist
 from trainers.eval.baselines import Baselines
+from trainers.eval.online import StreamEvaluator, row_logloss
 from trainers.optim.drift_gauge import KINDS, DriftGauge
 from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
 from trainers.models import build_model
 from trainers.optim.known_users import KnownUsers
-from trainers.data.rows import Features, Rows
+from trainers.data.rows import SOURCE_REPLAY, Features, Rows
 from trainers.parallel.sharding import gather_state, local_tensors, shard_model
 from trainers.parallel.grad_exchange import SparseGradExchange, data_parallel
 
@@ -105,6 +106,25 @@ class Stepper:
             self.loss_rows += len(rows)
         self.baselines.apply(rows, fresh)
         return losses.detach(), totals
+
+    def test_then_train(self, fresh: Rows, replay: Rows, reference: Rows | None, online: StreamEvaluator,
+                        passes: int) -> None:
+        """Collective, one stream step: the fresh rows scored by the model as it is (and by the
+        baselines, `trainers.eval.online`), then one step on the fresh and replayed rows. The drift
+        gauge compares the fresh rows' losses (scored before the step) with the `reference` rows'
+        (rows before T no model trains on, scored in the same forward pass); without a reference,
+        with the replayed rows' losses in the step."""
+        p_fresh, p_ref = online.score_step(self.model, self.baselines, fresh, reference if reference is not None
+                                           else fresh.slice(0, 0), passes)
+        rows = Rows.concat([fresh, replay]) if len(replay) else fresh
+        losses = self.step(rows, self.cfg.data.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
+        if not self.adaptive:
+            return
+        fresh_loss = row_logloss(fresh.label, p_fresh)
+        if reference is not None:
+            self.gauge_drift(fresh, fresh_loss, reference, row_logloss(reference.label, p_ref))
+        else:
+            self.gauge_drift(fresh, fresh_loss, replay, losses[len(fresh):].float().cpu().numpy())
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.model.set_dense_stats(mean, std)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import torch
@@ -37,12 +37,9 @@ from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import KafkaAccess, create_topic
 from trainers.data import stream_profile
-from trainers.data.forward_tail import newest_event_us, tail_start_us
-from trainers.eval.online import StreamEvaluator, live_set, row_logloss
-from trainers.eval.scoring import scores
+from trainers.data.forward_tail import plan_forward_tail
+from trainers.eval.online import StreamEvaluator, live_set
 from trainers.eval.sets import validation_rows
-from trainers.eval.truth import GeneratorTruth
-from trainers.models import build_model
 from trainers.observe.freshness import FreshnessTracker
 from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint.pieces import CheckpointPieces
@@ -58,10 +55,11 @@ from trainers.models.export import export_model
 from trainers.finish import RunOutcome
 from trainers.observe.run_metrics import MetricsLogger, ProgressLog
 from trainers.config.plan import RunLineage, plan_for_config
-from trainers.data.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
+from trainers.data.rows import SOURCE_KAFKA, RowLayout, Rows
 from trainers.data.progress import BatchCursor, RunProgress, Throughput, TrainState
 from trainers.step import Stepper
-from trainers.eval.validation import EarlyStopping, best_path, load_best, save_best
+from trainers.eval.best_epoch import BestEpoch
+from trainers.eval.validation import EarlyStopping
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +107,7 @@ class Trainer:
                                       self.layout)
         self.freshness = FreshnessTracker(self.run_dir, d.is_main, cfg.data.seed)
         self.early = EarlyStopping(cfg.data.patience)
+        self.best = BestEpoch(self.early, d, self.run_dir / "checkpoint")
         self.val_rows: Rows = Rows.empty(self.layout)
         self.units: list[WorkUnit] = []
         """The planned window's work units (set by `setup`)."""
@@ -202,12 +201,6 @@ class Trainer:
         return self.plan
 
     # --- one optimizer step -----------------------------------------------------------------
-    def train_step(self, rows: Rows, batch_size: int, fresh: Any = None) -> torch.Tensor:
-        """One optimizer step; returns the rows' losses (detached, on the device)."""
-        losses = self.stepper.step(rows, batch_size, fresh)
-        self.state.step += 1
-        return losses
-
     def train_step_if_any(self, rows: Rows, batch_size: int, control: list[float]) -> list[float] | None:
         """Collective: one optimizer step when any rank has rows; `control` (this rank's row count
         first) summed over ranks, or None when no rank had a row (no step taken)."""
@@ -298,63 +291,15 @@ class Trainer:
                         self.checkpoint()
                 src.close()
                 if validating:
-                    self._validate_epoch(st.epoch)
+                    if st.epoch == 0:  # the same rows every epoch: their ids once
+                        self.evaluated.add_scored(self.val_rows, st.step, "validation")
+                    self.best.validate(st.epoch, self.stepper, self.val_rows)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
         finally:
             src.close()
         if validating:
-            self._restore_best()
-
-    def _validate_epoch(self, epoch: int) -> None:
-        """Collective: score the model and the logistic baseline on the validation days, keep the
-        better weights (rank 0 writes them), decide whether to stop."""
-        device, b = self.d.device, self.stepper.baselines
-        if epoch == 0:  # the same rows every epoch: their ids once
-            self.evaluated.add_scored(self.val_rows, self.state.step, "validation")
-        auc, loss, _, _ = scores(self.d.gather, self.stepper.model, self.val_rows, device)
-        b_auc, b_loss, _, _ = scores(self.d.gather, b.logistic, self.val_rows, device)
-        improved, base_improved = self.early.record(epoch, loss, auc, b_loss, b_auc)
-        ckpt = self.run_dir / "checkpoint"
-        if improved and self.stepper.sharded:  # every rank keeps its own shards
-            save_best(ckpt, epoch, self._best_shards(), {"tensors": self.stepper.local_tensors()})
-        if self.d.is_main:
-            if improved and not self.stepper.sharded:
-                save_best(ckpt, epoch, "model", self.stepper.state_dict())
-            if base_improved:
-                save_best(ckpt, epoch, "baseline", {"logistic": b.logistic.state_dict()})
-        self.d.barrier()
-        log.info("epoch %d: validation loss %.4f AUC %.4f (baseline %.4f / %.4f)%s", epoch, loss, auc, b_loss, b_auc,
-                 " - best so far" if improved else f" - {self.early.since_best} without improvement")
-
-    def _restore_best(self) -> None:
-        """Every rank: continue with the best epoch's model (and the baseline's own best)."""
-        ckpt, e = self.run_dir / "checkpoint", self.early
-        last = self.state.epoch - 1
-        if e.best_epoch >= 0 and e.best_epoch != last and self.stepper.sharded:
-            self._restore_best_shards(ckpt, e.best_epoch)
-        elif e.best_epoch >= 0 and e.best_epoch != last:
-            best = load_best(ckpt, e.best_epoch, "model")
-            best.pop("known_users", None)  # the users every epoch trained, not rank 0's at that epoch
-            self.stepper.load_state_dict(best)
-            log.info("the batch phase keeps epoch %d (validation loss %.4f), not the last one (%d)", e.best_epoch,
-                     e.best_loss, last)
-        if e.baseline_best_epoch >= 0 and e.baseline_best_epoch != last:
-            self.stepper.baselines.logistic.load_state_dict(load_best(ckpt, e.baseline_best_epoch, "baseline")["logistic"])
-
-    def _best_shards(self) -> str:
-        return f"model-rank{self.d.rank}of{self.d.world}"
-
-    def _restore_best_shards(self, ckpt: Any, epoch: int) -> None:
-        """A sharded run: each rank puts back its shards of the best epoch (saved at this world size)."""
-        found = float(best_path(ckpt, epoch, self._best_shards()).exists())
-        if self.d.sum([found])[0] < self.d.world:  # resumed at another world size: the shards do not fit
-            log.warning("the best epoch's shards (epoch %d) were saved at another world size: the batch phase keeps "
-                        "its last epoch", epoch)
-            return
-        for dst, src in zip(self.stepper.local_tensors(), load_best(ckpt, epoch, self._best_shards())["tensors"], strict=True):
-            dst.copy_(src)
-        log.info("the batch phase keeps epoch %d (validation loss %.4f)", epoch, self.early.best_loss)
+            self.best.restore(st.epoch - 1, self.stepper)
 
     # --- handoff ----------------------------------------------------------------------------
     def handoff(self) -> None:
@@ -366,12 +311,8 @@ class Trainer:
             h = find_handoff(self.broker, dc.topic, plan.t_handoff, dc.max_lateness_s)
             create_topic(self.broker, dc.dlq_topic, 1)
             atomic_torch_save({"model": whole.state_dict()}, self._batch_only_path())
-            tail = None
-            if dc.forward_tail_share > 0 and dc.stop.mode != "continuous":
-                tail = tail_start_us(self.t_us, newest_event_us(self.broker, dc.topic, self.spec), dc.forward_tail_share)
-                log.info("forward tail: stream rows with event time from %s on are never trained (the last %.0f%% "
-                         "of the stream after T)", datetime.fromtimestamp(tail / 1e6, tz=timezone.utc).isoformat()
-                         if tail is not None else "(none: no record after T yet)", 100 * dc.forward_tail_share)
+            tail = plan_forward_tail(self.broker, dc.topic, self.spec, self.t_us,
+                                     dc.forward_tail_share if dc.stop.mode != "continuous" else 0.0)
             found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()}, tail)
         offsets, methods, tail = self.d.broadcast(found)
         st = self.state
@@ -383,25 +324,16 @@ class Trainer:
         self.stepper.set_lr(st.phase)
         self.checkpoint()
 
-    def _set_batch_only(self) -> None:
-        """The stream evaluator's frozen batch-only model (a sharded model's tables are not copied
-        to every rank: its batch-only scores come at the end)."""
-        if self.stepper.sharded or self.online.batch_only is not None:
-            return
-        m = build_model(self.spec, self.cfg.model, self.cfg.data.seed).to(self.d.device)
-        m.load_state_dict(torch.load(self._batch_only_path(), map_location="cpu", weights_only=True)["model"])
-        self.online.set_batch_only(m)
-
     def _prepare_stream_evaluation(self) -> None:
-        """The batch-only model, the drift gauge's reference rows (the validation days) and the
-        generator's truth, also after a resume in the stream phase."""
-        self._set_batch_only()
+        """The batch-only model (a sharded model's tables are not copied to every rank: its
+        batch-only scores come at the end), the drift gauge's reference rows (the validation
+        days) and the generator's truth, also after a resume in the stream phase."""
         dc, plan = self.cfg.data, self._plan()
         if self.train_end() < plan.t_handoff and not len(self.val_rows):
             self.val_rows = validation_rows(self.units, self.open_file, self.layout, _us(self.train_end()), self.t_us,
                                             self.d.rank, self.d.world, max(1, dc.eval_max_rows // self.d.world))
-        self.online.reference = self.val_rows
-        self.online.truth = GeneratorTruth.load(dc.generator_manifest, after_us=self.t_us)
+        self.online.prepare(None if self.stepper.sharded else self._batch_only_path(), self.cfg.model, self.val_rows,
+                            dc.generator_manifest, self.t_us)
 
     def _batch_only_path(self) -> Any:
         p = self.run_dir / "checkpoint" / "batch_only"
@@ -456,19 +388,11 @@ class Trainer:
                 if g_n > 0:
                     n_replay = int(round(len(batch) * n_replay_per_fresh))
                     ref = self.online.draw_reference(n_replay if val_reference and self.stepper.adaptive else 0, st.step)
-                    # test, then train: every fresh row is scored by the model before the step on it
-                    p_fresh, p_ref = self.online.score_step(self.stepper.model, self.stepper.baselines, batch, ref, passes)
-                    self.evaluated.add_scored(batch, st.step, "prequential")
                     replay = self.replay.draw(n_replay)
+                    self.evaluated.add_scored(batch, st.step, "prequential")  # scored by the model of this step
                     self.evaluated.add_scored(replay, st.step, "replay")
-                    rows = Rows.concat([batch, replay]) if len(replay) else batch
-                    losses = self.train_step(rows, dc.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
-                    if self.stepper.adaptive:
-                        fresh_loss = row_logloss(batch.label, p_fresh)
-                        if val_reference:
-                            self.stepper.gauge_drift(batch, fresh_loss, ref, row_logloss(ref.label, p_ref))
-                        else:
-                            self.stepper.gauge_drift(batch, fresh_loss, replay, losses[len(batch):].float().cpu().numpy())
+                    self.stepper.test_then_train(batch, replay, ref if val_reference else None, self.online, passes)
+                    st.step += 1
                     self.freshness.trained(batch.event_us)
                     self.audit.add(batch, st.step)
                     self._record_latency(batch)

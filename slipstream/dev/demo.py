@@ -307,6 +307,9 @@ def model_lines(ev: Evaluation, tail_start: str | None) -> list[str]:
         if e is None or not e.rows:
             continue
         out.append(f"  {SET_TITLES[name]}: {e.rows:,} rows, {e.users:,} users")
+        if e.positives in (0, e.rows):
+            out.append(f"    only one class ({e.positives:,} clicks): no AUC")
+            continue
         out.append(f"    model {_score(e.model)}   logistic baseline {_score(e.baseline)}   model − baseline {_diff(e.vs_baseline)}")
         extra = [f"batch-only {_score(e.batch_only)}" if e.batch_only else "",
                  f"stream lift {_diff(e.vs_batch_only)}" if name == "prequential" and e.vs_batch_only else "",

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.stream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import (
     REPO,
@@ -118,7 +119,8 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
     # above chance: the resumed model is the trained one (0.66-0.71 seen with both shardings on 189
     # rows; test_trainer_sharded checks a sharded restore tensor by tensor)
-    assert summary["auc_before_t"] > 0.55, summary
+    before = parse_run_metrics(summary).evaluation.holdout_before_t
+    assert before is not None and before.model is not None and (before.model.auc or 0) > 0.55, before
     exported = torch.load(run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     table = next(v for k, v in exported["state_dict"].items() if k.endswith("embedding_bags.user_id.weight"))
     assert table.shape[0] > 1 and table.abs().sum() > 0  # the whole table, gathered

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +80,18 @@ def _max_event(msgs: list, spec: Spec, newest: int | None) -> int | None:  # typ
             return newest
         us = int(max(stamps)) * 1000
     return us if newest is None else max(newest, us)
+
+
+def plan_forward_tail(broker: Broker, topic: str, spec: Spec, t_us: int, share: float) -> int | None:
+    """Rank 0 at the handoff: where the forward tail starts (None: no tail: `share` 0, or no
+    record after T yet)."""
+    if share <= 0:
+        return None
+    tail = tail_start_us(t_us, newest_event_us(broker, topic, spec), share)
+    when = datetime.fromtimestamp(tail / 1e6, tz=timezone.utc).isoformat() if tail is not None else None
+    log.info("forward tail: stream rows with event time from %s on are never trained (the last %.0f%% of the stream "
+             "after T)", when or "(none: no record after T yet)", 100 * share)
+    return tail
 
 
 def tail_start_us(t_us: int, newest_us: int | None, share: float) -> int | None:

@@ -14,6 +14,7 @@ without validation days the replayed rows of the step serve, as their training l
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,11 +23,13 @@ from torch import nn
 
 from slipstream.pipeline.run_metrics import EvalSet
 from slipstream.samples.spec import Spec
+from trainers.config.schema import ModelConfig
 from trainers.data.rows import DEFAULT_LAYOUT, RowLayout, Rows
 from trainers.eval.baselines import Baselines
 from trainers.eval.prequential import PrequentialScores, gather_columns, judge_columns
 from trainers.eval.scoring import SCORE_BATCH, score, user_groups
 from trainers.eval.truth import GeneratorTruth
+from trainers.models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,16 @@ class StreamEvaluator:
         self.truth: GeneratorTruth | None = None
         self.reference = Rows.empty(layout)
         """Rows the drift gauge compares the fresh rows with (this rank's validation rows)."""
+
+    def prepare(self, batch_only: Path | None, model_cfg: ModelConfig, reference: Rows, manifest: str, t_us: int) -> None:
+        """Before the stream phase (also after a resume in it): the batch-only model from its file
+        (None: not scored per step), the drift gauge's reference rows and the generator's truth."""
+        if batch_only is not None and self.batch_only is None:
+            m = build_model(self.spec, model_cfg, self.seed).to(self.device)
+            m.load_state_dict(torch.load(batch_only, map_location="cpu", weights_only=True)["model"])
+            self.set_batch_only(m)
+        self.reference = reference
+        self.truth = GeneratorTruth.load(manifest, after_us=t_us)
 
     def set_batch_only(self, model: nn.Module | None) -> None:
         self.batch_only = model
