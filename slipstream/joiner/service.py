@@ -70,8 +70,6 @@ class Joiner:
         """Input partitions at their end -> since when (monotonic): one holds the watermark back
         for `input_idle_s` more (its producer may only be a moment behind the other's)."""
         self.idle_since: dict[int, float] = {}
-        self.first_record: dict[int, float] = {}
-        """Task -> when (monotonic) it took its first record in this process."""
         self.metrics = JoinerMetrics()
         self.stop = threading.Event()
         self._txn_open = False
@@ -183,7 +181,6 @@ class Joiner:
                 log.warning("consume error on %s[%s]: %s (retrying)", m.topic(), m.partition(), err)
                 continue
             self.at_end.pop(tp, None)
-            self.first_record.setdefault(tp[1], time.monotonic())
             by_input.setdefault(tp, []).append(m)
         # impressions first: a click in the same batch as its impression joins it (as an orphan would)
         for tp, group in sorted(by_input.items(), key=lambda kv: kv[0][0] == self.cfg.clicks_topic):
@@ -238,22 +235,11 @@ class Joiner:
                 self.producer.poll(0.05)
 
     # --- windows ------------------------------------------------------------------------------
-    def _holds(self, tp: tuple[str, int], now: float) -> bool:
-        """Whether an input holds its task's watermark back: it is reading, or at its end for less
-        than `input_idle_s` (its producer may be a moment behind the other's), or it has delivered
-        nothing yet while the task has taken records for less than `lateness_s`: an end it reached
-        before its producer wrote anything says nothing of the stream (a replay whose impressions
-        came a few seconds after its clicks lost three quarters of them as late)."""
-        if tp not in self.at_end or now - self.at_end[tp] < self.cfg.input_idle_s:
-            return True
-        started = self.first_record.get(tp[1])
-        return (self.stream_time.get(tp, NO_TIME) == NO_TIME and started is not None
-                and now - started < max(self.cfg.input_idle_s, self.cfg.lateness_s))
-
     def _watermark(self, p: int) -> int:
         inputs = [(self.cfg.impressions_topic, p), (self.cfg.clicks_topic, p)]
         now = time.monotonic()
-        reading = [self.stream_time.get(tp, NO_TIME) for tp in inputs if self._holds(tp, now)]
+        reading = [self.stream_time.get(tp, NO_TIME) for tp in inputs
+                   if now - self.at_end.get(tp, now) < self.cfg.input_idle_s or tp not in self.at_end]
         newest = max(self.stream_time.get(tp, NO_TIME) for tp in inputs)
         if reading:
             self.idle_since.pop(p, None)

@@ -36,7 +36,7 @@ from tests.trainer_fixtures import (
     trainer_env,
     training_ids,
 )
-from trainers.observe.sample_audit import read_audit
+from trainers.observe.sample_audit import read_audit, read_evaluated
 
 pytestmark = pytest.mark.integration
 
@@ -117,6 +117,13 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
+    # every trained stream row was scored before its step exactly once across the kill, on two
+    # ranks then one: the prequential record (a checkpoint piece) neither lost nor repeated a score
+    scored = read_evaluated(run_dir)
+    pre = scored.filter(pc.equal(scored.column("source"), "prequential")).column("sample_id").to_pylist()
+    assert len(pre) == len(set(pre)) and set(pre) == stream_ids(data.stream, fx.t_handoff)
+    prequential = parse_run_metrics(summary).evaluation.prequential
+    assert prequential is not None and prequential.rows == len(pre) == summary["samples_kafka"]
     # above chance: the resumed model is the trained one (0.66-0.71 seen with both shardings on 189
     # rows; test_trainer_sharded checks a sharded restore tensor by tensor)
     before = parse_run_metrics(summary).evaluation.holdout_before_t

@@ -165,30 +165,3 @@ def test_pending_rows_close_exactly_the_rows_the_watermark_passes_in_any_arrival
             assert got == {(s, t) for s, t in waiting if t <= cut}
             waiting -= got
     assert len(pending) == len(waiting) and len(pending.chunks) <= 2 * int(np.log2(len(waiting) + 1)) + 2
-
-
-def test_an_input_that_has_delivered_nothing_holds_the_watermark_until_its_producer_starts() -> None:
-    """A replay's clicks can reach the joiner seconds before its impressions (a loaded machine):
-    the impression partition was at its end since before anything was produced, yet that end says
-    nothing of the stream. It holds the task's watermark back (for up to `lateness_s` after the
-    task's first record), so its impressions are joined, not dead-lettered as late; an input at
-    its end after it delivered still stops holding after `input_idle_s`."""
-    import time
-
-    from slipstream.joiner.config import JoinerConfig
-    from slipstream.joiner.service import Joiner
-    from slipstream.joiner.window import NO_TIME
-
-    cfg = JoinerConfig.for_spec(SPEC, "samples", lateness_s=120.0)
-    j = Joiner(cfg, SPEC, "127.0.0.1:9")  # no broker is contacted: the watermark is arithmetic
-    imp, clk = (cfg.impressions_topic, 0), (cfg.clicks_topic, 0)
-    now = time.monotonic()
-    j.at_end = {imp: now - 30.0}  # at its end since the joiner started, before any record existed
-    j.stream_time = {clk: 5 * 3600 * US}  # the clicks were read to the stream's end
-    j.first_record[0] = now - 10.0
-    assert j._watermark(0) == NO_TIME  # not 5 h - lateness: every impression would be late
-    j.first_record[0] = now - 200.0  # nothing for longer than lateness_s: the clicks alone drive it
-    assert j._watermark(0) == 5 * 3600 * US - 120 * US
-    j.first_record[0] = now - 10.0
-    j.stream_time[imp] = 3600 * US  # it delivered, then reached its end 30 s ago: it no longer holds
-    assert j._watermark(0) == 5 * 3600 * US - 120 * US

@@ -89,3 +89,40 @@ def test_minimal_run_folder_degrades_gracefully(settings: Settings) -> None:
     assert "No metrics.json" in render_report(settings, "run-4").read_text()
     with pytest.raises(ConfigError, match="run folder .* does not exist"):
         render_report(settings, "nope")
+
+
+def test_the_report_shows_the_prequential_curve_and_the_forward_tail_decision_with_intervals(settings: Settings) -> None:
+    """Scores built by the trainer's own judging code (a bootstrap over users) on synthetic rows:
+    the report shows every set with its rows and intervals, the prequential curve per window (plot
+    and table), and the forward tail with the registry's decision."""
+    import numpy as np
+
+    from slipstream.pipeline.run_metrics import Evaluation, build_run_metrics
+    from trainers.eval.judge import judge
+    from trainers.eval.prequential import judge_columns, windows
+
+    rng = np.random.default_rng(2)
+    n = 3000
+    t0 = int(_t_handoff().timestamp() * 1_000_000)
+    y = (rng.random(n) < 0.25).astype(np.float32)
+    cols = {"label": y, "model": (0.4 * y + rng.random(n)).astype(np.float32), "baseline": rng.random(n).astype(np.float32),
+            "batch_only": rng.random(n).astype(np.float32), "popularity": np.full(n, np.nan, np.float32),
+            "best": np.full(n, np.nan, np.float32), "user": rng.integers(0, 400, n),
+            "event_us": t0 + np.sort(rng.integers(0, 6 * 3600, n)) * 1_000_000}
+    tail = judge(y[:800].astype(float), cols["user"][:800], {"model": cols["model"][:800].astype(float),
+                                                                "baseline": cols["baseline"][:800].astype(float)})
+    ev = Evaluation(prequential=judge_columns(cols), prequential_windows=windows(cols), forward_tail=tail,
+                    prequential_kept=n, prequential_seen=n)
+    run = Path(settings.runs_dir) / "run-5"
+    run.mkdir(parents=True)
+    m = build_run_metrics({"run_id": "run-5", "evaluation": ev, "auc_on": "forward_tail", "auc": tail.model.auc})  # type: ignore[union-attr]
+    (run / "metrics.json").write_text(m.to_json())
+    (run / "summary.json").write_text(json.dumps({"publish": {"promoted": False, "rule": "significant", "reason":
+                                                              "registered, not promoted: its advantage is not significant"}}))
+    text = render_report(settings, "run-5").read_text()
+    assert {"model", "prequential", "decision"} <= _sections(text)
+    assert "3,000 rows, 400 users" in text and ev.prequential.model.text() in text  # type: ignore[union-attr]
+    assert 'alt="prequential AUC per window with 95% intervals"' in text
+    assert text.count("<tr>") >= 12 + len(ev.prequential_windows)  # one table row per window
+    assert tail.vs_baseline is not None and tail.vs_baseline.text() in text
+    assert "registered, not promoted — registered, not promoted: its advantage is not significant" in text

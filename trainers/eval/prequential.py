@@ -35,7 +35,7 @@ INT_COLUMNS = ("user", "event_us")
 COLUMNS = FLOAT_COLUMNS + INT_COLUMNS
 MODELS = ("model", "baseline", "batch_only", "popularity", "best")
 WINDOW_CHOICES_S = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 7 * 86400)
-MAX_WINDOWS = 24
+MAX_WINDOWS = 12
 
 
 def _empty() -> dict[str, np.ndarray]:
