@@ -250,6 +250,10 @@ class RunMetrics(_Model):
     handoff_offsets: dict[str, int] = Field(default_factory=dict)
     handoff_methods: dict[str, str] = Field(default_factory=dict)
     final_offsets: dict[str, int] = Field(default_factory=dict)
+    """Per partition, the next offset after what the run read."""
+    stop_offsets: dict[str, int] | None = None
+    """Per partition, the committed end when the stream phase stopped (the audit reads up to it;
+    None: not recorded)."""
     # the headline
     auc: float | None = None
     """The headline AUC: of `auc_on`'s set (the forward tail when the run has one)."""

@@ -305,7 +305,8 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: RunMet
             notes.append(f"Kafka range could not be read from {bootstrap} ({e}): stream phase not verified.")
     else:
         notes.append("no stream phase (no Kafka offsets range in metrics.json)")
-    result: AuditResult = audit_run(audit, window.ids, window.times, metrics.to_dict(), kafka)
+    result: AuditResult = audit_run(audit, window.ids, window.times, metrics.model_dump(mode="json", exclude_none=True),
+                                    kafka)
     verdict = "exactly once: 0 lost, 0 duplicated" if result.exactly_once else "NOT exactly once"
     doc.p(verdict, "ok" if result.exactly_once else "bad")
     doc.table(
