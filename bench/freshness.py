@@ -22,7 +22,7 @@ import os
 import tempfile
 import threading
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ def live_latency(root: Path, bootstrap: str, seconds: float, rate: float, export
     """Event → exported model on a live stream (see the module docstring)."""
     from trainers.train import run
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     gen = GeneratorConfig(start_day=(now - timedelta(days=1)).date(), days=1, impressions_per_day=4_000, seed=3,
                           fmt="parquet", stream_minutes=60.0)
     settings, snapshot, data = fill_samples(root, gen, row_group_rows=2_000)
