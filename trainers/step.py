@@ -108,14 +108,14 @@ class Stepper:
         return losses.detach(), totals
 
     def test_then_train(self, fresh: Rows, replay: Rows, reference: Rows | None, online: StreamEvaluator,
-                        passes: int) -> None:
+                        passes: int, step: int = 0) -> None:
         """Collective, one stream step: the fresh rows scored by the model as it is (and by the
         baselines, `trainers.eval.online`), then one step on the fresh and replayed rows. The drift
         gauge compares the fresh rows' losses (scored before the step) with the `reference` rows'
         (rows before T no model trains on, scored in the same forward pass); without a reference,
         with the replayed rows' losses in the step."""
         p_fresh, p_ref = online.score_step(self.model, self.baselines, fresh, reference if reference is not None
-                                           else fresh.slice(0, 0), passes)
+                                           else fresh.slice(0, 0), passes, step)
         rows = Rows.concat([fresh, replay]) if len(replay) else fresh
         losses = self.step(rows, self.cfg.data.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
         if not self.adaptive:

@@ -391,7 +391,7 @@ class Trainer:
                     replay = self.replay.draw(n_replay)
                     self.evaluated.add_scored(batch, st.step, "prequential")  # scored by the model of this step
                     self.evaluated.add_scored(replay, st.step, "replay")
-                    self.stepper.test_then_train(batch, replay, ref if val_reference else None, self.online, passes)
+                    self.stepper.test_then_train(batch, replay, ref if val_reference else None, self.online, passes, st.step)
                     st.step += 1
                     self.freshness.trained(batch.event_us)
                     self.audit.add(batch, st.step)

@@ -230,12 +230,17 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "forward_tail_stream": metrics.forward_tail_stream,
             "auc": metrics.auc,
             "auc_on": metrics.auc_on,
-            "evaluation": metrics.evaluation.model_dump(mode="json", exclude={"prequential_windows"}),
+            "evaluation": metrics.evaluation.model_dump(mode="json", exclude={"prequential_windows", "prequential_progress"}),
             "prequential_windows": [{"start": w.start.isoformat(), "rows": w.scores.rows,
                                      "model": w.scores.model.model_dump() if w.scores.model else None,
                                      "baseline": w.scores.baseline.model_dump() if w.scores.baseline else None,
                                      "batch_only": w.scores.batch_only.model_dump() if w.scores.batch_only else None}
                                     for w in metrics.evaluation.prequential_windows],
+            "prequential_progress": [{"steps": f"{p.first_step}-{p.last_step}", "rows": p.scores.rows,
+                                      "model": p.scores.model.model_dump() if p.scores.model else None,
+                                      "baseline": p.scores.baseline.model_dump() if p.scores.baseline else None,
+                                      "batch_only": p.scores.batch_only.model_dump() if p.scores.batch_only else None}
+                                     for p in metrics.evaluation.prequential_progress],
             "forward_tail_start": metrics.forward_tail_start.isoformat() if metrics.forward_tail_start else None,
             "chosen_epoch": metrics.chosen_epoch,
             "epochs_run": metrics.epochs_run,
@@ -275,10 +280,11 @@ def format_summary(s: dict[str, Any]) -> str:
                  f"{s.get('forward_tail_stream') or 0:,} held for the forward tail)"
                  if s["samples_kafka"] is not None else "samples from Kafka:      n/a")
     lines += model_lines(Evaluation.model_validate(s.get("evaluation") or {}), s.get("forward_tail_start"))
-    if s.get("prequential_windows"):
-        lines.append("prequential AUC per window of event time (model | logistic baseline | batch-only, 95% CI):")
-        for w in s["prequential_windows"]:
-            lines.append(f"  {w['start'][11:16]}  {w['rows']:>6,} rows  {_auc(w['model'])} | {_auc(w['baseline'])} | "
+    if s.get("prequential_progress"):
+        lines.append("prequential AUC as the model trained, by training steps (model | logistic baseline | batch-only, "
+                     "95% CI; per window of event time: the report):")
+        for w in s["prequential_progress"]:
+            lines.append(f"  steps {w['steps']:>9}  {w['rows']:>5,} rows  {_auc(w['model'])} | {_auc(w['baseline'])} | "
                          f"{_auc(w['batch_only'])}")
     if s.get("chosen_epoch") is not None:
         lines.append(f"early stopping:          epoch {s['chosen_epoch']} kept of {s.get('epochs_run')} run "
@@ -310,7 +316,8 @@ def model_lines(ev: Evaluation, tail_start: str | None) -> list[str]:
         if e.positives in (0, e.rows):
             out.append(f"    only one class ({e.positives:,} clicks): no AUC")
             continue
-        out.append(f"    model {_score(e.model)}   logistic baseline {_score(e.baseline)}   model − baseline {_diff(e.vs_baseline)}")
+        out.append(f"    model {_score(e.model)}   logistic baseline {_score(e.baseline)}   "
+                   f"model − baseline {_diff(e.vs_baseline)}")
         extra = [f"batch-only {_score(e.batch_only)}" if e.batch_only else "",
                  f"stream lift {_diff(e.vs_batch_only)}" if name == "prequential" and e.vs_batch_only else "",
                  f"item popularity {_score(e.popularity)}" if e.popularity else "", _best(e)]

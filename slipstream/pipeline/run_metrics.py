@@ -161,6 +161,14 @@ class WindowScores(_Model):
     scores: EvalSet
 
 
+class ProgressScores(_Model):
+    """The prequential scores of the rows scored by the model after steps first_step..last_step."""
+
+    first_step: int
+    last_step: int
+    scores: EvalSet
+
+
 class EpochScores(_Model):
     """One batch epoch on the validation days."""
 
@@ -182,6 +190,9 @@ class Evaluation(_Model):
     holdout_before_t: EvalSet | None = None
     prequential_windows: list[WindowScores] = Field(default_factory=list)
     """The prequential scores per window of event time, oldest first."""
+    prequential_progress: list[ProgressScores] = Field(default_factory=list)
+    """The prequential scores in blocks of rows in the order the model scored them: how it improved
+    as it trained (a replay trains its buffered rows in random order of event time)."""
     prequential_kept: int = 0
     """Prequential rows kept for scoring (the newest, up to data.prequential_max_rows); `prequential.rows` are these."""
     prequential_seen: int = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 from typing import Any, Protocol
 
-from slipstream.pipeline.run_metrics import SET_TITLES, AucScore, EvalSet, RunMetrics, WindowScores
+from slipstream.pipeline.run_metrics import SET_TITLES, AucScore, EvalSet, ProgressScores, RunMetrics, WindowScores
 
 SET_ORDER = ("forward_tail", "prequential", "holdout_after_t", "validation", "holdout_before_t")
 
@@ -79,11 +79,19 @@ def prequential_section(doc: Doc, m: RunMetrics) -> None:
           f"rows of {pre.users:,} users{kept}. AUC {_score(pre.model)}; logistic baseline updated online on the same "
           f"rows {_score(pre.baseline)}; batch-only model {_score(pre.batch_only)}; stream lift (model − batch-only) "
           f"{pre.vs_batch_only.text() if pre.vs_batch_only else 'n/a'}.")
-    doc.img(prequential_plot(ev.prequential_windows), "prequential AUC per window with 95% intervals")
+    doc.img(prequential_plot(ev.prequential_windows, ev.prequential_progress),
+            "prequential AUC per window with 95% intervals")
     doc.table([(w.start.isoformat(timespec="minutes"), f"{w.scores.rows:,}", _score(w.scores.model), _score(w.scores.baseline),
                 _score(w.scores.batch_only), w.scores.vs_batch_only.text() if w.scores.vs_batch_only else "–")
                for w in ev.prequential_windows],
               ("window from", "rows", "model", "logistic baseline", "batch-only", "stream lift"))
+    if ev.prequential_progress:
+        doc.p("As the model trained: the same rows in the order the model scored them, in blocks of training steps "
+              "(a replay trains its buffered rows in random order of event time, so the windows above average the "
+              "whole stream phase; these blocks show what the steps did).", "muted")
+        doc.table([(f"{p.first_step}–{p.last_step}", f"{p.scores.rows:,}", _score(p.scores.model), _score(p.scores.baseline),
+                    p.scores.vs_batch_only.text() if p.scores.vs_batch_only else "–") for p in ev.prequential_progress],
+                  ("steps", "rows", "model", "logistic baseline", "stream lift"))
     doc.end()
 
 
@@ -107,35 +115,41 @@ def decision_section(doc: Doc, m: RunMetrics, decision: dict[str, Any] | None) -
     doc.end()
 
 
-def prequential_plot(windows: list[WindowScores]) -> bytes | None:
-    """AUC per window of event time: model, logistic baseline and batch-only, each with its interval."""
-    if not windows:
+def prequential_plot(windows: list[WindowScores], progress: list[ProgressScores]) -> bytes | None:
+    """AUC per window of event time (left) and per block of training steps (right): model, logistic
+    baseline and batch-only, each with its interval."""
+    if not windows and not progress:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    x = [w.start for w in windows]
-    for attr, label, style in (("model", "model (prequential)", "-o"), ("baseline", "logistic baseline", "--s"),
-                               ("batch_only", "batch-only model", ":^")):
-        pts = [(t, getattr(w.scores, attr)) for t, w in zip(x, windows, strict=True)]
-        pts = [(t, s) for t, s in pts if s is not None and s.auc is not None]
-        if not pts:
-            continue
-        ts, ss = [t for t, _ in pts], [s for _, s in pts]
-        line = ax.plot(ts, [s.auc for s in ss], style, ms=3, label=label)[0]  # type: ignore[arg-type]  # matplotlib takes datetimes
-        band = [(t, s.lo, s.hi) for t, s in zip(ts, ss, strict=True) if s.has_interval]
-        if band:
-            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],  # type: ignore[arg-type]  # datetimes
-                            color=line.get_color(), alpha=0.15, lw=0)
-    ax.axhline(0.5, color="#999", lw=0.8)
-    ax.set_ylabel("AUC (95% CI)")
-    ax.set_title("Prequential AUC per window of event time")
-    ax.legend(fontsize=7)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.2))
+    _curves(left, [w.start for w in windows], [w.scores for w in windows])
+    left.set_title("per window of event time")
+    left.set_ylabel("AUC (95% CI)")
+    _curves(right, [p.last_step for p in progress], [p.scores for p in progress])
+    right.set_title("as the model trained (rows in scoring order)")
+    right.set_xlabel("training step")
     fig.autofmt_xdate()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def _curves(ax: Any, x: list[Any], sets: list[EvalSet]) -> None:
+    for attr, label, style in (("model", "model (prequential)", "-o"), ("baseline", "logistic baseline", "--s"),
+                               ("batch_only", "batch-only model", ":^")):
+        pts = [(t, getattr(s, attr)) for t, s in zip(x, sets, strict=True)]
+        pts = [(t, sc) for t, sc in pts if sc is not None and sc.auc is not None]
+        if not pts:
+            continue
+        line = ax.plot([t for t, _ in pts], [sc.auc for _, sc in pts], style, ms=3, label=label)[0]
+        band = [(t, sc.lo, sc.hi) for t, sc in pts if sc.has_interval]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=line.get_color(),
+                            alpha=0.15, lw=0)
+    ax.axhline(0.5, color="#999", lw=0.8)
+    ax.legend(fontsize=7)

@@ -321,9 +321,10 @@ def _audit_section(doc: _Doc, settings: Settings, run_dir: Path, metrics: RunMet
 
     doc.h2("Samples per source", "sources")
     rows = [(s, f"{n:,}") for s, n in sorted(result.per_source_rows.items())]
-    rows += [("metrics.json samples_iceberg", metrics.samples_iceberg), ("metrics.json samples_kafka", metrics.samples_kafka),
-             ("metrics.json dropped_before_t", metrics.dropped_before_t), ("metrics.json dead_letters", metrics.dead_letters),
-             ("metrics.json forward_tail_stream (never trained)", metrics.forward_tail_stream)]
+    rows += [(f"metrics.json {k}", f"{n:,}") for k, n in (
+        ("samples_iceberg", metrics.samples_iceberg), ("samples_kafka", metrics.samples_kafka),
+        ("dropped_before_t", metrics.dropped_before_t), ("dead_letters", metrics.dead_letters),
+        ("forward_tail_stream (never trained)", metrics.forward_tail_stream))]
     doc.table(rows, ("source", "samples"))
     doc.end()
 

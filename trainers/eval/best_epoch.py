@@ -27,9 +27,14 @@ log = logging.getLogger(__name__)
 class ModelHolder(Protocol):
     """What the choice needs of the trainer's model (`trainers.step.Stepper` has it)."""
 
-    model: torch.nn.Module
-    sharded: bool
-    baselines: Baselines
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def sharded(self) -> bool: ...
+
+    @property
+    def baselines(self) -> Baselines: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

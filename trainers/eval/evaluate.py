@@ -33,7 +33,7 @@ from trainers.data.units import Opener, WorkUnit
 from trainers.eval.baselines import Baselines
 from trainers.eval.judge import judge, load_champion
 from trainers.eval.online import StreamEvaluator
-from trainers.eval.prequential import gather_columns, judge_columns, windows
+from trainers.eval.prequential import gather_columns, judge_columns, progress, windows
 from trainers.eval.scoring import Gather, gathered, score, score_everywhere, user_groups
 from trainers.eval.sets import StreamSets, holdout_before_t, validation_rows
 from trainers.eval.truth import GeneratorTruth
@@ -141,6 +141,7 @@ def evaluate(x: EvalInputs, gather: Gather, rank: int, world: int, device: torch
     if len(pre["label"]):
         ev.prequential = judge_columns(pre)
         ev.prequential_windows = windows(pre)
+        ev.prequential_progress = progress(pre)
     if x.sharded and x.state.handoff_offsets:
         log.info("prequential: the batch-only model is not scored per step with sharded tables (it is at the end)")
     return EvalResult(ev, list((r, n) for n, r in sets.items()))

@@ -74,7 +74,7 @@ class StreamEvaluator:
 
     @torch.no_grad()
     def score_step(self, model: nn.Module, baselines: Baselines, fresh: Rows, reference: Rows,
-                   passes: int) -> tuple[np.ndarray, np.ndarray]:
+                   passes: int, step: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Collective: score `fresh` (and `reference`, in the same forward pass) with the live model
         before the step; record every model's scores of `fresh`. Returns the model's
         probabilities of `fresh` and of `reference`."""
@@ -91,7 +91,7 @@ class StreamEvaluator:
             probs["popularity"] = pop.score(fresh, pop.views, pop.clicks)
         if self.truth is not None:
             probs["best"] = self.truth.lookup(fresh.sample_id)
-        self.scores.add(fresh.label, user_groups(fresh, self.spec), fresh.event_us, **probs)
+        self.scores.add(fresh.label, user_groups(fresh, self.spec), fresh.event_us, step, **probs)
         return p_fresh, p_ref
 
 

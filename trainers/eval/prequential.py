@@ -18,24 +18,25 @@ count of all rows scored is kept.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from slipstream.pipeline.run_metrics import EvalSet, WindowScores
+from slipstream.pipeline.run_metrics import EvalSet, ProgressScores, WindowScores
 from trainers.checkpoint.stateful import check_version
 from trainers.eval.judge import judge
 
 STATE_VERSION = 1
 FLOAT_COLUMNS = ("label", "model", "baseline", "batch_only", "popularity", "best")
-INT_COLUMNS = ("user", "event_us")
+INT_COLUMNS = ("user", "event_us", "step")
 COLUMNS = FLOAT_COLUMNS + INT_COLUMNS
 MODELS = ("model", "baseline", "batch_only", "popularity", "best")
 WINDOW_CHOICES_S = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 7 * 86400)
 MAX_WINDOWS = 12
+PROGRESS_BLOCKS = 10
+"""The training-progress curve cuts the scored rows, in step order, into this many blocks."""
 
 
 def _empty() -> dict[str, np.ndarray]:
@@ -58,13 +59,14 @@ class PrequentialScores:
         self._merge()
         return len(self.cols["label"])
 
-    def add(self, label: np.ndarray, user: np.ndarray, event_us: np.ndarray, **probs: np.ndarray | None) -> None:
-        """One step's rows: their labels, users, event times and each model's probabilities
-        (`model` required; a model not given, or not scorable here, is NaN)."""
+    def add(self, label: np.ndarray, user: np.ndarray, event_us: np.ndarray, step: int = 0,
+            **probs: np.ndarray | None) -> None:
+        """One step's rows: their labels, users, event times, the step whose model scored them and
+        each model's probabilities (`model` required; a model not given, or not scorable here, is NaN)."""
         n = len(label)
         if n == 0:
             return
-        part = {"label": label, "user": user, "event_us": event_us}
+        part = {"label": label, "user": user, "event_us": event_us, "step": np.full(n, step, dtype=np.int64)}
         for m in MODELS:
             p = probs.get(m)
             part[m] = np.full(n, np.nan) if p is None else p
@@ -149,9 +151,24 @@ def windows(cols: dict[str, np.ndarray], seed: int = 0) -> list[WindowScores]:
     return out
 
 
+def progress(cols: dict[str, np.ndarray], seed: int = 0) -> list[ProgressScores]:
+    """The prequential scores in blocks of about equal rows in the order the model scored them
+    (cut between steps): how the model improved as it trained, whatever order the stream came in."""
+    steps = cols["step"]
+    if not len(steps):
+        return []
+    order = np.argsort(steps, kind="stable")
+    cuts = np.unique(np.searchsorted(steps[order], steps[order][np.linspace(0, len(steps), PROGRESS_BLOCKS + 1,
+                                                                          dtype=int)[1:-1]]))
+    out = []
+    for part_idx in np.split(order, cuts):
+        if not len(part_idx):
+            continue
+        part = {c: v[part_idx] for c, v in cols.items()}
+        out.append(ProgressScores(first_step=int(part["step"].min()), last_step=int(part["step"].max()),
+                                  scores=judge_columns(part, seed)))
+    return out
+
+
 def _dt(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1e6, tz=UTC)
-
-
-def finite_share(values: np.ndarray) -> float:
-    return float(np.isfinite(values).mean()) if len(values) else math.nan

@@ -20,7 +20,7 @@ from trainers.checkpoint.statefile import decode_state, encode_state
 from trainers.data.dense_stats import window_dense_stats
 from trainers.data.rows import RowLayout
 from trainers.data.units import WorkUnit
-from trainers.eval.prequential import PrequentialScores, window_seconds, windows
+from trainers.eval.prequential import PrequentialScores, progress, window_seconds, windows
 
 
 def _scored(piece: PrequentialScores, start: int, n: int) -> None:
@@ -115,3 +115,22 @@ def test_dense_statistics_never_see_the_validation_days_or_the_hold_out(tmp_path
     expected = table.column(col).to_numpy()[train].astype(np.float64).mean()
     assert mean[0] == pytest.approx(expected, rel=1e-9)
     assert mean[0] != pytest.approx(table.column(col).to_numpy().astype(np.float64).mean(), rel=1e-9)
+
+
+def test_the_progress_curve_follows_the_steps_whatever_the_event_times() -> None:
+    """Rows scored by a model that improves with every step, their event times shuffled (a replay's
+    buffer): per window of event time the AUC is flat, per block of steps it rises."""
+    rng = np.random.default_rng(3)
+    p = PrequentialScores(100_000, 0, 1)
+    for step in range(40):
+        y = (rng.random(100) < 0.3).astype(np.float32)
+        skill = step / 40  # the model's signal grows as it trains
+        p.add(y, rng.integers(0, 500, 100), rng.integers(0, 6 * 3600, 100) * 1_000_000, step,
+              model=skill * y + rng.random(100), baseline=rng.random(100))
+    cols = p.columns()
+    blocks = progress(cols)
+    aucs = [b.scores.model.auc for b in blocks if b.scores.model is not None]
+    assert len(blocks) == 10 and sum(b.scores.rows for b in blocks) == 4000
+    assert blocks[0].first_step == 0 and blocks[-1].last_step == 39 and aucs[-1] > aucs[0] + 0.2
+    flat = [w.scores.model.auc for w in windows(cols) if w.scores.model is not None]
+    assert max(flat) - min(flat) < 0.15  # every window mixes all training stages
