@@ -1,7 +1,8 @@
 """`slipstream bench freshness --json`: what real-time training is worth, and how fresh it is.
 
 - Refresh cadence, on the drift scenario (the demo's data: 3 days x 20,000 impressions, 6 hours of
-  stream, the hidden click model changes at T): the trainer's batch phase (a real run), then the
+  stream, the hidden click model changes at T; `--spec criteo|ratings`: that spec's stationary
+  generated data): the trainer's batch phase (a real run), then the
   trainer's stream step over the stream in event-time order; every stream row is scored by the
   model a service refreshing every minute, every hour and once a day would serve at its event time
   (`bench.support.refresh`). `auc_refresh_1min`, `auc_refresh_1h`, `auc_refresh_1d` on the same
@@ -32,10 +33,11 @@ import pyarrow.compute as pc
 
 from bench.support.refresh import simulate
 from bench.train import fill_samples
-from slipstream.dev.datagen import GeneratorConfig, reference_samples
+from slipstream.dev.datagen import GeneratorConfig, generates, reference_samples
 from slipstream.dev.stack import free_port, start_kafka, stop_process
 from slipstream.pipeline.run_metrics import parse_run_metrics
-from slipstream.samples.schema import DEFAULT_SPEC, is_holdout
+from slipstream.samples.schema import is_holdout
+from slipstream.samples.spec import load_spec
 from slipstream.scoring import UserBootstrap
 from slipstream.stream.kafka import create_topic, produce_samples
 from trainers.config.schema import load_config
@@ -50,49 +52,64 @@ def _round(x: float | None) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), 4)
 
 
-def cadence_scores(root: Path, days: int, per_day: int, stream_minutes: float, epochs: int) -> dict[str, Any]:
-    """The refresh cadences on the drift scenario (see the module docstring)."""
+def cadence_scores(root: Path, spec_name: str, days: int, per_day: int, stream_minutes: float, epochs: int) -> dict[str, Any]:
+    """The refresh cadences on the drift scenario, or on another spec's generated (stationary) data
+    (see the module docstring)."""
     from trainers.data.rows import SOURCE_ICEBERG, SOURCE_KAFKA, RowLayout, Rows
     from trainers.eval.online import StreamEvaluator
     from trainers.parallel.dist import init_distributed
     from trainers.step import Stepper
     from trainers.train import run
 
-    gen = GeneratorConfig(start_day=date(2026, 11, 1), days=days, impressions_per_day=per_day, seed=7, fmt="parquet",
-                          stream_minutes=stream_minutes, drift=True)
-    settings, snapshot, data = fill_samples(root, gen, row_group_rows=10_000)
+    spec = load_spec(spec_name)
+    gen: Any
+    if generates(spec):
+        gen = GeneratorConfig(start_day=date(2026, 11, 1), days=days, impressions_per_day=per_day, seed=7, fmt="parquet",
+                              stream_minutes=stream_minutes, drift=True)
+        settings, snapshot, data = fill_samples(root, gen, row_group_rows=10_000)
+        window = pa.concat_tables(list(reference_samples(gen).values()))  # the table's rows, as fill_samples wrote them
+        sized = SIZED
+    else:
+        from bench.model_quality import fill_spec_samples
+        from slipstream.dev.specgen import SpecGenConfig
+
+        gen = SpecGenConfig(start_day=date(2026, 11, 1), days=days, events_per_day=per_day, seed=7, fmt="parquet",
+                            stream_minutes=stream_minutes)
+        settings, snapshot, data = fill_spec_samples(root, spec, gen, row_group_rows=10_000)
+        window = pa.concat_tables(list(data.batch.values()))
+        sized = []
     cfg = load_config(None, [f"data.snapshot_id={snapshot}", f"data.t_handoff={gen.t_handoff.isoformat()}",
                              f"data.window_days={days}", "data.stream=false", f"data.epochs={epochs}", "run.run_id=batch",
-                             "run.checkpoint_every_s=0", "run.tensorboard=false", *SIZED], settings)
+                             "run.checkpoint_every_s=0", "run.tensorboard=false", *sized], settings)
     started = time.perf_counter()
     run(cfg, settings)  # the batch phase, validation and early stopping as the trainer does them
     batch_s = time.perf_counter() - started
     import torch
 
     d = init_distributed("cpu")
-    stepper = Stepper(cfg, d, DEFAULT_SPEC)
+    stepper = Stepper(cfg, d, spec)
     blob = torch.load(cfg.run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     stepper.model.load_state_dict(blob["state_dict"])
     stepper.set_lr("stream")
-    layout = RowLayout.from_spec(DEFAULT_SPEC)
+    layout = RowLayout.from_spec(spec)
     t_us = int(gen.t_handoff.timestamp() * 1_000_000)
     day_us = 86_400_000_000
     stream = data.stream.filter(pc.greater_equal(pc.cast(data.stream.column("event_time"), pa.int64()), t_us))
     stream = stream.filter(pa.array(~is_holdout(stream.column("sample_id"))))  # the rows a trainer trains
-    window = pa.concat_tables(list(reference_samples(gen).values()))  # the table's rows, as fill_samples wrote them
     us = pc.cast(window.column("event_time"), pa.int64()).to_numpy()
     keep = ~is_holdout(window.column("sample_id"))
     replay = Rows.from_arrow(window.filter(pa.array(keep & (us >= t_us - 2 * day_us) & (us < t_us - day_us))), layout,
                              source=SOURCE_ICEBERG)  # the last training day (the trainer's replay window)
     reference = Rows.from_arrow(window.filter(pa.array(keep & (us >= t_us - day_us))), layout, source=SOURCE_ICEBERG)
-    online = StreamEvaluator(DEFAULT_SPEC, d.device, 1_000_000, 0, 1, 0, layout)
+    online = StreamEvaluator(spec, d.device, 1_000_000, 0, 1, 0, layout)
     dc = cfg.data
     fresh = max(1, dc.stream_batch_size - int(round(dc.stream_batch_size * dc.replay_share)))
     started = time.perf_counter()
     got = simulate(stepper, online, Rows.from_arrow(stream, layout, source=SOURCE_KAFKA), replay, reference, CADENCES_S,
                    t_us, fresh, dc.stream_batch_size - fresh)
     boot = UserBootstrap(got["label"], got["user"])
-    out: dict[str, Any] = {"rows": int(len(got["label"])), "users": boot.users, "batch_phase_s": round(batch_s, 1),
+    out: dict[str, Any] = {"spec": spec.name, "drift": generates(spec), "rows": int(len(got["label"])), "users": boot.users,
+                           "batch_phase_s": round(batch_s, 1),
                            "stream_s": round(time.perf_counter() - started, 1)}
     for name in CADENCES_S:
         e = boot.auc(got[name])
@@ -110,8 +127,11 @@ def live_latency(root: Path, bootstrap: str, seconds: float, rate: float, export
     from trainers.train import run
 
     now = datetime.now(UTC)
-    gen = GeneratorConfig(start_day=(now - timedelta(days=1)).date(), days=1, impressions_per_day=4_000, seed=3,
-                          fmt="parquet", stream_minutes=60.0)
+    per_day = 20_000
+    # enough distinct stream rows for the whole run (a row produced twice would be scored after its twin trained)
+    minutes = max(60.0, 1.2 * rate * seconds * 1440 / per_day)
+    gen = GeneratorConfig(start_day=(now - timedelta(days=1)).date(), days=1, impressions_per_day=per_day, seed=3,
+                          fmt="parquet", stream_minutes=minutes)
     settings, snapshot, data = fill_samples(root, gen, row_group_rows=2_000)
     topic = "live"
     create_topic(bootstrap, topic, 2)
@@ -161,6 +181,8 @@ def live_latency(root: Path, bootstrap: str, seconds: float, rate: float, export
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="slipstream bench freshness")
+    p.add_argument("--spec", default="synthetic", help="a shipped spec's name or a spec file (others than synthetic: "
+                   "their stationary generator; the live latency runs on the synthetic spec)")
     p.add_argument("--days", type=int, default=3, help="batch days of the drift scenario")
     p.add_argument("--per-day", type=int, default=20_000, help="impressions per day")
     p.add_argument("--stream-minutes", type=float, default=360.0, help="event time the stream covers after T")
@@ -175,15 +197,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "cpu_count": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="bench-freshness-") as tmp:
         root = Path(tmp)
-        out["drift"] = cadence_scores(root / "drift", args.days, args.per_day, args.stream_minutes, args.epochs)
-        log.info("drift: %s", out["drift"])
-        svc = start_kafka(root, free_port())
-        try:
-            out["live"] = live_latency(root / "live", svc.address, args.live_seconds, args.rate, args.export_every_s)
-        finally:
-            stop_process(svc.pid)
-    out.update({k: out["drift"][k] for k in ("auc_refresh_1min", "auc_refresh_1h", "auc_refresh_1d", "refresh_lift_ci_low")})
-    out["event_to_export_p99_s"] = out["live"]["event_to_export_p99_s"]
+        out["cadence"] = cadence_scores(root / "cadence", args.spec, args.days, args.per_day, args.stream_minutes, args.epochs)
+        log.info("cadence: %s", out["cadence"])
+        if args.live_seconds > 0:
+            svc = start_kafka(root, free_port())
+            try:
+                out["live"] = live_latency(root / "live", svc.address, args.live_seconds, args.rate, args.export_every_s)
+            finally:
+                stop_process(svc.pid)
+    out.update({k: out["cadence"][k] for k in ("auc_refresh_1min", "auc_refresh_1h", "auc_refresh_1d", "refresh_lift_ci_low")})
+    out["event_to_export_p99_s"] = out["live"]["event_to_export_p99_s"] if "live" in out else None
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
 
