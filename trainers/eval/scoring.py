@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from slipstream.samples.schema import id_hash
 from slipstream.samples.spec import Spec
 from slipstream.scoring import auc, logloss
 from trainers.data.rows import Features, Rows
@@ -70,8 +71,9 @@ def scores(gather: Gather, model: nn.Module, rows: Rows, device: torch.device) -
 
 def user_groups(rows: Rows, spec: Spec) -> np.ndarray:
     """Each row's user (the id feature with role user): the bootstrap's groups; without a user
-    feature each row is its own group (-1 - row index, so groups never collide with user ids)."""
+    feature each row is its own group, named by its sample id's hash (unique across steps and
+    ranks, whose rows are gathered and judged together)."""
     user = spec.with_role("user")
     if user is None:
-        return -1 - np.arange(len(rows), dtype=np.int64)
+        return id_hash(rows.sample_id).view(np.int64)
     return rows.sparse[:, [f.name for f in spec.sparse].index(user.name)].astype(np.int64)

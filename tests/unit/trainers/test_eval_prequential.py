@@ -134,3 +134,20 @@ def test_the_progress_curve_follows_the_steps_whatever_the_event_times() -> None
     assert blocks[0].first_step == 0 and blocks[-1].last_step == 39 and aucs[-1] > aucs[0] + 0.2
     flat = [w.scores.model.auc for w in windows(cols) if w.scores.model is not None]
     assert max(flat) - min(flat) < 0.15  # every window mixes all training stages
+
+
+def test_without_a_user_feature_every_row_is_its_own_group_across_steps() -> None:
+    """A spec that names no user (criteo): the bootstrap resamples rows, and rows scored in
+    different steps (or on different ranks) never share a group."""
+    import dataclasses
+
+    from slipstream.samples.spec import load_spec
+    from trainers.data.rows import Rows
+    from trainers.eval.scoring import user_groups
+
+    spec = load_spec("criteo")
+    assert spec.with_role("user") is None
+    empty = Rows.empty(RowLayout.from_spec(spec))
+    steps = [dataclasses.replace(empty, sample_id=pa.array([f"s-{i}" for i in range(s, s + 100)])) for s in (0, 100, 200)]
+    groups = np.concatenate([user_groups(rows, spec) for rows in steps])
+    assert len(np.unique(groups)) == 300
