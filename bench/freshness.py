@@ -175,8 +175,15 @@ def live_latency(root: Path, bootstrap: str, seconds: float, rate: float, export
     return {"produced": sent[0], "trained": m.samples_kafka, "exports": f.exports, "export_every_s": export_every_s,
             "event_to_export_p50_s": _round(f.event_to_export_s_p50), "event_to_export_p99_s": _round(f.event_to_export_s_p99),
             "consume_to_train_ms_p99": _round(f.consume_to_train_ms_p99),
-            "live_prequential_auc": _round(f.live_prequential.model.auc) if f.live_prequential and f.live_prequential.model
-            else None}
+            **_live_keys(f.live_prequential)}
+
+
+def _live_keys(live: Any) -> dict[str, Any]:
+    """The live model's prequential AUC over the rows since its previous export, with rows and interval."""
+    m = live.model if live is not None else None
+    return {"live_prequential_rows": live.rows if live is not None else 0,
+            "live_prequential_auc": _round(m.auc) if m is not None else None,
+            "live_prequential_auc_ci": [_round(m.lo), _round(m.hi)] if m is not None and m.has_interval else None}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
