@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.samples.codec import encode_samples
 from slipstream.pipeline.run_metrics import parse_run_metrics
+from slipstream.samples.codec import encode_samples
 from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,

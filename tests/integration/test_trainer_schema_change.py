@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.lake.iceberg import get_catalog, samples_table
+from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.samples.schema import sample_arrow_schema
 from slipstream.samples.spec import load_spec, resolve_spec_path
 from slipstream.settings import Settings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -88,7 +88,7 @@ def plan_forward_tail(broker: Broker, topic: str, spec: Spec, t_us: int, share: 
     if share <= 0:
         return None
     tail = tail_start_us(t_us, newest_event_us(broker, topic, spec), share)
-    when = datetime.fromtimestamp(tail / 1e6, tz=timezone.utc).isoformat() if tail is not None else None
+    when = datetime.fromtimestamp(tail / 1e6, tz=UTC).isoformat() if tail is not None else None
     log.info("forward tail: stream rows with event time from %s on are never trained (the last %.0f%% of the stream "
              "after T)", when or "(none: no record after T yet)", 100 * share)
     return tail
