@@ -152,4 +152,5 @@ def _curves(ax: Any, x: list[Any], sets: list[EvalSet]) -> None:
             ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=line.get_color(),
                             alpha=0.15, lw=0)
     ax.axhline(0.5, color="#999", lw=0.8)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
