@@ -178,3 +178,15 @@ def test_latest_run_dir_finds_the_newest_run_of_a_day(settings) -> None:  # type
     assert latest_run_dir(settings, "daily", T_HANDOFF) == new
     with pytest.raises(RunArtifactMissing, match="no run folder stream-"):
         latest_run_dir(settings, "stream")
+
+
+def test_the_promotion_rule_is_a_setting(tmp_path: Path) -> None:
+    from slipstream.errors import ConfigError
+    from slipstream.pipeline.registry import RegistryConfig
+    from slipstream.settings import Settings
+
+    settings = Settings(home=tmp_path)
+    assert RegistryConfig.from_env(settings, {}).rule == "significant"
+    assert RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "point"}).rule == "point"
+    with pytest.raises(ConfigError, match="SLIPSTREAM_PROMOTION_RULE must be one of significant, point"):
+        RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "optimistic"})
