@@ -22,14 +22,24 @@ class Benchmark:
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("committed_reader", "the committed reader's records/s against a plain read_committed consumer, and a "
+              "tail's cost after an aborted transaction", ("--records", "4000", "--repeat", "1", "--commits", "2")),
     Benchmark("dag_parse", "what our DAG files cost the dag-processor, against a minimal TaskFlow DAG",
               ("--repeats", "1")),
+    Benchmark("elastic", "what a running job growing from 1 to 2 launchers and back costs (rescale pause, lost "
+              "steps, samples lost or repeated), against its own throughput on one",
+              ("--days", "2", "--per-day", "1500", "--batch-size", "8", "--phase-steps", "15")),
     Benchmark("embeddings", "the embedding tables between two processes (sparse data parallel, TorchRec sharded) "
-              "against dense data parallelism", ("--rows", "20000", "--batch", "64", "--steps", "2")),
+              "against dense data parallelism; managed against hashed id tables on a long-tailed stream",
+              ("--rows", "20000", "--batch", "64", "--steps", "2", "--lt-rows", "200", "--lt-before", "6000",
+               "--lt-after", "2000", "--map-rows", "2000", "--map-ids", "256", "--map-steps", "6")),
     Benchmark("freshness", "a model refreshed every minute, hour and day on the same drifting stream rows (prequential "
               "AUC with intervals), and event-to-exported-model latency of a continuous trainer on a live topic",
               ("--days", "2", "--per-day", "2000", "--stream-minutes", "60", "--epochs", "1", "--live-seconds", "15",
                "--rate", "50", "--export-every-s", "3")),
+    Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "
+              "and outage worlds, against fixed thresholds and quantile bounds",
+              ("--days", "16", "--events", "300", "--specs", "synthetic", "--no-bursty-drift")),
     Benchmark("joiner", "the sample joiner's samples/s against raw consumption, and its close-to-commit latency",
               ("--impressions", "2000", "--rate", "500", "--seconds", "2")),
     Benchmark("loader", "the batch-phase loader's samples/s against a raw read and a naive loader",

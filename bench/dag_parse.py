@@ -55,10 +55,11 @@ print("PROBE " + json.dumps({"s": dt, "dags": sorted(bag.dag_ids), "errors": len
 def probe(path: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", PROBE, str(path), ",".join(HEAVY)], env=env,
                          capture_output=True, text=True, timeout=300)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("PROBE ")), None)
+    line = next((text for text in out.stdout.splitlines() if text.startswith("PROBE ")), None)
     if line is None:
         raise RuntimeError(f"parsing {path} failed:\n{out.stderr[-2000:]}")
-    return json.loads(line.removeprefix("PROBE "))
+    probed: dict[str, Any] = json.loads(line.removeprefix("PROBE "))
+    return probed
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             results[name] = {"median_s": round(statistics.median(r["s"] for r in runs), 3),
                              "errors": runs[0]["errors"], "heavy_imports": runs[0]["heavy"]}
     base = results["baseline"]["median_s"]
-    for name, r in results.items():
+    for r in results.values():
         r["ratio_to_baseline"] = round(r["median_s"] / base, 2) if base > 0 else None
     return {"benchmark": "dag_parse", "repeats": args.repeats, "baseline_s": base, "files": results,
             "worst_ratio": max(r["ratio_to_baseline"] for n, r in results.items() if n != "baseline"),

@@ -19,6 +19,20 @@ left out. `comm_vs_ddp_dense` is the trainer's (sparse, the default) / dense (go
 sharded one beside it. `table_bytes_per_rank_vs_replicated`: the sharded run's table bytes on the
 fuller rank / a full replica (goal <= 0.6). `samples_per_s` counts both ranks' samples over the
 timed steps (after 3 warm-up steps).
+
+The long-tail case (`bench.support.longtail`; `--case longtail`): managed id tables against hashed
+ones on a stream generated for a spec (`--lt-spec`, default ratings): an id space 20x the table's
+rows, Zipf-distributed, 30 % of the stream's distinct ids new after T. One process trains three
+models with the trainer's own step in lockstep on the same batches (one pass before T, then the
+stream scored before it is trained on): managed tables, hashed tables at the same memory (the maps'
+bytes given to the hashed tables as extra rows: `*_hashed`) and hashed at the same rows
+(`*_hashed_same_rows`). `collision_rate_*`: share of the stream's live ids (hashed: every id;
+managed: the admitted ones) that share their row with another; `auc_after_t_*` (every stream row)
+and `auc_gain_ci_low`, the lower 95 % bound of managed minus hashed from a bootstrap over users;
+`auc_new_ids_*`: the rows whose user or item was new at T; `rows_in_use_*`; `step_time_vs_hashed`:
+the mean step of managed / hashed at the same rows, the map's work included. Beside it (`map_*`),
+our id -> row map against TorchRec's managed-collision module on the same Zipf id stream
+(`bench.support.id_maps`).
 """
 
 
@@ -49,6 +63,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sharding", default="column_wise",
                    help="model.sharding of the sharded variant (column_wise: at two ranks table-wise would put the "
                         "one large table whole on one rank)")
+    p.add_argument("--case", choices=("all", "comm", "longtail"), default="all",
+                   help="comm: the two-process communication case; longtail: hashed against managed tables")
+    p.add_argument("--lt-spec", default="ratings", help="long-tail case: the feature spec its data is generated for")
+    p.add_argument("--lt-rows", type=int, default=4_000, help="long-tail case: rows of each id table (both kinds)")
+    p.add_argument("--lt-before", type=int, default=240_000, help="long-tail case: samples before T")
+    p.add_argument("--lt-after", type=int, default=80_000, help="long-tail case: stream samples after T")
+    p.add_argument("--lt-admit-after", type=int, default=3, help="long-tail case: the managed tables' admit_after")
+    p.add_argument("--lt-eviction", default="lru", choices=("lru", "lfu"), help="long-tail case: the managed tables' eviction")
+    p.add_argument("--lt-seed", type=int, default=0)
+    p.add_argument("--map-rows", type=int, default=100_000, help="map comparison: rows of the table")
+    p.add_argument("--map-ids", type=int, default=4_096, help="map comparison: ids per step")
+    p.add_argument("--map-steps", type=int, default=60, help="map comparison: steps (3 warm-up steps first)")
     return p.parse_args(argv)
 
 
@@ -169,6 +195,37 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    out = comm_case(args) if args.case in ("all", "comm") else {}
+    if args.case in ("all", "longtail"):
+        out.update(longtail_case(args))
+    out.update(load_avg_1m=round(os.getloadavg()[0], 2), cpu_count=os.cpu_count())
+    return out
+
+
+def longtail_case(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.support.id_maps import compare
+    from bench.support.longtail import LongTail, measure
+    from slipstream.samples.spec import load_spec
+
+    torch.set_num_threads(1)
+    cfg = LongTail(rows=args.lt_rows, before=args.lt_before, after=args.lt_after, admit_after=args.lt_admit_after,
+                   eviction=args.lt_eviction, seed=args.lt_seed)
+    t0 = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        if done % 200 == 0 or done == total:
+            rate = done / max(time.monotonic() - t0, 1e-9)
+            log.info("long-tail case: step %d of %d (%.1f steps/s, about %.0f s left)", done, total, rate,
+                     (total - done) / max(rate, 1e-9))
+
+    with tempfile.TemporaryDirectory(prefix="bench-longtail-") as tmp:
+        out = measure(load_spec(args.lt_spec), cfg, Path(tmp), progress)
+    log.info("map comparison: our id -> row map against TorchRec's MCH, %d rows", args.map_rows)
+    out.update(compare(args.map_rows, args.map_ids, args.map_steps))
+    return out
+
+
+def comm_case(args: argparse.Namespace) -> dict[str, Any]:
     world = 2
     with tempfile.TemporaryDirectory(prefix="bench-emb-") as tmp:
         mp.spawn(_worker, args=(world, _free_port(), args, tmp), nprocs=world, join=True)
@@ -187,5 +244,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "table_bytes_per_rank_vs_replicated": round(fuller / dense["table_bytes_per_rank"], 3),
         "samples_per_s": round(sparse["samples_per_s"], 1), "samples_per_s_sharded": round(sharded["samples_per_s"], 1),
         "samples_per_s_ddp_dense": round(dense["samples_per_s"], 1),
-        "load_avg_1m": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count(),
     }

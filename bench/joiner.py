@@ -42,10 +42,11 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, Producer
 
-from slipstream.dev.stack import free_port, start_kafka, stop_process
+from slipstream.dev.stack import free_port, start_kafka
 from slipstream.joiner.config import JoinerConfig
 from slipstream.joiner.raw_topics import event_value, produce_events, raw_producer
 from slipstream.joiner.service import Joiner
+from slipstream.processes import stop_process
 from slipstream.samples.spec import load_spec, spec_from_dict
 from slipstream.settings import KAFKA_CODECS as CODECS
 from slipstream.stream.kafka import client_config, consumer_config, create_topic
@@ -101,7 +102,7 @@ def _raw_produce(bootstrap: str, source: str, topic: str, expected: int, interva
     `interval_s`); returns the seconds of the produce, first record to last commit."""
     c = Consumer(consumer_config(bootstrap, group=f"bench-copy-{time.monotonic_ns()}"))
     c.subscribe([source])
-    records: list[tuple[bytes, bytes, int]] = []
+    records: list[tuple[bytes | None, bytes | None, int]] = []
     deadline = time.monotonic() + 120
     try:
         while len(records) < expected and time.monotonic() < deadline:
@@ -239,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cfg = JoinerConfig.for_spec(spec, "samples", impressions_topic="imp", clicks_topic="clk", group="bench-j",
                                         instance="bench", idle_flush_s=0.05, input_idle_s=0.05,
                                         codec=args.codec)
-            joiner, joiner_s, startup_s = _run_joiner(cfg, spec, bs, lambda j: j.metrics.counts["samples_committed"] >= len(imps), 600)
+            joiner, joiner_s, startup_s = _run_joiner(
+                cfg, spec, bs, lambda j: j.metrics.counts["samples_committed"] >= len(imps), 600)
             assert joiner.metrics.counts["samples_committed"] == len(imps), joiner.metrics.snapshot()
             create_topic(bs, "samples-copy", 4)
             produce_s = _raw_produce(bs, "samples", "samples-copy", len(imps), cfg.commit_interval_s)
@@ -254,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 bs, "imp-live", "clk-live", args.rate, args.seconds, args.window_s))
             producer.start()
             live, _, _ = _run_joiner(live_cfg, live_spec, bs, lambda j: not producer.is_alive() and
-                                  time.monotonic() - j.metrics.last_commit < 1 and j.metrics.counts["samples"] > 0, args.seconds + 120)
+                                  time.monotonic() - j.metrics.last_commit < 1 and j.metrics.counts["samples"] > 0,
+                                  args.seconds + 120)
             producer.join(30)
             lat = np.asarray(live.metrics.latencies_s)
         finally:

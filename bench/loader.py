@@ -57,21 +57,21 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from slipstream.samples import native
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.lake.planning import plan_window_files
+from slipstream.samples import native
 from slipstream.samples.ragged import take_list_column
 from slipstream.samples.schema import CATEGORICAL_COLUMNS, DENSE_COLUMNS
 from slipstream.settings import Settings
 from trainers.data.iceberg_source import IcebergSource
-from trainers.data.units import file_opener, plan_units
 from trainers.data.rows import DEFAULT_LAYOUT, Features
+from trainers.data.units import file_opener, plan_units
 
 READ_COLUMNS = DEFAULT_LAYOUT.read_columns
 
 
-class _RowDataset(Dataset):  # type: ignore[type-arg]
+class _RowDataset(Dataset[dict[str, Any]]):
     def __init__(self, df: Any) -> None:
         self.df = df
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gen = GeneratorConfig(start_day=date(2026, 11, 1), days=args.days, impressions_per_day=args.per_day, seed=5)
         table = samples_table(get_catalog(settings), settings.namespace)
         with table.transaction() as tx:
-            tx.set_properties(**{"write.parquet.row-group-limit": str(args.row_group_rows)})
+            tx.set_properties({"write.parquet.row-group-limit": str(args.row_group_rows)})
         for day in reference_samples(gen).values():
             table.append(day)
         table = get_catalog(settings).load_table(settings.table)
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 _ = ([tbl.column(c).to_numpy()[perm] for c in READ_COLUMNS if c not in ("sample_id", "hist_items")],
                      take_list_column(tbl.column("hist_items"), perm),
                      tbl.column("sample_id").combine_chunks().take(pa.array(perm)))
-                return tbl.num_rows
+                rows: int = tbl.num_rows
+                return rows
 
             t0 = time.perf_counter()
             with ThreadPoolExecutor(max(1, min(len(plan.files), os.cpu_count() or 1))) as pool:
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vs_raw_arrow": round(raw_s / arrow_s, 3), "native_speedup": round(arrow_s / loader_s, 3),
         "vs_naive": round(loader_rate / naive_rate, 1),
         "vs_raw_median": round(raw_med_s / loader_med_s, 3),
-        "loader_cpu_s": round(loader_cpu_s, 4), "raw_cpu_s": round(raw_cpu_s, 4), "vs_raw_cpu": round(raw_cpu_s / loader_cpu_s, 3),
+        "loader_cpu_s": round(loader_cpu_s, 4), "raw_cpu_s": round(raw_cpu_s, 4),
+        "vs_raw_cpu": round(raw_cpu_s / loader_cpu_s, 3),
         "floor_s": round(floor_s, 4), "floor_runs_s": [round(r[1], 4) for r in floor_runs],
         "floor_vs_raw": round(raw_s / floor_s, 3), "floor_vs_raw_median": round(raw_med_s / floor_med_s, 3),
         "vs_floor": round(floor_s / loader_s, 3), "vs_floor_median": round(floor_med_s / loader_med_s, 3),

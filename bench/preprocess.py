@@ -1,11 +1,16 @@
-"""`slipstream bench preprocess --json [--impressions N] [--scale K] [--format jsonl|parquet]`
+"""`slipstream bench preprocess --json [--case day|backfill|all] [--impressions N] [--scale K] [--format jsonl|parquet]
+[--days D] [--day-rows R]`
 
 Throughput of the Spark preprocessing job against an I/O floor measured in the same Spark session:
 the floor reads the same raw day with the same reader and schema and writes it as plain Parquet
 (no validation, join, window or commit). `vs_io_floor` = job time / floor time (goal <= 2.0).
 The job also runs on K x the data (default 5) to show how it scales (goal: 5x data <= 5.5x time).
 Spark's start-up is reported apart (`spark_start_s`): the launched job pays it once per process.
-A warm-up job runs first (reported as `job_s_1x_cold`), then the timed runs. The machine is shared: compare ratios from one run only.
+A warm-up job runs first (reported as `job_s_1x_cold`), then the timed runs. The machine is shared:
+compare ratios from one run only.
+
+`--case backfill` (also part of `all`, the default) times a long history of small days: the range
+job against the day-by-day path and the gate over the range (`bench/support/preprocess_backfill.py`).
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from typing import Any
 from slipstream.dev.datagen import GeneratorConfig, generate
 from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.raw_zone import IMPRESSIONS, day_dir
+from slipstream.pipeline.spark_settings import SparkSettings
 from slipstream.processes import sigterm_deferred
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
-from slipstream.pipeline.spark_settings import SparkSettings
 
 log = logging.getLogger(__name__)
 DAY = date(2026, 11, 1)
@@ -40,6 +45,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     # `slipstream bench preprocess --json` hands --json to us after the name: accept it.
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workdir", default="", help="keep data here (default: a temporary folder, removed)")
+    p.add_argument("--case", choices=("day", "backfill", "all"), default="all",
+                   help="day: one large day vs the I/O floor; backfill: many small days, range vs day by day")
+    p.add_argument("--days", type=int, default=200, help="backfill: days of history")
+    p.add_argument("--day-rows", type=int, default=500, help="backfill: impressions per day at 1x (10x is also run)")
     return p.parse_args(argv)
 
 
@@ -81,11 +90,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = _parse(argv)
     if args.impressions < 1 or args.scale < 1:
         raise SystemExit("--impressions and --scale must be >= 1")
+    if args.days < 4 or args.day_rows < 1:
+        raise SystemExit("--days must be >= 4 and --day-rows >= 1")
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
+    out: dict[str, Any] = {"benchmark": "preprocess", "case": args.case, "cores": os.cpu_count(),
+                           "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     try:
-        small = _prepare(root / "x1", args.impressions, args.format)
-        large = _prepare(root / f"x{args.scale}", args.impressions * args.scale, args.format)
-
         from spark_jobs.preprocess import start_spark
 
         t0 = time.monotonic()
@@ -94,25 +104,37 @@ def main(argv: list[str]) -> dict[str, Any]:
             # a SIGTERM while the JVM starts would lose its handle: take it once the session exists
             with sigterm_deferred():
                 spark = start_spark(SparkSettings.from_env(), "bench-preprocess")
-            start_s = time.monotonic() - t0
-            # Warm-up: the first job in a fresh JVM pays class loading, code generation, JIT and
-            # the Python workers' imports (a fixed cost per process, like Spark's start-up).
-            cold_s, _ = _job(spark, small, "bench-cold")
-            _io_floor(spark, small, root / "warmup")
-            floor_s, floor_rows = _io_floor(spark, small, root / "floor-x1")
-            job_s, rows = _job(spark, small, "bench-x1")
-            job_big_s, rows_big = _job(spark, large, f"bench-x{args.scale}")
-            floor_big_s, _ = _io_floor(spark, large, root / f"floor-x{args.scale}")
+            out["spark_start_s"] = round(time.monotonic() - t0, 2)
+            if args.case in ("day", "all"):
+                out.update(_day_case(spark, root, args))
+            if args.case in ("backfill", "all"):
+                from bench.support.preprocess_backfill import run_backfill
+
+                out.update(run_backfill(spark, root, args.days, args.day_rows))
         finally:
             if spark is not None:
                 spark.stop()
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
+    out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def _day_case(spark: Any, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One large day against the I/O floor, and K times that day."""
+    small = _prepare(root / "x1", args.impressions, args.format)
+    large = _prepare(root / f"x{args.scale}", args.impressions * args.scale, args.format)
+    # Warm-up: the first job in a fresh JVM pays class loading, code generation, JIT and
+    # the Python workers' imports (a fixed cost per process, like Spark's start-up).
+    cold_s, _ = _job(spark, small, "bench-cold")
+    _io_floor(spark, small, root / "warmup")
+    floor_s, floor_rows = _io_floor(spark, small, root / "floor-x1")
+    job_s, rows = _job(spark, small, "bench-x1")
+    job_big_s, rows_big = _job(spark, large, f"bench-x{args.scale}")
+    floor_big_s, _ = _io_floor(spark, large, root / f"floor-x{args.scale}")
     return {
-        "benchmark": "preprocess",
         "format": args.format,
-        "cores": os.cpu_count(),
         "impressions_1x": args.impressions,
         "raw_records_read_by_floor_1x": floor_rows,
         "rows_1x": rows,
@@ -127,7 +149,6 @@ def main(argv: list[str]) -> dict[str, Any]:
         "io_floor_s_scaled": round(floor_big_s, 2),
         "vs_io_floor_scaled": round(job_big_s / floor_big_s, 2),
         "time_ratio_scaled": round(job_big_s / job_s, 2),
-        "spark_start_s": round(start_s, 2),
         "job_s_1x_cold": round(cold_s, 2),
         "goals": {"vs_io_floor": "<= 2.0", "time_ratio_scaled": f"<= {1.1 * args.scale:.1f} for {args.scale}x data"},
     }

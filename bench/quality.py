@@ -57,7 +57,8 @@ are this many generated rows repeated under new sample ids (same distributions).
 
 
 def _tile(t: pa.Table, rows: int) -> pa.Table:
-    parts, k = [], 0
+    parts: list[pa.Table] = []
+    k = 0
     while sum(p.num_rows for p in parts) < rows:
         part = t.slice(0, rows - sum(p.num_rows for p in parts))
         if k:
@@ -77,8 +78,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
     from slipstream.lake.iceberg import get_catalog, samples_table
-    from slipstream.quality.gate import run_gate
     from slipstream.quality.config import GateConfig
+    from slipstream.quality.gate import run_gate
     from slipstream.quality.profiles import profile_table
     from slipstream.quality.store import write_profile
     from slipstream.samples.schema import ARROW_SCHEMA, DEFAULT_SPEC, SAMPLE_COLUMNS
@@ -98,7 +99,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         before = _shift_back(today)
         table.append(before)
         table.append(today)
-        snap = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+        current = table.current_snapshot()
+        assert current is not None, "two days were just appended"
+        snap = current.snapshot_id
         write_profile(catalog, settings.namespace, day=day - timedelta(days=1), snapshot_id=snap, run_id="bench",
                       profile=profile_table(before, DEFAULT_SPEC))
         del before
@@ -106,7 +109,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         import great_expectations  # noqa: F401  (a one-off per process; reported, not counted)
 
         gx_import_s = time.monotonic() - t0 - setup_s
-        files = [t.file.file_path for t in table.scan(snapshot_id=snap).plan_files() if t.file.partition[0] == (day - date(1970, 1, 1)).days]
+        day_number = (day - date(1970, 1, 1)).days
+        files = [t.file.file_path for t in table.scan(snapshot_id=snap).plan_files() if t.file.partition[0] == day_number]
 
         def read_baseline() -> float:
             s = time.monotonic()

@@ -75,8 +75,9 @@ def _generate(raw: Path, n: int, speedup_n: int) -> None:
 
 
 def _checksum(settings: Settings, day: date) -> tuple[int, str]:
-    from slipstream.lake.iceberg import day_predicate
     import hashlib
+
+    from slipstream.lake.iceberg import day_predicate
 
     table = samples_table(get_catalog(settings), settings.namespace)
     rows = table.scan(row_filter=day_predicate(table, day)).to_arrow().sort_by("sample_id")
@@ -152,7 +153,8 @@ def _train(home: Path, day: date, nproc: int, run_id: str, own_cpus: bool = True
                           preexec_fn=confine_to(cpus if own_cpus else None))
     if done.returncode != 0:
         raise RuntimeError(f"training {run_id} failed:\n{done.stderr[-3000:]}")
-    return json.loads((home / "runs" / run_id / "metrics.json").read_text())
+    metrics: dict[str, Any] = json.loads((home / "runs" / run_id / "metrics.json").read_text())
+    return metrics
 
 
 def _training(home: Path) -> dict[str, Any]:

@@ -36,25 +36,27 @@ import threading
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import torch
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from slipstream.samples.codec import CODECS, encode_samples
 from slipstream.dev.datagen import GeneratorConfig, generate_world, samples_table, simulate
+from slipstream.dev.stack import free_port, start_kafka
+from slipstream.processes import stop_process
+from slipstream.samples.codec import encode_samples
+from slipstream.samples.schema import DEFAULT_SPEC
+from slipstream.settings import KAFKA_CODECS as CODECS
+from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import client_config, consumer_config, create_topic, end_offsets, produce_samples
-from slipstream.settings import Settings
-from slipstream.dev.stack import free_port, start_kafka, stop_process
 from trainers.config.schema import DataConfig, load_config
 from trainers.data.holdout import holdout_mask
 from trainers.data.kafka_source import KafkaSource
-from trainers.parallel.dist import Dist, select_device
-from slipstream.samples.schema import DEFAULT_SPEC
 from trainers.data.rows import SOURCE_KAFKA, Features, Rows
+from trainers.parallel.dist import Dist, select_device
 
 log = logging.getLogger("bench.stream")
 
@@ -81,7 +83,7 @@ def _read_raw(bootstrap: str, topic: str, start: dict[int, int], expected: int, 
             for m in c.consume(num_messages=consume_batch, timeout=timeout_s):
                 if m.error() is None:
                     n += 1
-                    nbytes += len(m.value())
+                    nbytes += len(cast(bytes, m.value()))  # every record of the bench's topic has a value
             if time.perf_counter() - t0 > deadline_s:
                 raise RuntimeError(f"raw consume read {n}/{expected} records in {deadline_s:.0f}s")
         return n, nbytes, time.perf_counter() - t0
@@ -153,7 +155,8 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         "run.checkpoint_every_steps=1000000", "run.checkpoint_every_s=0", f"run.num_threads={args.threads}",
         f"run.device={args.device}",
         # tables sized to the generator's id space (2,000 users, 400 items), as bench train does
-        "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031", "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
+        "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031",
+        "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
     ], settings)
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
     tr = Trainer(cfg, d, settings, DEFAULT_SPEC)
@@ -170,7 +173,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         lat.append(now_ms - rows.record_ms[rows.source == SOURCE_KAFKA])
         return losses
 
-    tr.train_step = timed_step  # type: ignore[method-assign]
+    tr.train_step = timed_step  # type: ignore[method-assign]  # the bench times each step by wrapping the trainer's
     produced: dict[str, Any] = {}
     prod = threading.Thread(target=_produce_at_rate, daemon=True,
                             args=(bootstrap, topic, table, args.rate, args.linger_ms, codec, produced))
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rate", type=float, default=2_000.0, help="latency: records/s produced")
     p.add_argument("--seconds", type=float, default=5.0, help="latency: seconds of producing")
     p.add_argument("--batch-size", type=int, default=DataConfig.stream_batch_size, help="latency: trainer data.stream_batch_size")
-    p.add_argument("--shuffle-buffer", type=int, default=DataConfig.stream_shuffle_buffer, help="latency: trainer data.stream_shuffle_buffer")
+    p.add_argument("--shuffle-buffer", type=int, default=DataConfig.stream_shuffle_buffer,
+                   help="latency: trainer data.stream_shuffle_buffer")
     p.add_argument("--linger-ms", type=int, default=5, help="latency: producer linger.ms")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     p.add_argument("--device", default="cpu", help="latency: run.device (cpu, cuda, auto)")

@@ -26,14 +26,14 @@ import torch
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, reference_samples, write_manifest
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.lake.planning import plan_window_files
+from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.settings import Settings
 from trainers.config.schema import load_config
 from trainers.data.iceberg_source import IcebergSource
-from trainers.data.units import file_opener, plan_units
-from slipstream.samples.schema import DEFAULT_SPEC
-from trainers.optim.groups import build_optimizer
-from trainers.models import build_model
 from trainers.data.rows import Features, Rows
+from trainers.data.units import file_opener, plan_units
+from trainers.models import build_model
+from trainers.optim.groups import build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def fill_samples(home: Path, gen: GeneratorConfig, row_group_rows: int) -> tuple
     settings = Settings(home=home)
     table = samples_table(get_catalog(settings), settings.namespace)
     with table.transaction() as tx:
-        tx.set_properties(**{"write.parquet.row-group-limit": str(row_group_rows)})
+        tx.set_properties({"write.parquet.row-group-limit": str(row_group_rows)})
     for day in reference_samples(gen).values():
         table.append(day)
     data = generate(gen, home / "raw")
@@ -62,7 +62,7 @@ def _compute_only(cfg: Any, feats: list[Features], epochs: int, batch_size: int)
         for f in feats:
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(f), f.label, reduction="sum") / batch_size
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             opt.step()
     return time.perf_counter() - t0
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"data.epochs={args.epochs}", "run.run_id=bench", "run.checkpoint_every_steps=1000000",
             "run.checkpoint_every_s=0", f"run.num_threads={args.threads}",
             # tables sized to the generator's id space (2,000 users, 400 items)
-            "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031", "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
+            "model.buckets.user_id=4001", "model.buckets.item_id=1009", "model.buckets.device_hash=1031",
+            "model.buckets.country_hash=1031", "model.buckets.category_hash=1031",
         ], settings)
         table = get_catalog(settings).load_table(settings.table)
         plan = plan_window_files(table, snapshot, cfg.data.window_start, cfg.data.t_handoff)

@@ -41,6 +41,8 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +122,9 @@ def _relay_cost(store: RemoteStore, small: Window, large: Window) -> dict[str, A
     best: dict[str, dict[str, float]] = {k: {"files_per_s": 0.0, "mb_per_s": 0.0} for k in sides}
     for _ in range(2):
         for side, getter in sides.items():
-            s, _ = timed(lambda: raw_get(getter, sample, 32))
+            s, _ = timed(partial(raw_get, getter, sample, 32))
             best[side]["files_per_s"] = max(best[side]["files_per_s"], len(sample) / s)
-            s, nbytes = timed(lambda: raw_get(getter, large.uris, len(large.uris)))
+            s, nbytes = timed(partial(raw_get, getter, large.uris, len(large.uris)))
             best[side]["mb_per_s"] = max(best[side]["mb_per_s"], nbytes / s / 1e6)
     return {
         "no_delay_vs_direct_small": round(best["relay"]["files_per_s"] / best["direct"]["files_per_s"], 3),
@@ -151,7 +153,7 @@ def _phase(store: RemoteStore, rtt_ms: float, small: Window, large: Window, work
 
 def _incremental_case(workdir: Path, store: RemoteStore) -> dict[str, Any]:
     """A 2-day window of an Iceberg `samples` table warmed, one day appended, warmed again."""
-    from datetime import date, datetime, timedelta, timezone
+    from datetime import date, datetime, timedelta
 
     from slipstream.cache.warm import warm_window
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
@@ -166,12 +168,16 @@ def _incremental_case(workdir: Path, store: RemoteStore) -> dict[str, Any]:
     tbl = samples_table(get_catalog(settings), settings.namespace)
     for d in days[:3]:
         tbl.append(d)
-    end3 = datetime(2026, 3, 4, tzinfo=timezone.utc)
+    end3 = datetime(2026, 3, 4, tzinfo=UTC)
     before = {t.file.file_path for t in tbl.scan().plan_files()}
-    first = warm_window(settings, "samples", 2, end3, tbl.current_snapshot().snapshot_id, None, None)
+    snap3 = tbl.current_snapshot()
+    assert snap3 is not None, "three days were just appended"
+    first = warm_window(settings, "samples", 2, end3, snap3.snapshot_id, None, None)
     tbl.append(days[3])
     new = {t.file.file_path: t.file.file_size_in_bytes for t in tbl.scan().plan_files() if t.file.file_path not in before}
-    second = warm_window(settings, "samples", 2, end3 + timedelta(days=1), tbl.current_snapshot().snapshot_id, None, None)
+    snap4 = tbl.current_snapshot()
+    assert snap4 is not None, "a fourth day was just appended"
+    second = warm_window(settings, "samples", 2, end3 + timedelta(days=1), snap4.snapshot_id, None, None)
     copied_data = sorted(p for p in second.copied_paths if p.endswith(".parquet"))
     return {
         "first_run_copied": first.copied, "rerun_copied": second.copied, "rerun_bytes": second.bytes,

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "slipstream.commands.models",
     "slipstream.commands.ui",
     "slipstream.commands.joiner",
+    "slipstream.commands.elastic",
 )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pydantic import AfterValidator, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict

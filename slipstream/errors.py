@@ -24,6 +24,9 @@ class RejectRateExceeded(SlipstreamError):
 class QualityGateFailed(SlipstreamError):
     """A critical data-quality expectation failed; the message lists each one with its value."""
 
+    result: object | None = None
+    """The gate's `slipstream.quality.gate_result.GateResult`, when the gate raised it."""
+
 
 class HandoffError(SlipstreamError):
     """The batch→stream handoff offsets could not be determined or verified."""
@@ -33,6 +36,21 @@ class StreamDataLost(SlipstreamError):
     """The broker no longer holds records a run has already read past (its high watermark fell below
     the run's position): new records would reuse those offsets and be skipped. The message names
     the topic, partition and offsets."""
+
+
+class StreamReadError(SlipstreamError):
+    """Committed records of a Kafka partition could not be read (or verified absent) within the
+    time allowed; the message names the topic, partition and offsets."""
+
+
+class RunFolderWriteError(SlipstreamError):
+    """A file of a run could not be written (a full, read-only or unwritable disk); the message
+    names the file and says what to do."""
+
+
+class PeerFailed(SlipstreamError):
+    """A rank of a distributed run stopped because another rank failed first; the message names
+    that rank and its error."""
 
 
 class ResumeError(SlipstreamError):
@@ -73,3 +91,8 @@ class PlanError(ConfigError):
 class MetricsContractError(SlipstreamError):
     """A run's metrics.json does not fit its contract (`slipstream.pipeline.run_metrics`): a key of
     the wrong type, or one the contract does not declare."""
+
+
+class DatasetMismatch(ConfigError):
+    """A data set's spec does not match the table, raw zone or folder it was pointed at (another
+    data set's); the message says which spec, which table or folder, and which setting to change."""

@@ -14,9 +14,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 import psutil
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def pid_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, exited but not reaped, does not)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)  # psutil is untyped: its values are Any
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:  # another user's process: it exists
@@ -36,7 +36,8 @@ def pid_alive(pid: int) -> bool:
 def process_argv(pid: int) -> list[str] | None:
     """The command line of `pid`, or None when it is gone or not ours to read."""
     try:
-        return psutil.Process(pid).cmdline()
+        argv: list[str] = psutil.Process(pid).cmdline()
+        return argv
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 

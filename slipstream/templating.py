@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @cache
-def environment(package: str) -> "jinja2.Environment":
+def environment(package: str) -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(

@@ -10,7 +10,8 @@ hashed once each; a user's history is sliced with numpy, not built per row as JV
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,21 +41,26 @@ class SampleFinisher:
     (key, sample id) equals the previous row's (the input order puts the copy to keep first; see
     `spark_jobs.transforms.one_shuffle_rows`), across batch boundaries too.
 
-    `tables` are the spec's side tables, as tables or as a Spark broadcast of `tables_to_ipc`
-    bytes (read once per task)."""
+    `tables` are the spec's side tables, as tables, as `tables_to_ipc` bytes, or as a Spark
+    broadcast of those bytes (read once per task). `day`: a range job's date column, part of the
+    copy's identity (an id seen on two days is two samples, as day by day) and dropped before the
+    featurizer."""
 
-    def __init__(self, spec: Spec, key: str, tables: Any = None, dedupe: bool = False) -> None:
+    def __init__(self, spec: Spec, key: str, tables: Any = None, dedupe: bool = False, day: str = "") -> None:
         self.spec = spec
         self.key = key
         self.dedupe = dedupe
+        self.day = day
         self.dropped = 0
         self._tables = tables
-        self._last_key: tuple[Any, str] | None = None
+        self._last_key: tuple[Any, ...] | None = None
 
     def _featurizer(self) -> Featurizer:
         tables = self._tables
         if tables is not None and hasattr(tables, "value"):  # a broadcast
-            tables = tables_from_ipc(tables.value)
+            tables = tables.value
+        if tables and all(isinstance(v, bytes) for v in tables.values()):
+            tables = tables_from_ipc(tables)
         return Featurizer(self.spec, tables or {})
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -62,20 +68,21 @@ class SampleFinisher:
         for batch in batches:
             if self.dedupe and batch.num_rows:
                 batch = self._drop_adjacent_copies(batch)
+            if self.day and self.day in batch.schema.names:
+                batch = batch.drop_columns([self.day])
             if batch.num_rows:
                 yield from featurizer.samples(pa.Table.from_batches([batch])).to_batches()
 
     def _drop_adjacent_copies(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        keys = batch.column(self.key)
-        ids = batch.column(SAMPLE_ID)
+        cols = [batch.column(self.key), batch.column(SAMPLE_ID)] + ([batch.column(self.day)] if self.day else [])
         same = np.zeros(batch.num_rows, dtype=bool)
         if batch.num_rows > 1:
-            same_key = pc.equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
-            same_id = pc.equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)
-            same[1:] = same_key & same_id
+            same[1:] = True
+            for col in cols:
+                same[1:] &= pc.equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False)
         if self._last_key is not None:
-            same[0] = (keys[0].as_py(), ids[0].as_py()) == self._last_key
-        self._last_key = (keys[-1].as_py(), ids[-1].as_py())
+            same[0] = tuple(c[0].as_py() for c in cols) == self._last_key
+        self._last_key = tuple(c[-1].as_py() for c in cols)
         n = int(np.count_nonzero(same))
         if not n:
             return batch

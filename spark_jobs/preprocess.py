@@ -1,7 +1,9 @@
-"""Preprocess raw days into the Iceberg table `samples`: one Spark session, one commit per day.
+"""Preprocess raw days into the Iceberg table `samples`: one Spark pass and one snapshot for all the
+days (`spark_jobs.range_job`; `--day-by-day`: one commit per day, `spark_jobs.day_job`).
 
     python -m spark_jobs.preprocess --day 2026-11-01 [--day 2026-11-02 ...] --run-id R
     spark-submit spark_jobs/preprocess.py --day 2026-11-01 --run-id R
+    SLIPSTREAM_SPARK_REMOTE=sc://127.0.0.1:15002 python -m spark_jobs.preprocess ...   # a warm Spark Connect server
 
 Settings come from the environment (`SLIPSTREAM_*` for the catalog and raw zone,
 `SLIPSTREAM_SPARK_*` for Spark); flags override the job limits. Spark's and our logs go to
@@ -26,7 +28,7 @@ import time  # noqa: E402
 from datetime import date  # noqa: E402
 from typing import Any  # noqa: E402
 
-from slipstream.errors import SlipstreamError  # noqa: E402
+from slipstream.errors import ConfigError, SlipstreamError  # noqa: E402
 from slipstream.settings import Settings  # noqa: E402
 from slipstream.pipeline.spark_settings import SparkSettings, check_job_limits  # noqa: E402
 
@@ -45,14 +47,23 @@ def parse_args(argv: list[str] | None, spark: SparkSettings) -> argparse.Namespa
     p.add_argument("--target-file-mb", type=int, default=spark.target_file_mb)
     p.add_argument("--write-mode", choices=("pyarrow", "native"), default=spark.write_mode)
     p.add_argument("--summary-out", default="", help="also write the JSON summary to this file")
+    p.add_argument("--day-by-day", action="store_true",
+                   help="one read, write and commit per day (the range job's reference; the default reads the days in one pass)")
     args = p.parse_args(argv)
     check_job_limits(args.max_reject_rate, args.target_file_mb)
     return args
 
 
 def start_spark(spark_settings: SparkSettings, app: str) -> Any:
+    """A Spark session: a client of the warm Spark Connect server when SLIPSTREAM_SPARK_REMOTE names
+    one, else a Spark of its own (`local[*]` or the cluster's master)."""
     from pyspark.sql import SparkSession
 
+    if spark_settings.remote:
+        session = SparkSession.builder.remote(spark_settings.remote).getOrCreate()
+        for k, v in spark_settings.session_conf().items():
+            session.conf.set(k, v)
+        return session
     builder = SparkSession.builder.appName(app).master(spark_settings.master)
     conf = spark_settings.spark_conf()
     if spark_settings.is_local:
@@ -65,6 +76,15 @@ def start_spark(spark_settings: SparkSettings, app: str) -> Any:
     return session
 
 
+def share_side_tables(spark: Any, blobs: dict[str, bytes]) -> Any:
+    """The side tables' bytes as the writer's tasks get them: a broadcast on a classic session; a
+    Spark Connect session has no SparkContext, so the bytes travel inside the task's closure."""
+    try:
+        return spark.sparkContext.broadcast(blobs)
+    except Exception:  # pyspark's Connect session refuses sparkContext  # noqa: BLE001
+        return blobs
+
+
 def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSettings) -> dict[str, Any]:
     """Run the job; returns the summary (also on failure, with `error` set)."""
     summary: dict[str, Any] = {"run_id": args.run_id, "days": [], "error": None, "error_type": None}
@@ -75,6 +95,7 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         from slipstream.samples.spec import load_spec
         from spark_jobs.day_job import DayOptions, preprocess_day, read_side_tables
         from spark_jobs.finisher import tables_to_ipc
+        from spark_jobs.range_job import preprocess_range
 
         spec = load_spec(args.spec or settings.spec)
         opts = DayOptions(
@@ -88,17 +109,25 @@ def run(args: argparse.Namespace, settings: Settings, spark_settings: SparkSetti
         catalog = get_catalog(settings)
         samples_table(catalog, settings.namespace, spec)  # a new feature evolves the table once, up front
         spark = start_spark(spark_settings, f"slipstream-preprocess-{args.run_id}")
-        log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark_settings.master)
-        if not spark_settings.is_local:
+        log.info("Spark %s up in %.1fs (%s)", spark.version, time.monotonic() - t0,
+                 f"Spark Connect {spark_settings.remote}" if spark_settings.remote else f"master {spark_settings.master}")
+        if not spark_settings.is_local and not spark_settings.remote:
             summary["executor_code"] = executor_code(spark)
         tables = read_side_tables(spec, opts.raw_dir, opts.raw_io)
-        side = spark.sparkContext.broadcast(tables_to_ipc(tables)) if tables else None
+        side = share_side_tables(spark, tables_to_ipc(tables)) if tables else None
         days = sorted(set(args.days))
-        for i, day in enumerate(days):
-            result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})
-            summary["days"].append(result.to_dict())
-            done = time.monotonic() - t0
-            log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))
+        if (args.day_by_day or opts.write_mode == "native") and spark_settings.remote:
+            raise ConfigError("the day-by-day path and native writes need a Spark of the job's own (they use the "
+                              "SparkContext): unset SLIPSTREAM_SPARK_REMOTE for them")
+        if args.day_by_day or opts.write_mode == "native":
+            for i, day in enumerate(days):
+                result = preprocess_day(spark, catalog, opts, day, side_tables=side if side is not None else {})
+                summary["days"].append(result.to_dict())
+                done = time.monotonic() - t0
+                log.info("progress: %d/%d days, ETA %.0fs", i + 1, len(days), done / (i + 1) * (len(days) - i - 1))
+        else:
+            preprocess_range(spark, catalog, opts, days, side if side is not None else {},
+                             on_day=lambda r: summary["days"].append(r.to_dict()))
     except SlipstreamError as e:
         log.error("%s", e)
         summary.update(error=str(e), error_type=type(e).__name__)

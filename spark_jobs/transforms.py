@@ -10,7 +10,7 @@ batch and stream samples cannot disagree.
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -25,7 +25,7 @@ US_PER_S = 1_000_000
 
 
 def _day_bounds(day: date) -> tuple[datetime, datetime]:
-    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
@@ -53,11 +53,12 @@ def _first_reason(checks: list[tuple[Column, Column]]) -> Column:
     return expr
 
 
-def classify(raw: DataFrame, source: SourceSpec, day: date | None = None) -> DataFrame:
+def classify(raw: DataFrame, source: SourceSpec, day: date | Column | None = None) -> DataFrame:
     """`raw` (the source's fields + `_corrupt_record` + `_source_file`) with `_reject_reason`: null
     for a good record, else the first problem found (malformed line, wrong type, a missing
-    required field, a NaN/infinite number, with `day`: a time outside the day). A missing
-    optional field is no problem: the featurizer gives it its default."""
+    required field, a NaN/infinite number, with `day`: a time outside the day; a date column:
+    each row's own day, as in a range job). A missing optional field is no problem: the
+    featurizer gives it its default."""
     schema = spark_schema(source)
     checks: list[tuple[Column, Column]] = [(F.col(CORRUPT).isNotNull(), _corrupt_reason(schema))]
     checks += [(F.col(n).isNull(), F.lit(f"missing field {n}")) for n in source.required]
@@ -65,7 +66,14 @@ def classify(raw: DataFrame, source: SourceSpec, day: date | None = None) -> Dat
         if isinstance(f.dataType, (T.DoubleType, T.FloatType)):
             c = F.col(f.name)
             checks.append((F.isnan(c) | (F.abs(c) == float("inf")), F.lit(f"{f.name} is NaN or infinite")))
-    if day is not None and source.time:
+    if isinstance(day, Column) and source.time:
+        ts = F.col(source.time)
+        checks.append((
+            F.to_date(ts) != day,  # the session time zone is UTC
+            F.concat(F.lit(f"{source.time} "), F.date_format(ts, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"), F.lit(" outside day "),
+                     F.date_format(day, "yyyy-MM-dd")),
+        ))
+    elif isinstance(day, date) and source.time:
         start, end = _day_bounds(day)
         ts = F.col(source.time)
         checks.append((
@@ -79,11 +87,12 @@ def good(classified: DataFrame) -> DataFrame:
     return classified.where(F.col(REASON).isNull()).drop(REASON, CORRUPT, SOURCE)
 
 
-def rejects(classified: DataFrame, day: date, run_id: str, source: SourceSpec) -> DataFrame:
+def rejects(classified: DataFrame, day: date | Column, run_id: str, source: SourceSpec) -> DataFrame:
     """Rejected records in the `samples_rejects` layout; `raw_line` is the line as read when it
-    did not parse, else the parsed fields as JSON (NaN shows as NaN)."""
+    did not parse, else the parsed fields as JSON (NaN shows as NaN). `day`: the day read, or a
+    date column (a range job: each record's folder day)."""
     return classified.where(F.col(REASON).isNotNull()).select(
-        F.lit(day).alias("day"),
+        (day if isinstance(day, Column) else F.lit(day)).alias("day"),
         F.lit(run_id).alias("run_id"),
         F.lit(source.name).alias("record_kind"),
         F.col(SOURCE).alias("source_file"),
@@ -153,21 +162,27 @@ def label_each_row(events: DataFrame, labels: DataFrame, spec: Spec) -> DataFram
     return joined.select(*events.columns, label.alias(LABEL))
 
 
-def dedupe_and_label(events: DataFrame, labels: DataFrame | None, spec: Spec) -> DataFrame:
+def dedupe_and_label(events: DataFrame, labels: DataFrame | None, spec: Spec, by_day: str = "") -> DataFrame:
     """One row per sample id (with a click label for click-within specs), in ONE shuffle (a
     cogroup of events and labels by id). Among differing copies the smallest row, compared field
-    by field in the events source's order from its time on, wins, so reruns pick the same one."""
+    by field in the events source's order from its time on, wins, so reruns pick the same one.
+    `by_day`: the events' date column in a range job: one row per (day, id), as day by day (a
+    day's labels are every labels record on its ids, which the window check then narrows)."""
     time = spec.events.time or ""
-    value_cols = [time, *(c for c in events.columns if c not in (SAMPLE_ID, time))]
-    rows = events.select(SAMPLE_ID, F.struct(*value_cols).alias("row"), F.lit(None).cast("timestamp").alias("click_ts"))
+    skip = (SAMPLE_ID, time, by_day)
+    value_cols = [time, *(c for c in events.columns if c not in skip)]
+    keys = [SAMPLE_ID, by_day] if by_day else [SAMPLE_ID]
+    rows = events.select(*keys, F.struct(*value_cols).alias("row"), F.lit(None).cast("timestamp").alias("click_ts"))
     src = spec.label_source
     if labels is not None and src is not None:
         clk = labels.select(F.col(src.key or "").alias(SAMPLE_ID), F.lit(None).cast(rows.schema["row"].dataType).alias("row"),
                             F.col(src.time or "").alias("click_ts"))
+        if by_day:  # every day's copy of an id sees the id's labels: pair them by id first
+            clk = clk.join(events.select(SAMPLE_ID, by_day).distinct(), on=SAMPLE_ID).select(*keys, "row", "click_ts")
         rows = rows.unionByName(clk)
-    grouped = (rows.groupBy(SAMPLE_ID).agg(F.min("row").alias("row"), F.collect_list("click_ts").alias("clicks"))
+    grouped = (rows.groupBy(*keys).agg(F.min("row").alias("row"), F.collect_list("click_ts").alias("clicks"))
                .where(F.col("row").isNotNull()))
-    out = [SAMPLE_ID, *(F.col(f"row.{c}").alias(c) for c in value_cols)]
+    out = [*keys, *(F.col(f"row.{c}").alias(c) for c in value_cols)]
     if spec.label.kind == "click_within":
         out.append(_clicked(F.col(f"row.{time}"), spec.label.window_s).cast("int").alias(LABEL))
     return grouped.select(*out)
@@ -214,3 +229,27 @@ def stats_of(classified: dict[str, DataFrame], spec: Spec) -> DataFrame:
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
+
+
+def range_rows(events: DataFrame, labels: DataFrame | None, spec: Spec, day: str, split_key: Column) -> DataFrame:
+    """`one_shuffle_rows` for a range of days in ONE shuffle: rows partitioned by (day,
+    `split_key`) and sorted by (day, key, time, sample id, the other fields), with the `day`
+    column kept for the writer. `split_key` is a constant for a small day (all its rows in one
+    task: one file per day) and the sort key for a large one (spread over the tasks like a day
+    alone). The writer drops the adjacent copies of an event within a day."""
+    if spec.label.kind == "click_within" and labels is not None:
+        events = label_each_row(events, labels, spec)
+    key, time = sort_key(spec), spec.events.time or ""
+    first = list(dict.fromkeys([key, time, SAMPLE_ID]))
+    rest = [c for c in spec.events.field_names if c not in first]
+    ordered = events.repartition(F.col(day), split_key).sortWithinPartitions(day, *first, *rest)
+    return ordered.select(*finisher_columns(spec), day)
+
+
+def exact_range_rows(events: DataFrame, labels: DataFrame | None, spec: Spec, day: str, split_key: Column) -> DataFrame:
+    """`exact_rows` for a range: deduped by (day, id), partitioned and sorted like `range_rows`."""
+    key, time = sort_key(spec), spec.events.time or ""
+    deduped = dedupe_and_label(events, labels, spec, by_day=day)
+    ordered = deduped.repartition(F.col(day), split_key).sortWithinPartitions(
+        day, *dict.fromkeys([key, time, SAMPLE_ID]))
+    return ordered.select(*finisher_columns(spec), day)

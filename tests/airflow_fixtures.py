@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_TRAINER = "tests.airflow_standin_trainer"
-T_HANDOFF = datetime(2025, 1, 4, tzinfo=timezone.utc)
+T_HANDOFF = datetime(2025, 1, 4, tzinfo=UTC)
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -82,8 +82,8 @@ def plan_for(settings: Any, request: Any, *, run_id: str, snapshot_id: int, cach
 
 def airflow_cli_env(home: Path) -> dict[str, str]:
     """Environment of an Airflow CLI subprocess on a SQLite database under `home`."""
-    from slipstream.settings import Settings
     from slipstream.dev.stack import airflow_env
+    from slipstream.settings import Settings
 
     env = {**os.environ, **airflow_env(Settings(home=home))}
     env["SLIPSTREAM_HOME"] = str(home)
@@ -117,3 +117,67 @@ def use_airflow_db(template: Path, home: Path) -> None:
     target = home / "airflow" / "airflow.db"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(template, target)
+
+
+LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
+
+
+def _loopback(ip: str) -> bool:
+    return ip.startswith(LOOPBACK_PREFIXES) or ip == "localhost"
+
+
+class SocketWatch:
+    """Every inet socket the process trees of `roots()` hold, sampled (psutil) in a thread until
+    stopped: a listener or a connection off the loopback interface is what `off_loopback` lists."""
+
+    def __init__(self, roots: Any, interval_s: float = 0.25) -> None:
+        import threading
+
+        self.roots, self.interval_s = roots, interval_s
+        self.seen: dict[tuple[Any, ...], str] = {}
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SocketWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> None:
+        import psutil
+
+        for root in list(self.roots()):
+            try:
+                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in procs:
+                try:
+                    conns, name = proc.net_connections(kind="inet"), " ".join(proc.cmdline()[:4])[:160]
+                except psutil.Error:
+                    continue
+                self.pids.add(proc.pid)
+                for c in conns:
+                    key = (proc.pid, c.type, c.status, c.laddr.ip if c.laddr else "", c.laddr.port if c.laddr else 0,
+                           c.raddr.ip if c.raddr else "", c.raddr.port if c.raddr else 0)
+                    self.seen.setdefault(key, name)
+
+    def off_loopback(self) -> list[str]:
+        """One line per socket with an end off 127.0.0.1/::1 (a listener on `::` or 0.0.0.0 included)."""
+        out = []
+        for (pid, _kind, status, lip, lport, rip, rport), name in sorted(self.seen.items()):
+            if (lip and not _loopback(lip)) or (rip and not _loopback(rip)):
+                out.append(f"pid {pid} ({name}): {status} {lip}:{lport} -> {rip}:{rport}")
+        return out
+
+    def listeners(self) -> list[tuple[str, int]]:
+        return sorted({(k[3], k[4]) for k in self.seen if k[2] == "LISTEN"})

@@ -28,7 +28,8 @@ def plan_settings(path: str) -> dict[str, str]:
     plan = read_plan(Path(path))
     out = {"run.run_id": plan.run_id, "data.snapshot_id": str(plan.snapshot_id), "data.t_handoff": plan.t_handoff.isoformat(),
            "data.cache_dir": plan.cache_dir}
-    out.update(trainer_overrides(plan.request) if plan.request else {})
+    out.update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in (trainer_overrides(plan.request) if plan.request else {}).items()})
     return out
 
 

@@ -33,6 +33,7 @@ from trainers.models.export import export_model
 from trainers.observe.freshness import FreshnessTracker
 from trainers.observe.run_metrics import MetricsLogger, percentile
 from trainers.observe.sample_audit import merge_parts, write_final
+from trainers.observe.stream_verify import verify_stream
 from trainers.optim.drift_gauge import DriftGauge
 from trainers.parallel.dist import Dist
 
@@ -106,6 +107,16 @@ def _evaluation_fields(ev: Evaluation, early: EarlyStopping, state: TrainState) 
     }
 
 
+def verify_committed(run: RunOutcome) -> dict[str, Any]:
+    """Rank 0: the stream phase against what was committed in its range (`verify_stream`); the
+    forward tail's records are scored, never trained, so they are not expected in training."""
+    st, dc = run.state, run.cfg.data
+    tail = (datetime.fromtimestamp(st.forward_tail_start_us / 1e6, tz=UTC)
+            if st.forward_tail_start_us is not None else None)
+    return verify_stream(run.run_dir, run.broker, dc.topic, run.plan.spec, run.plan.t_handoff, st.handoff_offsets,
+                         st.positions, st.stop_offsets, forward_tail_start=tail)
+
+
 def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> dict[str, Any]:
     """Collective: evaluate, then rank 0 writes audit files, profile, export and metrics.json."""
     st, tp = run.state, run.throughput
@@ -116,7 +127,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
     result = evaluate(EvalInputs(cfg=run.cfg, plan=run.plan, run_dir=run.run_dir, broker=run.broker, model=run.model,
                                  units=run.units, open_file=run.open_file, state=st, settings=run.settings,
                                  baselines=run.baselines, train_end=run.train_end, online=run.online,
-                                 sharded=run.sharded), d.gather, d.rank, d.world, d.device)
+                                 sharded=run.sharded), d)
     write_final(run.run_dir / "evaluated", d.rank, result.scored, st.step)
     exported_events = run.freshness.collect(d.gather)
     if not d.is_main:
@@ -126,6 +137,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
     dc, plan = run.cfg.data, run.plan
     merge_parts(run.run_dir / "audit")
     merge_parts(run.run_dir / "evaluated")
+    verified = verify_committed(run)  # before anything is exported: a lost record stops the run here
     stream_profile.merge(profiles, run.plan.spec).write(run.run_dir / "stream_profile.json")
     lat = np.concatenate(tp.latencies_ms).tolist() if tp.latencies_ms else []
     values: dict[str, Any] = {
@@ -141,6 +153,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "handoff_methods": {str(k): v for k, v in st.handoff_methods.items()},
         "final_offsets": {str(k): v for k, v in sorted(st.positions.items())} if st.handoff_offsets is not None else {},
         **_evaluation_fields(result.evaluation, run.early, st),
+        **({"id_tables": result.id_tables} if result.id_tables else {}),
         "samples_per_s": tp.trained_global / max(waits[1] / d.world, 1e-9),
         "data_wait_share": waits[0] / max(waits[1], 1e-9),
         "newest_event_time": _iso(newest),
@@ -153,7 +166,7 @@ def finish(run: RunOutcome, d: Dist, metrics: MetricsLogger, wall_s: float) -> d
         "world_size": d.world, "device": str(d.device), "backend": d.backend, "amp": run.amp, "wall_s": wall_s,
         "trained_this_process": tp.trained_global, "checkpoint": st.last_checkpoint, "cache": run.cache,
     }
-    summary = build_run_metrics(values)
+    summary = build_run_metrics({**values, **verified})
     assert run.whole is not None
     summary.export = str(export_model(run.whole, run.cfg, run.plan.spec, run.run_dir, step=st.step, phase=st.phase,
                                       positions=st.positions, metrics=summary.to_dict()))

@@ -7,6 +7,11 @@ over a rank's rows divided by the configured batch size: gradients are averaged 
 every sample weighs the same whatever each rank's row count, and a rank without rows steps on an
 empty batch (zero gradients) to keep the collective in step. `step_if_any` also sums the step's
 control numbers (row counts, a wish to checkpoint) over ranks, in the exchange's collective.
+
+Before the forward, the ids of the step's rows go to the id -> row maps of the managed tables
+(`trainers.models.managed`): all ranks' ids of the step, merged (`IdGather`: one all-gather of
+int64s), so every rank admits and evicts the same ids at the same step and a new id gets the same
+row everywhere; the rows given to new ids start afresh (`trainers.models.fresh_rows`).
 """
 
 from __future__ import annotations
@@ -19,16 +24,17 @@ import torch.nn.functional as F
 
 from slipstream.samples.spec import Spec
 from trainers.config.schema import TrainConfig
-from trainers.parallel.dist import Dist
+from trainers.data.rows import SOURCE_REPLAY, Features, Rows
 from trainers.eval.baselines import Baselines
 from trainers.eval.online import StreamEvaluator, row_logloss
+from trainers.models import build_model
+from trainers.models.fresh_rows import restart_sharded, restart_whole
 from trainers.optim.drift_gauge import KINDS, DriftGauge
 from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
-from trainers.models import build_model
 from trainers.optim.known_users import KnownUsers
-from trainers.data.rows import SOURCE_REPLAY, Features, Rows
-from trainers.parallel.sharding import gather_state, local_tensors, shard_model
+from trainers.parallel.dist import Dist
 from trainers.parallel.grad_exchange import SparseGradExchange, data_parallel
+from trainers.parallel.sharding import gather_state, local_tensors, shard_model
 
 
 class Stepper:
@@ -56,18 +62,19 @@ class Stepper:
         self.amp = d.device.type == "cuda" and cfg.run.amp
         self.amp_dtype = torch.bfloat16 if cfg.run.amp_dtype == "bfloat16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
+        self.id_gather = IdGather(d)
         self.loss_sum = 0.0
         self.loss_rows = 0
         """Loss summed over the rows trained since `take_loss` (for the progress log)."""
 
-    def step(self, rows: Rows, batch_size: int, fresh: "np.ndarray | None" = None) -> torch.Tensor:
+    def step(self, rows: Rows, batch_size: int, fresh: np.ndarray | None = None) -> torch.Tensor:
         """One optimizer step of the model and one of its logistic baseline on the same rows;
         returns the rows' losses (detached, on the device). `fresh`: the rows not replayed."""
         taken = self.step_if_any(rows, batch_size, [1], fresh, agreed=True)  # [1]: taken, whatever the rows
         assert taken is not None
         return taken[0]
 
-    def step_if_any(self, rows: Rows, batch_size: int, control: list[float], fresh: "np.ndarray | None" = None,
+    def step_if_any(self, rows: Rows, batch_size: int, control: list[float], fresh: np.ndarray | None = None,
                     *, agreed: bool = False) -> tuple[torch.Tensor, list[float]] | None:
         """Collective: `control` (this rank's row count first, then other small whole numbers)
         summed over ranks, and the step on `rows` when any rank has a row (None when none has: no
@@ -80,6 +87,7 @@ class Stepper:
             if totals[0] == 0:
                 return None
         feats = Features.from_rows(rows, pin=self.d.device.type == "cuda").to(self.d.device)
+        self.observe_ids(rows)
         with torch.autocast(device_type=self.d.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = self.net(feats)
         losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
@@ -125,6 +133,27 @@ class Stepper:
             self.gauge_drift(fresh, fresh_loss, reference, row_logloss(reference.label, p_ref))
         else:
             self.gauge_drift(fresh, fresh_loss, replay, losses[len(fresh):].float().cpu().numpy())
+
+    def observe_ids(self, rows: Rows) -> None:
+        """Collective when a table is managed (every rank, every step, rows or none): the step's ids
+        of every rank into the maps, before the forward; the rows new ids took start afresh."""
+        tables = self.model.tables
+        if not tables.managed:
+            return
+        mine = {t: np.unique(v, return_counts=True) for t, v in tables.table_ids(rows.sparse).items()}
+        newest = int(rows.event_us.max()) if len(rows) else -1
+        if self.d.active:
+            mine, newest = self.id_gather(mine, newest)
+        for table, (ids, counts) in mine.items():
+            seen = tables.managed.map(table).observe(ids, counts, newest)
+            if seen.admitted:
+                self._restart_rows(table, torch.from_numpy(seen.admitted_rows))
+
+    def _restart_rows(self, table: str, rows: torch.Tensor) -> None:
+        if self.sharded:
+            restart_sharded(self.net.state_dict(), self.opt.state_dict().get("state", {}), table, rows)
+        else:
+            restart_whole(self.model.tables.bags(), self.opt.state, table, rows.to(self.d.device))
 
     def set_dense_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.model.set_dense_stats(mean, std)
@@ -203,3 +232,55 @@ class Stepper:
             self.baselines.load_state_dict(state["baselines"])
         if "known_users" in state:  # (a best-epoch state leaves out the users: all epochs trained the same)
             self.known_users.load_state_dict(state["known_users"])
+
+
+class IdGather:
+    """Every rank's (unique ids, occurrences) of each managed table and its newest event time, on
+    every rank, merged: one all-gather of int64s, padded to a room every rank agrees on (the largest
+    need of the step before plus a quarter); a step that outgrows it takes a second all-gather at
+    the exact size. Each rank's block: [need, newest, per table: n], then each table's ids and counts."""
+
+    def __init__(self, d: Dist) -> None:
+        self.d = d
+        self.room = 256
+
+    def __call__(self, mine: dict[str, tuple[np.ndarray, np.ndarray]], newest: int
+                 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+        import torch.distributed as dist
+
+        tables = sorted(mine)
+        head = [0, newest, *(len(mine[t][0]) for t in tables)]
+        block = np.concatenate([np.asarray(head, dtype=np.int64)] + [np.concatenate(mine[t]).astype(np.int64) for t in tables])
+        block[0] = len(block)
+        room = self.room
+        dev = self.d.device if self.d.backend == "nccl" else torch.device("cpu")  # NCCL moves CUDA tensors only
+        for _ in range(2):
+            out = [torch.zeros(room, dtype=torch.int64, device=dev) for _ in range(self.d.world)]
+            sent = torch.zeros(room, dtype=torch.int64)
+            sent[: min(room, len(block))] = torch.from_numpy(block[:room])
+            dist.all_gather(out, sent.to(dev))
+            need = max(int(o[0]) for o in out)
+            if need <= room:
+                break
+            room = need  # someone's block did not fit: again at the exact size
+        self.room = max(256, need + need // 4)
+        blocks = [o.cpu().numpy() for o in out]
+        merged = {t: merge_counts([_table_part(b, tables, j) for b in blocks]) for j, t in enumerate(tables)}
+        return merged, max(int(b[1]) for b in blocks)
+
+
+def _table_part(block: np.ndarray, tables: list[str], j: int) -> tuple[np.ndarray, np.ndarray]:
+    sizes = block[2: 2 + len(tables)]
+    at = 2 + len(tables) + 2 * int(sizes[:j].sum())
+    n = int(sizes[j])
+    return block[at: at + n], block[at + n: at + 2 * n]
+
+
+def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Several ranks' (unique ids, occurrences) as one: sorted unique ids and their summed counts."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+    counts = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(counts, inverse, np.concatenate([p[1] for p in parts]))
+    return uniq, counts

@@ -4,7 +4,10 @@
 step wrote (`trainers.config.plan`); without it, `--config`/`--set` name everything and the trainer plans
 the run itself. Also runs without torchrun as a world of one (`python -m trainers.train ...`).
 Writes the run folder (docs/trainer.md, Run layout) and exits 0 when the run finished,
-2 on a configuration/plan/resume error (message on stderr), 1 on any other failure.
+2 on an error Slipstream explains (one line on stderr naming the file, offset or partition and
+what to do; a rank that stopped because another one failed says so), 3 when SIGTERM or SIGINT
+stopped it gracefully (every rank committed a checkpoint at the same step boundary: run it again to
+resume; torchrun's elastic agent does), 1 on any other failure.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runplan import RunPlan, plan_path
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
-from trainers.config.schema import TrainConfig, load_config
 from trainers.config.plan import load_plan_config
+from trainers.config.schema import TrainConfig, load_config
+from trainers.parallel.graceful_stop import EXIT_STOPPED, REQUEST as STOP_REQUEST, GracefulStop
 
 log = logging.getLogger("trainers.train")
 
@@ -42,8 +46,9 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         plan_file: Path | None = None) -> dict[str, Any]:
     """Train as configured (collective over the torchrun world); returns the summary on rank 0.
     `plan`: the run's plan (from `plan_file`); None: planned here from the config."""
-    from trainers.parallel.dist import init_distributed
     from trainers.finish import finish, finished_summary
+    from trainers.parallel.dist import init_distributed
+    from trainers.parallel.failure import forget_earlier, settle
     from trainers.trainer import Trainer
 
     started = time.monotonic()
@@ -51,12 +56,17 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
     d = init_distributed(cfg.run.device, cpu_affinity=cfg.run.cpu_affinity)
     tr = None
     try:
+        if d.is_main:
+            forget_earlier(cfg.run.run_dir)
         tr = Trainer(cfg, d, settings, spec, open_file)
         units = tr.setup(plan)
         if d.is_main:
             write_config(cfg, tr.plan, plan_file)
         resumed = tr.resume()
         st = tr.state
+        tr.worlds.started(st.step, st.phase, st.epoch, resumed)
+        if tr.stop_agreed():  # signalled while this world formed: it has trained nothing to commit
+            raise GracefulStop(st.step, st.last_checkpoint, 0)
         if resumed and st.phase == "done" and (done := finished_summary(cfg.run.run_dir)) is not None:
             log.info("run %s already finished at step %d: its metrics.json stays as it is", cfg.run.run_id, st.step)
             tr.metrics.close()
@@ -73,6 +83,12 @@ def run(cfg: TrainConfig, settings: Settings, open_file: Any = None, plan: RunPl
         summary = finish(tr.outcome(units), d, tr.metrics, time.monotonic() - started)
         tr.metrics.close()
         return summary
+    except Exception as e:
+        # recorded before the process group closes, so the other ranks can name this one
+        peer = settle(e, cfg.run.run_dir, d.rank, d.world)
+        if peer is not None:
+            raise peer from None
+        raise
     finally:
         # The DDP model (its reducer holds the process group and gradient buckets) and the data
         # sources go first, while the process group and the interpreter are alive: C++ threads
@@ -96,9 +112,10 @@ def write_config(cfg: TrainConfig, plan: RunPlan | None, plan_file: Path | None)
 
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,  # a forked worker's too
                         format=f"%(asctime)s r{rank} %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    STOP_REQUEST.install()
     try:
         settings = Settings.from_env()
         if args.plan:
@@ -107,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = run(cfg=load_config(args.config, args.overrides, settings), settings=settings)
     except SlipstreamError as e:
-        print(f"trainers.train: {e}", file=sys.stderr)
+        from trainers.parallel.failure import one_line
+
+        who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"trainers.train: {who}{one_line(e)}", file=sys.stderr)
         return 2
+    except GracefulStop as e:
+        log.warning("%s; exit %d: run it again to resume", e, EXIT_STOPPED)
+        return EXIT_STOPPED
     if rank == 0:
         keys = ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "auc", "auc_lo", "auc_hi",
                 "auc_rows", "auc_on", "samples_per_s", "checkpoint")
@@ -130,6 +153,16 @@ def exit_worker(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def worker(*argv: str) -> None:
+    """The trainer as a function, for launchers that start workers as forks of a process that
+    has already imported it (trainers.launch). A non-zero status leaves as SystemExit, which
+    torch's process context reports to the agent as a failed worker."""
+    code = main(list(argv))
+    logging.shutdown()
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

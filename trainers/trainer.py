@@ -1,8 +1,10 @@
 """The training job: batch phase over the planned window, handoff at T, stream phase.
 
 Every rank runs the same loop; one small all-reduce per step tells all ranks how many rows the
-step has globally and whether rank 0 wants a checkpoint or a stop, so all ranks take the same
-number of optimizer steps (a rank without rows steps on an empty batch) and decide together.
+step has globally, whether rank 0 wants a checkpoint or a stop, and whether any rank was signalled
+to stop (a graceful stop, `trainers.parallel.graceful_stop`: all ranks commit a checkpoint after that
+step and exit), so all ranks take the same number of optimizer steps (a rank without rows steps on
+an empty batch) and decide together.
 
 The job is assembled from pieces that each save and restore their own state, registered once in
 a `CheckpointPieces` registry with where each is stored (`trainers.checkpoint.pieces`): the run's
@@ -36,30 +38,34 @@ from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import KafkaAccess, create_topic
-from trainers.data import stream_profile
-from trainers.data.forward_tail import plan_forward_tail
-from trainers.eval.online import StreamEvaluator, live_set
-from trainers.eval.sets import validation_rows
-from trainers.observe.freshness import FreshnessTracker
-from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint.pieces import CheckpointPieces
 from trainers.checkpoint.store import Checkpointer, atomic_torch_save
+from trainers.config.plan import RunLineage, plan_for_config
 from trainers.config.schema import TrainConfig
-from trainers.data.iceberg_source import IcebergSource
+from trainers.data import stream_profile
+from trainers.data.dedupe import SampleIdDedupe
 from trainers.data.dense_stats import window_dense_stats
+from trainers.data.forward_tail import plan_forward_tail
+from trainers.data.iceberg_source import IcebergSource
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
-from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
-from trainers.parallel.dist import Dist
-from trainers.models.export import export_model
-from trainers.finish import RunOutcome
-from trainers.observe.run_metrics import MetricsLogger, ProgressLog
-from trainers.config.plan import RunLineage, plan_for_config
-from trainers.data.rows import SOURCE_KAFKA, RowLayout, Rows
 from trainers.data.progress import BatchCursor, RunProgress, Throughput, TrainState
-from trainers.step import Stepper
+from trainers.data.rows import SOURCE_KAFKA, RowLayout, Rows
+from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
 from trainers.eval.best_epoch import BestEpoch
+from trainers.eval.online import StreamEvaluator, live_set
+from trainers.eval.sets import validation_rows
 from trainers.eval.validation import EarlyStopping
+from trainers.finish import RunOutcome
+from trainers.models.export import export_model
+from trainers.observe.freshness import FreshnessTracker
+from trainers.observe.run_metrics import MetricsLogger, ProgressLog
+from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
+from trainers.observe.world_log import WorldLog
+from trainers.parallel.dist import Dist
+from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST
+from trainers.parallel.graceful_stop import GracefulStop
+from trainers.step import Stepper
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,7 @@ class Trainer:
         self.audit = AuditWriter(self.run_dir / "audit", d.rank)
         self.evaluated = AuditWriter(self.run_dir / "evaluated", d.rank)
         """The ids each evaluation scored (and the replayed ones), with the step of the scoring model."""
+        self.worlds = WorldLog(self.run_dir, d.is_main, d.world)
         self.state = TrainState()
         self.tp = Throughput()
         self.profile_piece = stream_profile.StreamProfilePiece(spec, d.gather, d.rank)
@@ -108,6 +115,8 @@ class Trainer:
         self.freshness = FreshnessTracker(self.run_dir, d.is_main, cfg.data.seed)
         self.early = EarlyStopping(cfg.data.patience)
         self.best = BestEpoch(self.early, d, self.run_dir / "checkpoint")
+        self.dedupe = SampleIdDedupe(cfg.data.dedupe_horizon_s or cfg.data.max_lateness_s + 3 * spec.label.window_s,
+                                     cfg.data.dedupe_max_ids)
         self.val_rows: Rows = Rows.empty(self.layout)
         self.units: list[WorkUnit] = []
         """The planned window's work units (set by `setup`)."""
@@ -121,7 +130,9 @@ class Trainer:
         return self.profile_piece.profile
 
     def _register_pieces(self, plan: RunPlan) -> None:
-        """The registry, in the order every rank saves it (meta pieces may run collectives)."""
+        """The registry, in the order every rank saves it (meta pieces may run collectives). The
+        id -> row maps of managed tables are buffers of the model, alike on every rank (merged every
+        step): they travel in `model`, with the rows they index, and load on any world size."""
         add = self.pieces.add
         add("lineage", RunLineage(plan, self.cfg.model.sharding), "meta")
         add("run", self.progress_piece, "meta")
@@ -133,6 +144,7 @@ class Trainer:
         add("replay", self.replay, "data")
         add("shuffle", self.shuffle, "data")
         add("prequential", self.online.scores, "data")
+        add("dedupe", self.dedupe, "data")
 
     # --- setup ------------------------------------------------------------------------------
     def setup(self, plan: RunPlan | None) -> list[WorkUnit]:
@@ -180,7 +192,8 @@ class Trainer:
         self.pieces.load("model", self.ckpt.load_model(latest, into=self._live_model()), str(latest))
         st = self.state
         if st.phase != "batch":  # buffered stream rows go to the rank that now reads their partition
-            self.shuffle.partitions = assigned_partitions(sorted(st.positions), self.d.rank, self.d.world)
+            self.shuffle.partitions = self.dedupe.partitions = assigned_partitions(sorted(st.positions), self.d.rank,
+                                                                                  self.d.world)
         self.pieces.load_data([self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))])
         if self.d.is_main:
             drop_uncommitted(self.run_dir / "audit", st.step)
@@ -208,6 +221,7 @@ class Trainer:
         if taken is None:
             return None
         self.state.step += 1
+        self.worlds.stepped(self.state.step)
         return taken[1]
 
     def _flags(self) -> float:
@@ -218,6 +232,20 @@ class Trainer:
         due = step > 0 and ((step + 1) % r.checkpoint_every_steps == 0 or
                             (r.checkpoint_every_s > 0 and time.monotonic() - self._last_ckpt_t >= r.checkpoint_every_s))
         return float(due)
+
+    # --- graceful stop (trainers.parallel.graceful_stop) ------------------------------------------
+    def stop_agreed(self) -> bool:
+        """Collective: whether any rank has been asked to stop (before the first step of a world)."""
+        return self.d.sum([STOP_REQUEST.wish()])[0] > 0
+
+    def _stop_if_asked(self, g_stop: float) -> None:
+        """After a step every rank took: when any rank was signalled (`g_stop`, summed with the
+        step's control values), commit a checkpoint that holds the step and raise GracefulStop."""
+        if not g_stop:
+            return
+        self.checkpoint()
+        self.worlds.stopped(self.state.step, self.state.last_checkpoint, int(g_stop))
+        raise GracefulStop(self.state.step, self.state.last_checkpoint, int(g_stop))
 
     # --- batch phase ------------------------------------------------------------------------
     def train_end(self) -> datetime:
@@ -275,10 +303,10 @@ class Trainer:
                     rows = rows if rows is not None else Rows.empty(self.layout)
                     # every rank's row count and rank 0's wish to checkpoint travel with the step's
                     # own collectives: no step is taken once no rank has rows left
-                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags()])
+                    totals = self.train_step_if_any(rows, dc.batch_size, [n, self._flags(), STOP_REQUEST.wish()])
                     if totals is None:
                         break
-                    g_n, g_ckpt = totals
+                    g_n, g_ckpt, g_stop = totals
                     if replay:
                         self.replay.offer(rows)
                     self.stepper.known_users.mark(rows.sparse)
@@ -287,6 +315,7 @@ class Trainer:
                     tp.trained_global += int(g_n)
                     tp.train_s += time.perf_counter() - t0
                     self._maybe_log()
+                    self._stop_if_asked(g_stop)
                     if g_ckpt:
                         self.checkpoint()
                 src.close()
@@ -296,6 +325,7 @@ class Trainer:
                     self.best.validate(st.epoch, self.stepper, self.val_rows)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
+            self._maybe_log(last=True)
         finally:
             src.close()
         if validating:
@@ -349,7 +379,8 @@ class Trainer:
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
                           group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec,
-                          max_future_skew_s=dc.max_future_skew_s, forward_tail_start_us=st.forward_tail_start_us)
+                          max_future_skew_s=dc.max_future_skew_s, forward_tail_start_us=st.forward_tail_start_us,
+                          max_age_s=dc.max_age_s, dedupe=self.dedupe)
         self.kafka = src
         self._prepare_stream_evaluation()
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
@@ -383,8 +414,9 @@ class Trainer:
                                    and time.monotonic() - last_export >= stop.export_every_min * 60)
                 timeout = float(self.d.is_main and stop.timeout_s > 0 and elapsed >= stop.timeout_s)
                 over = float(self.d.is_main and stop.mode == "duration" and elapsed >= stop.duration_s)
-                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle)])
-                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy = g
+                g = self.d.sum([len(batch), lag, len(self.shuffle), self._flags(), export_due, timeout, over, float(not src.idle),
+                                STOP_REQUEST.wish()])
+                g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy, g_stop = g
                 if g_n > 0:
                     n_replay = int(round(len(batch) * n_replay_per_fresh))
                     ref = self.online.draw_reference(n_replay if val_reference and self.stepper.adaptive else 0, st.step)
@@ -393,6 +425,7 @@ class Trainer:
                     self.evaluated.add_scored(replay, st.step, "replay")
                     self.stepper.test_then_train(batch, replay, ref if val_reference else None, self.online, passes, st.step)
                     st.step += 1
+                    self.worlds.stepped(st.step)
                     self.freshness.trained(batch.event_us)
                     self.audit.add(batch, st.step)
                     self._record_latency(batch)
@@ -420,7 +453,10 @@ class Trainer:
                     st.stop_reason = f"stream timeout {stop.timeout_s:.0f}s"
                     log.warning("stream phase stopped by data.stop.timeout_s with lag %d", int(g_lag))
                 if st.stop_reason:
+                    st.stop_offsets = self._stop_offsets(src)
+                    self._maybe_log(lag=g_lag, last=True)
                     break
+                self._stop_if_asked(g_stop)
                 if g_ckpt:
                     self.checkpoint()
         finally:
@@ -445,6 +481,13 @@ class Trainer:
         self.tp.exchange_s += time.perf_counter() - t0
         return rows
 
+    def _stop_offsets(self, src: KafkaSource) -> dict[int, int]:
+        """Collective: every partition's committed end at the stop (what the audit counts up to)."""
+        merged: dict[int, int] = {}
+        for ends in self.d.gather(src.stop_offsets()):
+            merged.update(ends)
+        return merged
+
     def global_positions(self) -> dict[int, int]:
         """Collective: every partition's next offset (each rank reports the partitions it reads)."""
         return self.progress_piece.global_positions()
@@ -453,6 +496,7 @@ class Trainer:
         s, c = src.counters, self.state.counters
         c["dropped_before_t"] += s.dropped_before_t
         c["dead_letters"] += s.dead_letters
+        c["duplicates"] += s.duplicates
         c["holdout_stream"] += s.holdout
         c["forward_tail_stream"] += s.forward_tail
         c["records_kafka"] += s.records
@@ -463,6 +507,7 @@ class Trainer:
         s.dead_reasons = reasons
         self.state.positions.update(src.positions)
         self.audit.add_dead_letters(src.take_dead_letters(), self.state.step)
+        self.audit.add_dead_letters(src.take_duplicates(), self.state.step, source="duplicate")
 
     def _record_latency(self, batch: Rows) -> None:
         lat = self.tp.latencies_ms
@@ -486,11 +531,13 @@ class Trainer:
         st.last_checkpoint = str(self.ckpt.save(st.step, model, data, meta))
         self._last_ckpt_t = time.monotonic()
 
-    def _maybe_log(self, lag: float | None = None) -> None:
+    def _maybe_log(self, lag: float | None = None, *, last: bool = False) -> None:
+        """A metrics.jsonl line every `run.log_every_steps` steps; `last`: the phase's last step too,
+        unless it was just logged (a run shorter than the interval still has its curve)."""
         st, tp = self.state, self.tp
-        if not self.progress.due(st.step):
+        if not (self.progress.due(st.step) or (last and self.progress.logged_step != st.step and st.step > 0)):
             return
-        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch,
+        values: dict[str, Any] = {"phase": st.phase, "epoch": st.epoch, "world": self.d.world,
                                   "samples_iceberg_rank0": st.counters["samples_iceberg"],
                                   "samples_kafka_rank0": st.counters["samples_kafka"]}
         if lag is not None:

@@ -23,6 +23,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import cast
 
 HOST = "127.0.0.1"
 HIGH_WATER = 64 << 20
@@ -166,7 +167,7 @@ class _ClientSide(_Side):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         _tune(transport)
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's transport reads and writes
         self.inbound.source = self.transport
         self.outbound.connected(self.transport)
         asyncio.get_running_loop().create_task(self._connect())
@@ -180,8 +181,8 @@ class _ClientSide(_Side):
             self.transport.close()
             return
         _tune(server)
-        self.outbound.source = server  # type: ignore[assignment]
-        self.inbound.connected(server)  # type: ignore[arg-type]
+        self.outbound.source = server
+        self.inbound.connected(server)
 
 
 class _Stopwatch:
@@ -208,7 +209,7 @@ async def calibrate_lead_s(delay_s: float, samples: int = 12, rounds: int = 3) -
             await asyncio.sleep(0)
             time.sleep(0.00025 * (i % 4))  # chunks arrive at any phase of the loop's cached millisecond clock
             line, watch = DelayLine(loop, delay_s), _Stopwatch(loop)
-            line.connected(watch)  # type: ignore[arg-type]
+            line.connected(watch)  # type: ignore[arg-type]  # a stopwatch takes writelines only (no close is pushed)
             pushed = time.monotonic()
             line.push(b"x")
             errors.append(await watch.written - pushed - delay_s)  # (no polling: it would wake the loop early)
@@ -287,7 +288,7 @@ class LatencyRelay:
             stop_process(self.pid, timeout_s=5.0)
             self.pid = None
 
-    def __enter__(self) -> "LatencyRelay":
+    def __enter__(self) -> LatencyRelay:
         self.start()
         return self
 

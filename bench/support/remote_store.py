@@ -60,7 +60,7 @@ class RemoteStore:
         self.relays: dict[float, LatencyRelay] = {}
         self._stack = ExitStack()
 
-    def __enter__(self) -> "RemoteStore":
+    def __enter__(self) -> RemoteStore:
         self._stack.callback(self.server.stop)
         self.direct = self.server.start()
         return self
@@ -94,7 +94,7 @@ class RemoteStore:
     def pids(self) -> list[int]:
         """Processes this store started (for the test that they all end)."""
         pid = self.server.status().get("pid")
-        return [int(pid)] * bool(pid) + [r.pid for r in self.relays.values() if r.pid is not None]
+        return ([int(pid)] if pid else []) + [r.pid for r in self.relays.values() if r.pid is not None]
 
 
 def run_threads(fn: Callable[[T], int], items: Sequence[T] | Iterable[T], threads: int) -> int:

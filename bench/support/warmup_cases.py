@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def sweep_raw(window: Window, getter: Any, thread_counts: list[int], range_bytes
         sample = window.uris[::5]
         run_threads(lambda u: int(getter.get(u[5:], _drop, _no_hash)[0]), sample, max(thread_counts))  # untimed
         for n in thread_counts:
-            s, nbytes = timed(lambda: raw_get(getter, sample, n))
+            s, nbytes = timed(partial(raw_get, getter, sample, n))
             out[f"get@{n}"] = {"client": "get", "threads": n, "files_per_s": round(len(sample) / s, 1),
                                "mb_per_s": round(nbytes / s / MB, 1)}
         return out
@@ -132,7 +133,7 @@ def sweep_raw(window: Window, getter: Any, thread_counts: list[int], range_bytes
     s, nbytes = timed(lambda: raw_get(getter, window.uris, len(window.uris)))
     out[f"get@{len(window.uris)}"] = {"client": "get", "threads": len(window.uris), "mb_per_s": round(nbytes / s / MB, 1)}
     for n in RANGE_THREADS:
-        s, nbytes = timed(lambda: raw_get_ranges(getter, window.uris, window.size, range_bytes, n))
+        s, nbytes = timed(partial(raw_get_ranges, getter, window.uris, window.size, range_bytes, n))
         out[f"ranges@{n}"] = {"client": "ranges", "threads": n, "mb_per_s": round(nbytes / s / MB, 1)}
     return out
 
@@ -154,7 +155,7 @@ def warm_rounds(window: Window, io: dict[str, str], cache_dir: Path, raw: Callab
     (evicted in between)."""
     from slipstream.cache.evict import evict_cache
     from slipstream.cache.s3get import getter_for
-    from slipstream.cache.warm import CacheItem, warm_files
+    from slipstream.cache.warm import CacheItem, WarmReport, warm_files
 
     getter = getter_for(io)
     whole = len(window.uris) < 4 * rounds
@@ -166,18 +167,21 @@ def warm_rounds(window: Window, io: dict[str, str], cache_dir: Path, raw: Callab
             evict_cache(cache_dir)
         times: dict[str, float] = {}
 
-        def copy() -> None:
-            times["copy"], _ = timed(lambda: plain_copy(getter, part, copy_threads, cache_dir.parent / "plain-copy"))
+        def copy(part: list[str], times: dict[str, float]) -> None:
+            times["copy"], _ = timed(partial(plain_copy, getter, part, copy_threads, cache_dir.parent / "plain-copy"))
+
+        def warm(part: list[str], r: int) -> WarmReport:
+            return warm_files(cache_dir, [CacheItem(u, window.size) for u in part], io,
+                              table_name=f"bench.{window.name}.{r}", knobs=knobs)
 
         if r % 2:
-            copy()
-        raw_a, _ = timed(lambda: raw(part))
-        times["warm"], report = timed(lambda: warm_files(cache_dir, [CacheItem(u, window.size) for u in part], io,
-                                                          table_name=f"bench.{window.name}.{r}", knobs=knobs))
-        raw_b, _ = timed(lambda: raw(part))
+            copy(part, times)
+        raw_a, _ = timed(partial(raw, part))
+        times["warm"], report = timed(partial(warm, part, r))
+        raw_b, _ = timed(partial(raw, part))
         times["raw"] = (raw_a + raw_b) / 2
         if not r % 2:
-            copy()
+            copy(part, times)
         assert report.copied == len(part), report.to_dict()
         concurrency.append(report.concurrency)
         per_round.append({k: round(v, 4) for k, v in times.items()})

@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from slipstream.errors import ConfigError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 log = logging.getLogger("slipstream.failures")
 
@@ -45,12 +47,12 @@ def log_failure(context: Mapping[str, Any]) -> None:
         log.exception("could not summarise the failure of %s", context.get("ti"))
 
 
-def fail_fast(fn: F) -> F:
+def fail_fast(fn: Callable[P, R]) -> Callable[P, R]:
     """A task body whose ConfigError (a bad param, a bad setting) fails the task without retries:
     a retry would fail the same way, only later (Airflow's AirflowFailException skips them)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except ConfigError as e:
@@ -58,4 +60,4 @@ def fail_fast(fn: F) -> F:
 
             raise AirflowFailException(f"configuration error, not retried: {e}") from e
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -8,9 +8,10 @@ and a PyTorchJob of the same DAG run execute exactly the same command.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, read_plan
@@ -33,7 +34,7 @@ class PlanRef:
         return {"plan": self.path, "run_id": self.run_id}
 
     @classmethod
-    def from_xcom(cls, value: Mapping[str, Any] | None, *, task_id: str) -> "PlanRef":
+    def from_xcom(cls, value: Mapping[str, Any] | None, *, task_id: str) -> PlanRef:
         path = (value or {}).get("plan")
         if not isinstance(path, str) or Path(path).name != PLAN_FILE:
             raise ValueError(f"the XCom of task {task_id!r} names no run plan ({value!r}): it must run (and succeed) first")
@@ -68,7 +69,7 @@ class RenderedJob:
         }
 
     @classmethod
-    def from_xcom(cls, value: Mapping[str, Any] | None, *, task_id: str = RENDER_TASK_ID) -> "RenderedJob":
+    def from_xcom(cls, value: Mapping[str, Any] | None, *, task_id: str = RENDER_TASK_ID) -> RenderedJob:
         if not value:
             raise ValueError(f"no job spec in the XCom of task {task_id!r}: it must run (and succeed) before a launch")
         return cls(TrainJobSpec.from_dict(value["spec"]), value["launch"], bool(value["dry_run"]), list(value["warmup_args"]))
@@ -88,14 +89,16 @@ TRAIN_TASK_IDS = tuple(sorted({train for _, train in LAUNCH_TASKS.values()}))
 
 
 def launch_kind(backend: str, nnodes: int) -> str:
+    """`nnodes`: the most nodes the job may span (an elastic job's max_nodes)."""
     if backend == "local":
         return "local"
     return "pytorchjob" if nnodes > 1 else "pod"
 
 
 def master_host(spec: TrainJobSpec) -> str:
-    """The Kubeflow training operator names the master replica's service `<job>-master-0`."""
-    return f"{spec.k8s_name}-master-0"
+    """The service of the pod that hosts the rendezvous: the training operator names the master
+    replica's `<job>-master-0`; an elastic job has workers only and meets at `<job>-worker-0`."""
+    return f"{spec.k8s_name}-worker-0" if spec.elastic else f"{spec.k8s_name}-master-0"
 
 
 def dry_run_result(job: RenderedJob) -> dict[str, Any]:

@@ -82,7 +82,9 @@ def warmup_resources() -> k8s.V1ResourceRequirements:
 
 
 def env_vars(spec: TrainJobSpec) -> list[k8s.V1EnvVar]:
-    return [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items())]
+    """The spec's plain env vars, except those a Secret sets (`secret_env_vars`): a name appears once."""
+    from_secrets = {s.env for s in spec.secret_env}
+    return [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items()) if k not in from_secrets]
 
 
 def secret_env_vars(spec: TrainJobSpec) -> list[k8s.V1EnvVar]:

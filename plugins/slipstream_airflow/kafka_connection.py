@@ -10,7 +10,7 @@ never in the rendered job spec (an XCom); pods get them from the Kafka Secret.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from slipstream.settings import Settings
 
@@ -40,7 +40,7 @@ def with_kafka_connection(settings: Settings, connection: Any = None) -> Setting
         given["kafka_sasl_username"] = connection.login
     if connection.password:
         given["kafka_sasl_password"] = connection.password
-    return dataclasses.replace(settings, **given)
+    return dataclasses.replace(settings, **cast(dict[str, Any], given))  # every key names a text field (KAFKA_FIELDS)
 
 
 def kafka_child_env(settings: Settings) -> dict[str, str]:

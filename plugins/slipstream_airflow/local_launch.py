@@ -1,6 +1,9 @@
 """The embedded backend: the job spec's torchrun command as a local subprocess.
 
-torchrun runs in its own process group so that stopping it reaches every worker it spawned.
+torchrun runs as `trainers.parallel.torchrun_loopback` (torchrun whose stores listen on
+127.0.0.1 only) with a c10d rendezvous on a free 127.0.0.1 port picked at launch, so two local runs
+never collide and nothing of a training run listens off the loopback interface.
+It runs in its own process group so that stopping it reaches every worker it spawned.
 It is stopped when the task is killed (Airflow calls `on_kill` on SIGTERM and on
 execution timeout; the supervisor's SIGINT arrives as KeyboardInterrupt), so a cancelled run never
 leaves trainers behind.
@@ -14,21 +17,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from slipstream.pipeline import elastic
 from slipstream.pipeline.jobspec import TrainJobSpec
-from slipstream.processes import descendants, pid_alive, signal_quietly
 from slipstream.pipeline.runlayout import read_metrics, run_dir, training_lineage
-from slipstream.settings import Settings
-from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
+from slipstream.processes import descendants, pid_alive, signal_quietly
+from slipstream.settings import SECRET_FIELDS, Settings
+from slipstream_airflow.dryrun import report_dry_run
+from slipstream_airflow.jobxcom import RENDER_TASK_ID, pull_job
 from slipstream_airflow.kafka_connection import kafka_child_env, with_kafka_connection
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+LOOPBACK_TORCHRUN = "trainers.parallel.torchrun_loopback"
 
 
 class TorchrunFailed(RuntimeError):
@@ -36,11 +43,20 @@ class TorchrunFailed(RuntimeError):
 
 
 def local_command(argv: Sequence[str]) -> list[str]:
-    """Run torchrun as `python -m torch.distributed.run` of this interpreter: the same venv as the
-    worker, whatever PATH says."""
+    """Run torchrun as this interpreter's loopback-only torchrun (the same venv as the worker,
+    whatever PATH says; every store on 127.0.0.1)."""
     if argv and argv[0] == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+        return [sys.executable, "-m", LOOPBACK_TORCHRUN, *argv[1:]]
     return list(argv)
+
+
+def local_manifest(spec: TrainJobSpec) -> dict[str, Any]:
+    """What a local launch runs: the command (its rendezvous port is picked when it starts) and
+    the environment the spec gives the child (no secret: the child reads those from the settings file)."""
+    secret_vars = {f"SLIPSTREAM_{f.upper()}" for f in SECRET_FIELDS}
+    return {"command": local_command(spec.torchrun_args()),
+            "rendezvous": "c10d on 127.0.0.1, a free port picked at launch",
+            "env": {k: v for k, v in sorted(spec.env.items()) if k not in secret_vars}}
 
 
 def child_env(spec: TrainJobSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -113,13 +129,16 @@ class LocalTorchrunOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         job = pull_job(context, self.job_task_id)
         if job.dry_run:
-            self.log.info("dry run: would run %s", " ".join(job.argv))
-            return dry_run_result(job)
+            return report_dry_run(self.log, job, "local torchrun", local_manifest(job.spec), [])
         return self.run_spec(job.spec)
 
     def run_spec(self, spec: TrainJobSpec) -> dict[str, Any]:
         run_path = run_dir(Settings.from_env(spec.env), spec.run_id)
-        command = local_command(spec.torchrun_args())
+        if spec.elastic:  # launcher 0 of a job that `slipstream elastic join` grows (slipstream.pipeline.elastic)
+            argv = spec.torchrun_args(rdzv_host=elastic.LOOPBACK, rdzv_port=elastic.free_loopback_port())
+            command = elastic.local_launch_command(run_path, argv)
+        else:
+            command = local_command(spec.torchrun_args(rdzv_port=elastic.free_loopback_port()))
         self.log.info("starting %s world size %d: %s", spec.run_id, spec.world_size, " ".join(command))
         started = time.monotonic()
         # Kafka credentials from the Airflow connection go to the child's environment only, never to the spec

@@ -1,13 +1,17 @@
 """Airflow Params of the training DAGs, built from the one knob table in `slipstream.pipeline.request`.
 
-Each Param carries the knob's JSON-schema type, bounds and description, so the trigger form shows
-them and refuses a bad value (Airflow validates params against the schema before creating a run);
-`TrainRequest` checks the same bounds again inside the tasks for runs created through the API.
+Each Param carries the knob's JSON-schema type and bounds, its title in words and its section of
+the trigger form, and a description that says its bounds, unit and default, so the form shows them
+and refuses a bad value (Airflow validates params against the schema before creating a run). A
+conf key that is no param is refused by the API (`slipstream_airflow.conf_guard`); `TrainRequest`
+checks keys and bounds again inside the tasks for runs created another way (`airflow dags test`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import Param
 
@@ -33,10 +37,12 @@ def train_params(
     for knob in KNOBS:
         if only is not None and knob.name not in only:
             continue
-        schema: dict[str, Any] = knob.json_schema()
         if knob.name in enums:
-            schema["enum"] = list(enums[knob.name])
-        title = knob.name.replace("_", " ").capitalize()
-        description = descriptions.get(knob.name, knob.description)
-        out[knob.name] = Param(defaults.get(knob.name, knob.default), title=title, description=description, **schema)
+            knob = dataclasses.replace(knob, enum=tuple(enums[knob.name]))
+        schema: dict[str, Any] = knob.json_schema()
+        default = defaults.get(knob.name, knob.default)
+        description = knob.help_text(descriptions.get(knob.name), default)
+        title = knob.title or knob.name.replace("_", " ").capitalize()
+        section: dict[str, Any] = {"section": knob.section} if knob.section else {}
+        out[knob.name] = Param(default, title=title, description=description, **section, **schema)
     return out

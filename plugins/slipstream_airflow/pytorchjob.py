@@ -5,6 +5,12 @@ rendezvous is c10d at the master replica's service (`<job>-master-0:<rdzv_port>`
 Kubeflow training operator creates for the container port named `pytorchjob-port`). Pods get the
 same placement, volumes, credentials and security context as the training pod (`k8s_objects`).
 
+An elastic job (min_nodes < max_nodes) has Worker replicas only, and an `elasticPolicy` (the
+bounds, the c10d rendezvous at `<job>-worker-0`, torchrun's restart budget): worker 0 hosts the
+rendezvous and stays; the others may come and go (the operator scales from the highest index
+down). Each pod gets the grace to finish a graceful stop (the trainer's checkpoint at the next
+step boundary) before Kubernetes kills it, and a failed pod restarts and joins again.
+
 The operator submits through the cncf.kubernetes provider's `KubernetesHook`. If the job already
 exists (a worker restarted mid-run) it re-attaches and waits instead of starting a second job;
 when the task is killed it deletes the job, so no GPU pods are orphaned.
@@ -15,23 +21,26 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.sdk import BaseOperator
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-from airflow.sdk import BaseOperator
-
 from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.elastic import RDZV_CONF
 from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream.pipeline.runlayout import RunArtifactMissing, read_metrics, run_dir, training_lineage
 from slipstream.settings import Settings
 from slipstream_airflow import k8s_objects as ko
-from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, master_host, pull_job
+from slipstream_airflow.dryrun import kubernetes_warnings, report_dry_run
+from slipstream_airflow.jobxcom import RENDER_TASK_ID, master_host, pull_job
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the training operator requires this container name
 PORT_NAME = "pytorchjob-port"  # the training operator exposes this port on the master's service
+GRACE_MARGIN_S = 15
+"""A pod's termination grace beyond torchrun's own wait for its workers (podrun and the agent exit)."""
 
 
 class PyTorchJobFailed(RuntimeError):
@@ -61,21 +70,43 @@ def replica_template(spec: TrainJobSpec, cluster: ClusterSettings) -> dict[str, 
             tolerations=ko.gpu_tolerations(spec) or None,
             security_context=ko.pod_security_context(spec),
             service_account_name=cluster.service_account,
-            restart_policy="Never",
+            restart_policy="OnFailure" if spec.elastic else "Never",  # the operator sets it from the replica's
+            # SIGTERM reaches the workers through podrun and torchrun, which wait stop_grace_s for them
+            termination_grace_period_seconds=spec.stop_grace_s + GRACE_MARGIN_S if spec.elastic else None,
         ),
     )
     return ApiClient().sanitize_for_serialization(template)
 
 
-def render_pytorchjob(spec: TrainJobSpec, cluster: ClusterSettings) -> dict[str, Any]:
-    """The PyTorchJob manifest of a multi-node spec (a plain dict, ready for the API)."""
-    if spec.nnodes < 2:
-        raise ValueError(f"a PyTorchJob is for nnodes >= 2, got {spec.nnodes}: use the training pod")
-    template = replica_template(spec, cluster)
-    replicas: dict[str, Any] = {
-        "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
-        "Worker": {"replicas": spec.nnodes - 1, "restartPolicy": "Never", "template": template},
+def elastic_policy(spec: TrainJobSpec) -> dict[str, Any]:
+    """The PyTorchJob's `elasticPolicy`: what the operator hands torchrun (PET_* variables) — the
+    same values as the container's own arguments."""
+    low, high = spec.node_bounds
+    return {
+        "minReplicas": low, "maxReplicas": high, "rdzvBackend": "c10d", "rdzvHost": master_host(spec),
+        "rdzvPort": spec.rdzv_port, "rdzvId": spec.k8s_name, "maxRestarts": spec.max_restarts,
+        "rdzvConf": [{"key": k, "value": v} for k, v in RDZV_CONF.items()],
     }
+
+
+def render_pytorchjob(spec: TrainJobSpec, cluster: ClusterSettings) -> dict[str, Any]:
+    """The PyTorchJob manifest of a multi-node or elastic spec (a plain dict, ready for the API)."""
+    if spec.nnodes < 2 and not spec.elastic:
+        raise ValueError(f"a PyTorchJob is for nnodes >= 2 or an elastic job, got {spec.nnodes}: use the training pod")
+    template = replica_template(spec, cluster)
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86_400}
+    elastic: dict[str, Any] = {}
+    if spec.elastic:
+        # workers only (worker 0 hosts the rendezvous); a failed pod restarts and joins again,
+        # within the job's restart budget
+        replicas: dict[str, Any] = {"Worker": {"replicas": spec.nnodes, "restartPolicy": "OnFailure", "template": template}}
+        run_policy["backoffLimit"] = spec.max_restarts
+        elastic = {"elasticPolicy": elastic_policy(spec)}
+    else:
+        replicas = {
+            "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
+            "Worker": {"replicas": spec.nnodes - 1, "restartPolicy": "Never", "template": template},
+        }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -88,7 +119,8 @@ def render_pytorchjob(spec: TrainJobSpec, cluster: ClusterSettings) -> dict[str,
             "nprocPerNode": str(spec.nproc_per_node),
             # Running pods are deleted when the job ends (no GPU held after a failure); finished
             # pods stay for their logs until the job's TTL.
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86_400},
+            "runPolicy": run_policy,
+            **elastic,
             "pytorchReplicaSpecs": replicas,
         },
     }
@@ -122,15 +154,16 @@ class PyTorchJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         job = pull_job(context, self.job_task_id)
-        if job.dry_run:
-            return dry_run_result(job)
         manifest = render_pytorchjob(job.spec, self.cluster)
+        if job.dry_run:
+            return report_dry_run(self.log, job, "PyTorchJob", manifest, kubernetes_warnings(job.spec))
         name, ns = manifest["metadata"]["name"], self.cluster.k8s_namespace
         self._name = name
         hook = self.hook
         try:
             hook.create_custom_object(group=GROUP, version=VERSION, plural=PLURAL, body=manifest, namespace=ns)
-            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes, job.spec.nproc_per_node)
+            self.log.info("submitted PyTorchJob %s/%s: %d nodes x %d processes", ns, name, job.spec.nnodes,
+                          job.spec.nproc_per_node)
         except ApiException as e:
             if e.status != 409:
                 raise

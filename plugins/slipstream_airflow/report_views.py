@@ -2,9 +2,11 @@
 
 A FastAPI app the api-server mounts under `/slipstream` (see `ui_plugin`). It serves what the
 pipeline already wrote under SLIPSTREAM_RUNS_DIR — the insight report, the quality gate's page,
-GX Data Docs — and finds the run folder of an Airflow DAG run from its DAG id and run id
-(`make_run_id` ends every run id of a DAG run with a digest of it; the DAG's own run kinds scope
-the search, since two DAGs share run ids such as `scheduled__<date>`).
+GX Data Docs — and finds the run folders of an Airflow DAG run from its DAG id and run id
+(`runlayout.run_dirs_of_dag_run`: every run id of a DAG run carries a digest of it, and a folder's
+run.json names its DAG and DAG run, since two DAGs share run ids such as `scheduled__<date>`). A
+DAG run that trained more than once (re-run after its plan changed) has one folder per attempt: its
+page shows the latest attempt's report and lists the earlier attempts, each marked as superseded.
 
 Every page needs a logged-in Airflow user (`auth`, Airflow's own `get_user` in the api-server) who
 may read the runs of the DAG the page belongs to (`can_read_dag(user, dag_id)`, Airflow's auth
@@ -17,15 +19,23 @@ Its own pages are Jinja2 templates in `templates/`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.runlayout import (
-    REPORT_FILE, RUN_ID_PATTERN, dag_of_run, list_runs, run_dir, run_dirs_of_dag_run, run_listing,
+    REPORT_FILE,
+    RUN_ID_PATTERN,
+    attempt_of,
+    dag_of_run,
+    list_runs,
+    run_dir,
+    run_dirs_of_dag_run,
+    run_listing,
 )
 from slipstream.settings import Settings
 from slipstream.templating import render
@@ -88,15 +98,21 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
     def runs_page(user: Any = who) -> HTMLResponse:
         settings = settings_of()
         listed = list_runs(settings)
-        readable = {dag: allowed(user, dag) for dag in {dag_of_run(r.run_id) for r in listed}}
-        runs = [r for r in listed if readable[dag_of_run(r.run_id)]]
+        dags = {r.run_id: dag_of_run(r.run_id, r.path) for r in listed}
+        readable = {dag: allowed(user, dag) for dag in set(dags.values())}
+        runs = [r for r in listed if readable[dags[r.run_id]]]
+        newest: dict[str, int] = {}
+        for r in listed:
+            base, number = attempt_of(r.run_id)
+            newest[base] = max(newest.get(base, 0), number)
+        superseded = {r.run_id for r in listed if attempt_of(r.run_id)[1] < newest[attempt_of(r.run_id)[0]]}
         return _page("runs.html.j2", title="Slipstream runs", runs=runs, runs_dir=settings.runs_dir,
-                     report_file=REPORT_FILE)
+                     report_file=REPORT_FILE, superseded=superseded)
 
     @app.get("/runs/{run_id}/{path:path}", name="run_file")
     def run_file(run_id: str, path: str, user: Any = who) -> FileResponse:
-        require(user, dag_of_run(run_id))
         base = folder(run_id).resolve()
+        require(user, dag_of_run(run_id, base))
         target = (base / path).resolve()
         if not target.is_relative_to(base) or not target.is_file():
             raise HTTPException(404, f"run {run_id} has no file {path!r}")
@@ -110,12 +126,15 @@ def create_app(settings_of: Callable[[], Settings] = Settings.from_env, auth: Ca
         title = f"{dag_id} · {dag_run_id}"
         if not found:
             return _page("dag_run_pending.html.j2", status=404, title=title, run_id=None, runs_dir=settings.runs_dir)
-        with_report = [p for p in found if (p / REPORT_FILE).is_file()]
-        if with_report:
-            return RedirectResponse(file_url(request, with_report[0].name, REPORT_FILE), status_code=307)
-        path = found[0]
-        pages = [(p, file_url(request, path.name, p)) for p in _run_html_files(path)]
-        return _page("dag_run_pending.html.j2", status=404, title=title, run_id=path.name,
-                     done=run_listing(path).stages, pages=pages)
+        latest = found[0]  # the latest attempt: the one the run's tasks work on now
+        if len(found) == 1 and (latest / REPORT_FILE).is_file():
+            return RedirectResponse(file_url(request, latest.name, REPORT_FILE), status_code=307)
+        pages = [(p, file_url(request, latest.name, p)) for p in _run_html_files(latest)]
+        if len(found) == 1:
+            return _page("dag_run_pending.html.j2", status=404, title=title, run_id=latest.name,
+                         done=run_listing(latest).stages, pages=pages)
+        attempts = [(run_listing(p), file_url(request, p.name, REPORT_FILE) if (p / REPORT_FILE).is_file() else None)
+                    for p in found]
+        return _page("attempts.html.j2", title=title, latest=attempts[0], earlier=attempts[1:], pages=pages)
 
     return app

@@ -11,13 +11,15 @@ training on other data.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from slipstream.pipeline.cluster import ClusterSettings
+from slipstream.pipeline.datasets import DatasetRef
 from slipstream.pipeline.jobspec import build_train_spec, trainer_cache_dir
 from slipstream.pipeline.request import TrainRequest
-from slipstream.pipeline.runlayout import has_checkpoint, run_dir, update_summary
+from slipstream.pipeline.runlayout import RunInfo, has_checkpoint, run_dir, update_summary, write_run_info
 from slipstream.pipeline.runplan import RunPlan, plan_path, plan_request, read_plan, write_plan
 from slipstream.settings import Settings
 from slipstream_airflow.callbacks import fail_fast
@@ -32,16 +34,16 @@ log = logging.getLogger(__name__)
 def new_stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, request: TrainRequest) -> RunPlan:
     """Pin the current snapshot; T is the end of the newest day the table holds (the stream
     takes over where the batch history ends)."""
-    from slipstream.lake.iceberg import get_catalog, samples_table
     from slipstream.lake.retrain_plan import days_present
+    from slipstream.pipeline.datasets import open_dataset_table
     from slipstream.samples.spec import load_spec
 
-    table = samples_table(get_catalog(settings), settings.namespace, load_spec(settings.spec))
+    table = open_dataset_table(settings, load_spec(settings.spec))
     days = days_present(table)
     if not days:
         raise RuntimeError(f"{settings.table} holds no day yet: run preprocess_samples first")
     last = max(days) + timedelta(days=1)
-    t_handoff = datetime(last.year, last.month, last.day, tzinfo=timezone.utc)
+    t_handoff = datetime(last.year, last.month, last.day, tzinfo=UTC)
     return plan_request(settings, table, run_id=run_id, request=request, t_handoff=t_handoff,
                         cache_dir=trainer_cache_dir(settings, cluster, request.backend))
 
@@ -62,10 +64,13 @@ def stream_plan(settings: Settings, cluster: ClusterSettings, run_id: str, reque
 
 
 @fail_fast
-def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    settings, cluster = Settings.from_env(), ClusterSettings.from_env()
-    run_id = f"stream-{params.get('stream_name', 'main')}"
-    plan, resumed = stream_plan(settings, cluster, run_id, TrainRequest.from_params(params, STREAM_PARAMS))
+def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any], dataset: DatasetRef) -> dict[str, Any]:
+    settings, cluster = dataset.settings(), ClusterSettings.from_env()
+    run_id = f"{dataset.run_kind('stream')}-{params.get('stream_name', 'main')}"
+    request = TrainRequest.from_params(params, STREAM_PARAMS)  # an unknown key fails here, before any data is read
+    plan, resumed = stream_plan(settings, cluster, run_id, request)
+    write_run_info(run_dir(settings, run_id), RunInfo(dag_id=context["dag"].dag_id, dag_run_id=context["dag_run"].run_id,
+                                                      dataset=settings.dataset, reason="stream"))
     assert plan.request is not None, "stream plans are rendered with their request"
     spec = build_train_spec(
         settings, cluster, plan,
@@ -75,7 +80,7 @@ def render_stream_job(context: Mapping[str, Any], params: Mapping[str, Any]) -> 
             "run.resume": "true",
         },
     )
-    job = RenderedJob(spec, launch_kind(plan.request.backend, plan.request.nnodes), plan.request.dry_run, [])
+    job = RenderedJob(spec, launch_kind(plan.request.backend, plan.request.node_range[1]), plan.request.dry_run, [])
     context["ti"].xcom_push(key=JOB_XCOM_KEY, value=job.to_xcom())
     update_summary(run_dir(settings, run_id), "stream", {"snapshot_id": plan.snapshot_id, "t_handoff": plan.t_handoff.isoformat(),
                                                          "resumed_plan": resumed, "argv": job.argv})

@@ -16,7 +16,8 @@ from airflow.providers.cncf.kubernetes.secret import Secret
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.jobspec import TrainJobSpec
 from slipstream_airflow import k8s_objects as ko
-from slipstream_airflow.jobxcom import RENDER_TASK_ID, dry_run_result, pull_job
+from slipstream_airflow.dryrun import kubernetes_warnings, report_dry_run
+from slipstream_airflow.jobxcom import RENDER_TASK_ID, pull_job
 
 POD_LABELS = {"app.kubernetes.io/part-of": "slipstream"}
 
@@ -54,7 +55,8 @@ class _SpecPodOperator(KubernetesPodOperator):
         job_task_id: str = RENDER_TASK_ID,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**{**cluster_pod_kwargs(cluster), **kwargs})
+        # the image is known at parse time (`airflow tasks render` shows it); the job comes at run time
+        super().__init__(**{**cluster_pod_kwargs(cluster), "image": cluster.trainer_image, **kwargs})
         self.job_task_id = job_task_id
         self.env_configmap = cluster.env_configmap
         if spec is not None:
@@ -77,10 +79,12 @@ class _SpecPodOperator(KubernetesPodOperator):
 
     def execute(self, context: Any) -> Any:
         job = pull_job(context, self.job_task_id)
-        if job.dry_run:
-            self.log.info("dry run: would start pod %s for %s", self.component, job.spec.run_id)
-            return dry_run_result(job)
         self.apply_job(job)
+        if job.dry_run:  # the pod exactly as it would be submitted, labels of this try included
+            from kubernetes.client import ApiClient
+
+            pod = ApiClient().sanitize_for_serialization(self.build_pod_request_obj(context))
+            return report_dry_run(self.log, job, f"{self.component} pod", pod, kubernetes_warnings(job.spec))
         return super().execute(context)
 
     def apply_job(self, job: Any) -> None:

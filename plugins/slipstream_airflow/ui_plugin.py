@@ -7,6 +7,9 @@ Airflow loads this file from the plugins folder. The api-server mounts `report_v
   `report.html`, or, until the `report` task has written it, which steps are done and the pages
   written so far (the quality gate's page, GX Data Docs);
 - **Slipstream runs** under Browse: the newest run folders with links to their reports.
+
+It also installs `conf_guard.UnknownConfGuard` in the api-server: a trigger whose conf has a key
+that is none of the DAG's params is refused with a 400 naming it and the valid ones.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
+
+from slipstream_airflow.conf_guard import UnknownConfGuard
 
 URL_PREFIX = "/slipstream"
 
@@ -50,6 +55,8 @@ def can_read_dag_runs(user: Any, dag_id: str | None) -> bool:
 class SlipstreamUiPlugin(AirflowPlugin):
     name = "slipstream"
     fastapi_apps = [{"app": LazyReportApp(), "url_prefix": URL_PREFIX, "name": "Slipstream run reports"}]
+    fastapi_root_middlewares = [{"middleware": UnknownConfGuard, "args": [], "kwargs": {},
+                                 "name": "Slipstream: refuse conf keys that are no param"}]
     # hrefs are relative to the api-server's base URL; Airflow fills in {DAG_ID} and {RUN_ID}
     external_views = [
         {"name": "Insight report", "href": f"{URL_PREFIX.lstrip('/')}/dag_runs/{{DAG_ID}}/{{RUN_ID}}/report",

@@ -13,8 +13,8 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import Any
 from pyarrow import fs as pafs
 
 from slipstream.cache.remote import etag_checkable, etag_matches, filesystem_for
-from slipstream.cache.s3get import getter_for
+from slipstream.cache.s3get import S3Getter, getter_for
 from slipstream.errors import CacheError
 
 CHUNK = 4 << 20
@@ -143,7 +143,7 @@ def no_hash(etag: str | None) -> None:
     return None
 
 
-def _copy_get(getter: Any, inner: str, write: Write, hasher_for: Callable[[str | None], Any] = md5_for
+def _copy_get(getter: S3Getter, inner: str, write: Write, hasher_for: Callable[[str | None], Any] = md5_for
               ) -> tuple[int, str | None, bool | None]:
     """One plain GET (no HEAD: its response carries the ETag) streamed into `write`; the MD5 is
     computed when the ETag can be checked, which the response says before the body."""
@@ -198,7 +198,7 @@ def _copy_ranged(fs: pafs.FileSystem, inner: str, tmp: Path, expected_size: int,
     return size, etag, check_file(tmp, etag) if verify_etag else None
 
 
-def _copy_ranged_get(getter: Any, inner: str, tmp: Path, expected_size: int, range_bytes: int,
+def _copy_ranged_get(getter: S3Getter, inner: str, tmp: Path, expected_size: int, range_bytes: int,
                      verify_etag: bool = True) -> tuple[int, str | None, bool | None]:
     """`_copy_ranged` with the one-GET client: no HEAD first (the size is the table metadata's;
     each range's Content-Range confirms the object's), each range written from the receive buffer

@@ -26,7 +26,7 @@ class Evicted:
     files: int = 0
     bytes: int = 0
 
-    def add(self, other: "Evicted") -> None:
+    def add(self, other: Evicted) -> None:
         self.files += other.files
         self.bytes += other.bytes
 

@@ -155,7 +155,7 @@ class CacheIndex:
         self.db.close()
         self.generation.close()
 
-    def __enter__(self) -> "CacheIndex":
+    def __enter__(self) -> CacheIndex:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from slipstream.cache.copy import Placed, fetcher, md5_for, no_hash, verify_copy, write_all
+from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.cache.remote import etag_matches
 from slipstream.cache.s3get import getter_for
-from slipstream.cache.index import Block, CacheIndex, CacheLayout
 from slipstream.errors import CacheError
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,12 @@ class Sized(Protocol):
 
 
 S = TypeVar("S", bound=Sized)
-Attempt = Callable[[str, Callable[[], T]], T]
-"""attempt(remote, fn): run fn with the warmup's retries of transient errors."""
+
+
+class Attempt(Protocol):
+    """attempt(remote, fn): run fn with the warmup's retries of transient errors."""
+
+    def __call__(self, remote: str, fn: Callable[[], T], /) -> T: ...
 
 
 def plan_packing(items: Sequence[S], pack_below: int) -> tuple[list[S], list[S]]:

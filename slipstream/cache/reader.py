@@ -182,7 +182,8 @@ class CacheReader:
         packed = self._packed_slice(path)
         if packed is not None:
             self._count(True, packed.size)
-            return packed.to_pybytes()
+            whole: bytes = packed.to_pybytes()
+            return whole
         key = cache_key(path)
         local = str(self.layout.files / key)
         try:  # a file of its own: one open and one read, no memory map
@@ -202,9 +203,9 @@ class CacheReader:
             return data
         f, hit = self._open(path)
         with f:
-            data = f.read()
-        self._count(hit, len(data))
-        return data
+            read: bytes = f.read()
+        self._count(hit, len(read))
+        return read
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -232,7 +233,7 @@ class CacheReader:
         if index is not None:
             index.close()
 
-    def __enter__(self) -> "CacheReader":
+    def __enter__(self) -> CacheReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -90,7 +90,7 @@ def etag_checkable(etag: str) -> bool:
     return len(body) == 32 and parts in ("", "1")
 
 
-def etag_matches(etag: str, md5: "hashlib._Hash") -> bool | None:
+def etag_matches(etag: str, md5: hashlib._Hash) -> bool | None:
     """Check an S3 ETag against the MD5 of the bytes read. True/False when the ETag is checkable
     (a plain MD5, or a one-part multipart ETag = MD5 of the MD5); None when it is not (multipart
     with several parts of unknown size, SSE-KMS, ...)."""

@@ -28,7 +28,7 @@ BUFFER = 256 << 10
 """Receive buffer per thread (an auto-sized warmup may run a few hundred threads)."""
 
 _LOCK = threading.Lock()
-_GETTERS: dict[tuple[tuple[str, str], ...], "S3Getter | None"] = {}
+_GETTERS: dict[tuple[tuple[str, str], ...], S3Getter | None] = {}
 
 
 class RequestRefused(OSError):

@@ -1,33 +1,43 @@
 """Cache settings, parsed once from `SLIPSTREAM_CACHE_*` variables into a typed object.
 
 The warmup, the cache-aware reader and the Kubernetes pod builder (Airflow team) all read the
-cache through this one object:
+cache through this one object. Each variable, the field it sets and what it means:
 
-| variable | field | meaning |
-|---|---|---|
-| `SLIPSTREAM_CACHE_DIR` | `dir` | cache root on this node (default `<SLIPSTREAM_HOME>/cache`) |
-| `SLIPSTREAM_CACHE_BUDGET_BYTES` | `budget_bytes` | size cap, e.g. `50GiB`, `200000000`; empty/0 = no cap |
-| `SLIPSTREAM_CACHE_CONCURRENCY` | `warm.concurrency` | requests in flight during a warmup: `auto` (default: sized from the store's latency and the rate it serves) or a fixed number |
-| `SLIPSTREAM_CACHE_MAX_CONCURRENCY` | `warm.max_concurrency` | the most requests `auto` puts in flight (default 256) |
-| `SLIPSTREAM_CACHE_PACK_BELOW` | `warm.pack_below_bytes` | files smaller than this are packed into cache blocks (default `128KiB`; `0` = never) |
-| `SLIPSTREAM_CACHE_BLOCK_BYTES` | `warm.block_bytes` | size at which a block of packed files is sealed (default `16MiB`) |
-| `SLIPSTREAM_CACHE_RANGE_BYTES` | `warm.range_bytes` | files larger than this are fetched as parallel ranged GETs of this size (default `8MiB`) |
-| `SLIPSTREAM_CACHE_VERIFY` | `warm.verify` | `size` (default: each copy's size against the table metadata) or `etag` (also its MD5 against the store's ETag, when that is an MD5) |
-| `SLIPSTREAM_CACHE_RETRY_S` | `warm.retry_s` | how long a file's transfer is retried through store errors (a restart) before it fails (default 120) |
-| `SLIPSTREAM_CACHE_LOCK_TIMEOUT_S` | `lock_timeout_s` | how long a warmup waits for another one on the same cache |
-| `SLIPSTREAM_CACHE_NODE_SELECTOR` | `node_selector` | `key=value[,key=value]` labels of the cache nodes (default `slipstream.io/cache=true`) |
-| `SLIPSTREAM_CACHE_VOLUME` | `volume` | `hostPath:/mnt/slipstream-cache` (default) or `pvc:CLAIM_NAME` |
-| `SLIPSTREAM_CACHE_MOUNT_PATH` | `mount_path` | where pods mount the cache volume (default `/mnt/slipstream-cache`); inside a pod the cache dir is this path |
+- `SLIPSTREAM_CACHE_DIR` (`dir`): cache root on this node (default `<SLIPSTREAM_HOME>/cache`)
+- `SLIPSTREAM_CACHE_BUDGET_BYTES` (`budget_bytes`): size cap, e.g. `50GiB`, `200000000`; empty/0 =
+  no cap
+- `SLIPSTREAM_CACHE_CONCURRENCY` (`warm.concurrency`): requests in flight during a warmup: `auto`
+  (default: sized from the store's latency and the rate it serves) or a fixed number
+- `SLIPSTREAM_CACHE_MAX_CONCURRENCY` (`warm.max_concurrency`): the most requests `auto` puts in
+  flight (default 256)
+- `SLIPSTREAM_CACHE_PACK_BELOW` (`warm.pack_below_bytes`): files smaller than this are packed into
+  cache blocks (default `128KiB`; `0` = never)
+- `SLIPSTREAM_CACHE_BLOCK_BYTES` (`warm.block_bytes`): size at which a block of packed files is
+  sealed (default `16MiB`)
+- `SLIPSTREAM_CACHE_RANGE_BYTES` (`warm.range_bytes`): files larger than this are fetched as
+  parallel ranged GETs of this size (default `8MiB`)
+- `SLIPSTREAM_CACHE_VERIFY` (`warm.verify`): `size` (default: each copy's size against the table
+  metadata) or `etag` (also its MD5 against the store's ETag, when that is an MD5)
+- `SLIPSTREAM_CACHE_RETRY_S` (`warm.retry_s`): how long a file's transfer is retried through store
+  errors (a restart) before it fails (default 120)
+- `SLIPSTREAM_CACHE_LOCK_TIMEOUT_S` (`lock_timeout_s`): how long a warmup waits for another one on
+  the same cache
+- `SLIPSTREAM_CACHE_NODE_SELECTOR` (`node_selector`): `key=value[,key=value]` labels of the cache
+  nodes (default `slipstream.io/cache=true`)
+- `SLIPSTREAM_CACHE_VOLUME` (`volume`): `hostPath:/mnt/slipstream-cache` (default) or
+  `pvc:CLAIM_NAME`
+- `SLIPSTREAM_CACHE_MOUNT_PATH` (`mount_path`): where pods mount the cache volume (default
+  `/mnt/slipstream-cache`); inside a pod the cache dir is this path
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
-from slipstream.env_settings import settings_from_env
+from slipstream.env_settings import Parser, settings_from_env
 from slipstream.errors import ConfigError
 from slipstream.settings import Settings
 
@@ -75,7 +85,7 @@ class CacheVolume:
     """The host path for `hostPath`, the claim name for `pvc`."""
 
     @classmethod
-    def parse(cls, text: str) -> "CacheVolume":
+    def parse(cls, text: str) -> CacheVolume:
         kind, sep, source = text.partition(":")
         if not sep or kind not in VOLUME_KINDS or not source:
             raise ConfigError(
@@ -128,7 +138,7 @@ class WarmKnobs:
             raise ConfigError(f"SLIPSTREAM_CACHE_VERIFY must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "WarmKnobs":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WarmKnobs:
         return settings_from_env(cls, env, prefix="SLIPSTREAM_CACHE_", parsers=_WARM_PARSERS,
                                  names={"pack_below_bytes": "SLIPSTREAM_CACHE_PACK_BELOW"})
 
@@ -170,7 +180,7 @@ class CacheSettings:
             raise ConfigError(f"SLIPSTREAM_CACHE_MOUNT_PATH must be absolute, got {self.mount_path!r}")
 
     @classmethod
-    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "CacheSettings":
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> CacheSettings:
         env = os.environ if env is None else env
         return settings_from_env(cls, env, prefix="SLIPSTREAM_CACHE_", parsers=_PARSERS,
                                  given={"dir": settings.cache_dir, "warm": WarmKnobs.from_env(env)})
@@ -202,14 +212,14 @@ def _size(name: str) -> Callable[[str], int]:
     return lambda text: parse_bytes(text, f"SLIPSTREAM_CACHE_{name}") or 0
 
 
-_WARM_PARSERS = {
+_WARM_PARSERS: dict[str, Parser] = {
     "concurrency": _parse_concurrency,
     "pack_below_bytes": _size("PACK_BELOW"),
     "block_bytes": _size("BLOCK_BYTES"),
     "range_bytes": _size("RANGE_BYTES"),
     "verify": lambda text: text.strip().lower(),
 }
-_PARSERS = {
+_PARSERS: dict[str, Parser] = {
     "budget_bytes": parse_bytes,
     "node_selector": parse_node_selector,
     "volume": CacheVolume.parse,

@@ -24,14 +24,14 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
 from typing import TypeVar
 
 from slipstream.cache.copy import Placed, check_file, check_ranges, copy_atomic, verify_copy, writer_at
 from slipstream.cache.index import CacheLayout
 from slipstream.cache.inflight import InFlight, remember, remembered
-from slipstream.cache.pack import BlockWriter, SealedBlock, Sized, plan_packing
+from slipstream.cache.pack import Attempt, BlockWriter, SealedBlock, Sized, plan_packing
 from slipstream.cache.s3get import RequestRefused, S3Getter, getter_for
 from slipstream.cache.settings import WarmKnobs
 
@@ -97,7 +97,7 @@ class LargeCopy:
         self.parts: list[tuple[int, int | None, str | None]] = []
         self.error: BaseException | None = None
 
-    def fetch(self, offset: int, getter: S3Getter, attempt: Callable[[str, Callable[[], T]], T]) -> SealedBlock | None:
+    def fetch(self, offset: int, getter: S3Getter, attempt: Attempt) -> SealedBlock | None:
         """Fetch one range; returns the outcome when this was the file's last range."""
         part = None
         with self.lock:
@@ -149,11 +149,11 @@ class LargeCopy:
         return SealedBlock(None, [Placed(self.item.remote, self.local, self.size, etag)], [])
 
 
-Request = tuple[str, object, int]
+Request = tuple[str, Sized | LargeCopy, int]
 """(kind, item or LargeCopy, range offset): kind is "range", "single" or "pack"."""
 
 
-def plan_requests(items: list[Sized], layout: CacheLayout, io_properties: dict[str, str], knobs: WarmKnobs
+def plan_requests(items: Sequence[Sized], layout: CacheLayout, io_properties: dict[str, str], knobs: WarmKnobs
                   ) -> tuple[list[Request], list[LargeCopy]]:
     """The warmup's requests in the order they are served (see the module's doc)."""
     small, singles = plan_packing(items, knobs.pack_below_bytes)
@@ -252,18 +252,21 @@ class Transfer:
                 kind, item, offset = request
                 t0 = monotonic()
                 files = 1
-                if kind == "pack":
-                    writer = self._pack(writer, item)  # type: ignore[arg-type]
-                    nbytes = item.size or 0  # type: ignore[attr-defined]
-                elif kind == "range":
-                    done = item.fetch(offset, self.getter, self.attempt)  # type: ignore[attr-defined]
-                    nbytes = min(item.range_bytes, item.size - offset)  # type: ignore[attr-defined]
+                if kind == "range":
+                    assert isinstance(item, LargeCopy), "plan_requests: a range request carries its LargeCopy"
+                    assert self.getter is not None, "plan_requests makes range requests only for a ranged getter"
+                    done = item.fetch(offset, self.getter, self.attempt)
+                    nbytes = min(item.range_bytes, item.size - offset)
                     files = int(done is not None)
                     if done is not None:
                         self.results.put(done)
                 else:
-                    self.results.put(self._single(item))  # type: ignore[arg-type]
-                    nbytes = item.size or 0  # type: ignore[attr-defined]
+                    assert not isinstance(item, LargeCopy), "plan_requests: pack and single requests carry a file"
+                    if kind == "pack":
+                        writer = self._pack(writer, item)
+                    else:
+                        self.results.put(self._single(item))
+                    nbytes = item.size or 0
                 now = monotonic()
                 tally.record(kind, now - t0, nbytes, files, now)
             if writer is not None:
@@ -287,7 +290,8 @@ class Transfer:
         folder = item.remote.rpartition("/")[0]
         if writer is not None and not writer.accepts(folder):
             self.results.put(writer.seal())
-            writer, buffer = None, writer.buffer
+            buffer = writer.buffer
+            writer = None
         if writer is None:
             writer = BlockWriter(self.layout, self.io_properties, self.attempt, block_bytes=self.knobs.block_bytes,
                                  max_member=self.knobs.pack_below_bytes, buffer=buffer,

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DATA_KINDS = ("data", "delete")
 PROGRESS_EVERY_S = 2.0
 INDEX_BATCH = 1024
+DEFAULT_KNOBS = WarmKnobs()
+"""The knobs of a warmup given none (frozen: one instance serves every call)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def _warm_items(settings: Settings, tbl: Table, name: str, snap: int, items: lis
 
 def warm_files(cache_dir: str | Path, items: list[CacheItem], io_properties: dict[str, str], *,
                table_name: str, snapshot_id: int | None = None, budget_bytes: int | None = None,
-               knobs: WarmKnobs = WarmKnobs(), lock_timeout_s: float = 600.0,
+               knobs: WarmKnobs = DEFAULT_KNOBS, lock_timeout_s: float = 600.0,
                window: tuple[datetime, datetime] | None = None) -> WarmReport:
     """Make `items` (a window's files) present in the cache; the building block of `warm_window`,
     also usable with a plain file list (the benchmark's small-file window). `knobs`: how many
@@ -247,7 +249,9 @@ def _split_cached(layout: CacheLayout, index: CacheIndex, by_key: dict[str, Cach
     is (`reconcile_blocks` has checked the blocks); a file under files/ is whole by construction,
     and one the index lacks (a reader populated it, or the index write was cut) is adopted when its
     size matches the table metadata."""
-    cached, missing, adopted = [], [], []
+    cached: list[str] = []
+    missing: list[str] = []
+    adopted: list[Entry] = []
     now = time.time()
     files = str(layout.files)
     for key, item in by_key.items():

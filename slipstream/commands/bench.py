@@ -9,7 +9,7 @@ import json
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run a benchmark from bench/ (prints one JSON object); no name: list them")
     p.add_argument("name", nargs="?", help="the benchmark, e.g. loader, preprocess, warmup (none: list them)")
     p.add_argument("--json", action="store_true", help="print only the JSON result on stdout")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from slipstream.cache.settings import CacheSettings, parse_bytes
 from slipstream.errors import ConfigError
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("cache", help="warm, inspect or evict the node-local cache of warehouse files")
     sp = p.add_subparsers(dest="action", required=True)
     w = sp.add_parser("warm", help="copy the files of a training window at a pinned snapshot into the cache")
@@ -39,13 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_end(text: str | None) -> datetime:
     if not text:  # the window up to the end of today (UTC): everything landed so far
-        now = datetime.now(timezone.utc)
-        return datetime(now.year, now.month, now.day, tzinfo=timezone.utc) + timedelta(days=1)
+        now = datetime.now(UTC)
+        return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
     try:
         end = datetime.fromisoformat(text)
     except ValueError:
         raise ConfigError(f"--end must be an ISO 8601 time like 2026-03-05T00:00:00+00:00, got {text!r}") from None
-    return end if end.tzinfo else end.replace(tzinfo=timezone.utc)
+    return end if end.tzinfo else end.replace(tzinfo=UTC)
 
 
 def _warm(args: argparse.Namespace) -> int:

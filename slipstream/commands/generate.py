@@ -20,9 +20,10 @@ from slipstream.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("generate", help="generate raw logs for a feature spec and the Kafka sample stream after them")
-    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
+    p.add_argument("--spec",
+                   help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--start-day", type=date.fromisoformat, default=date(2026, 11, 1), help="first day (UTC)")
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--impressions-per-day", "--events-per-day", dest="events_per_day", type=int, default=20_000)
@@ -34,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of bad raw lines")
     p.add_argument("--empty-day", dest="empty_days", type=date.fromisoformat, action="append", default=[],
                    help="a day with no data at all (repeatable; not for the synthetic spec)")
+    p.add_argument("--bursty", action="store_true",
+                   help="real-log traffic: volume moving ±35%% from day to day with quieter weekends, and 5-60%% of each "
+                        "day's events from three users (slipstream.dev.traffic; not for the synthetic spec)")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-stream", action="store_true", help="write the raw zone only")
@@ -46,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> GeneratedData:
     if generates(spec):  # the shipped synthetic spec: its own generator
-        if args.empty_days:
-            raise ConfigError("--empty-day is for the generic generator: give another --spec, or leave it out")
+        if args.empty_days or args.bursty:
+            raise ConfigError("--empty-day and --bursty are for the generic generator: give another --spec, or leave them out")
         cfg = GeneratorConfig(
             start_day=args.start_day, days=args.days, impressions_per_day=args.events_per_day,
             users=args.users, items=args.items, stream_minutes=args.stream_minutes, drift=args.drift,
@@ -55,6 +59,7 @@ def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> Gener
         )
         return generate(cfg, settings.raw_dir)
     from slipstream.dev.specgen import SpecGenConfig, generate_spec
+    from slipstream.dev.traffic import Traffic
 
     if args.drift:
         raise ConfigError(f"--drift is for the synthetic spec only, not {spec.name!r}: leave it out")
@@ -62,6 +67,7 @@ def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> Gener
         start_day=args.start_day, days=args.days, events_per_day=args.events_per_day, users=args.users,
         items=args.items, stream_minutes=args.stream_minutes, bad_fraction=args.bad_fraction,
         empty_days=tuple(args.empty_days), fmt=args.format, seed=args.seed,
+        traffic=Traffic.bursty() if args.bursty else None,
     )
     return generate_spec(spec, scfg, settings.raw_dir)
 
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         from slipstream.stream.kafka import KafkaAccess
 
         manifest["produced_raw"] = produce_raw_stream(KafkaAccess.from_settings(settings), spec, data.stream_events,
-                                                      settings.topic_partitions)
+                                                      settings.topic_partitions, home=settings.home)
         log.info("raw events produced: the joiner (slipstream stack up --joiner, or slipstream joiner run) turns "
                  "them into %d samples on %s", data.stream.num_rows, settings.topic)
     elif not args.no_stream:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from slipstream.lake.importer import ImportOptions, import_files
@@ -18,16 +18,20 @@ def utc_time(text: str) -> datetime:
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO-8601 date or time: {text!r} (e.g. 2026-11-05 or 2026-11-05T12:00:00Z)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 date or time: {text!r} (e.g. 2026-11-05 or 2026-11-05T12:00:00Z)"
+        ) from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="load your CSV / TSV / JSONL / Parquet files into the raw zone, the spec's way")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
+    p.add_argument("--spec",
+                   help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path (default: SLIPSTREAM_SPEC)")
     p.add_argument("--source", help="the spec source every FILE feeds (default: the source each file's name starts with)")
-    p.add_argument("--day", type=date.fromisoformat, help="records without a time get one spread evenly over this UTC day, in file order")
+    p.add_argument("--day", type=date.fromisoformat,
+                   help="records without a time get one spread evenly over this UTC day, in file order")
     p.add_argument("--from", dest="time_from", type=utc_time, help="reject records before this time")
     p.add_argument("--to", dest="time_to", type=utc_time, help="reject records at or after this time")
     p.add_argument("--stream-after", type=utc_time, metavar="T",

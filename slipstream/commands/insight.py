@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("insight", help="render a training run's insight report (report.html)")
     p.add_argument("--run", required=True, help="run id: the folder name under SLIPSTREAM_RUNS_DIR")
     p.set_defaults(func=run_insight)
@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--spec", default=None, help="the data set's feature spec (default SLIPSTREAM_SPEC)")
     for name in ("ctr-min", "ctr-max", "rows-ratio-min", "rows-ratio-max"):
         c.add_argument(f"--{name}", type=float, default=None,
-                       help=f"this check's own bound (the DAG param gate_{name.replace('-', '_')}), over the learned and the spec's")
+                       help=f"this check's own bound (the DAG param gate_{name.replace('-', '_')}), "
+                       "over the learned and the spec's")
     c.set_defaults(func=run_check)
 
 
@@ -53,9 +54,9 @@ def run_check(args: argparse.Namespace) -> int:
     if args.window_days is not None:
         if args.end is None:
             raise ConfigError("--window-days needs --end (e.g. 2026-11-04T00:00:00+00:00)")
-        window = window_bounds(args.end if args.end.tzinfo else args.end.replace(tzinfo=timezone.utc), args.window_days)
+        window = window_bounds(args.end if args.end.tzinfo else args.end.replace(tzinfo=UTC), args.window_days)
     snapshot = pin_snapshot(load_samples(get_catalog(settings), settings.namespace), args.snapshot_id)
-    run_id = args.run_id or "manual-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = args.run_id or "manual-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     overrides = GateOverrides(ctr_min=args.ctr_min, ctr_max=args.ctr_max,
                               rows_ratio_min=args.rows_ratio_min, rows_ratio_max=args.rows_ratio_max)
     spec = load_spec(args.spec or settings.spec)

@@ -12,7 +12,7 @@ from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("joiner", help="the real-time sample joiner (docs/joiner.md)")
     jsub = p.add_subparsers(dest="joiner_command", required=True)
     r = jsub.add_parser("run", help="join raw impression and click topics into the sample topic, until SIGTERM")
@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--instance", help="this replica's stable name (default: the host name)")
     r.add_argument("--lateness-s", type=float, help="how late an event may arrive (default 120)")
     r.add_argument("--max-future-s", type=float, help="event times further ahead of the clock are dead letters (default 3600)")
+    r.add_argument("--max-age-s", type=float,
+                   help="event times further behind the clock are dead letters (default 34560000, 400 days; 0: no limit)")
     r.add_argument("--commit-interval-s", type=float, help="seconds between transactions (default 0.25)")
     r.add_argument("--idle-flush-s", type=float,
                    help="close every window after this many idle seconds at the inputs' end (replays; default 0: live)")
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = JoinerConfig.for_spec(
         spec, args.samples_topic or settings.topic, impressions_topic=args.impressions_topic,
         clicks_topic=args.clicks_topic, group=args.group, instance=args.instance, lateness_s=args.lateness_s,
-        max_future_s=args.max_future_s, commit_interval_s=args.commit_interval_s, idle_flush_s=args.idle_flush_s,
+        max_future_s=args.max_future_s, max_age_s=args.max_age_s, commit_interval_s=args.commit_interval_s,
+        idle_flush_s=args.idle_flush_s,
         health_port=args.health_port, codec=settings.kafka_codec, partitions=settings.topic_partitions,
     )
     joiner = Joiner(cfg, spec, KafkaAccess.from_settings(settings))

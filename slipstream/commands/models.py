@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from slipstream.settings import Settings
 
+if TYPE_CHECKING:
+    from slipstream.pipeline.registry import ModelRegistry
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("models", help="list or show model packages in the registry")
-    p.add_argument("--registry", default=None, help="registry folder or s3:// URI (default SLIPSTREAM_REGISTRY)")
+    p.add_argument("--registry", default=None, help="registry folder or s3:// URI (default: the data set's, SLIPSTREAM_REGISTRY)")
+    p.add_argument("--spec", default=None,
+                   help="the data set whose registry to use: a spec name or file (default SLIPSTREAM_SPEC)")
     msub = p.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="one line per model package, champion marked with *")
     ls.add_argument("--json", action="store_true", help="print the packages as JSON")
@@ -24,10 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     promote.set_defaults(func=promote_model)
 
 
-def _registry(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _registry(args: argparse.Namespace) -> ModelRegistry:
     from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
-    location = args.registry or RegistryConfig.from_env(Settings.from_env()).location
+    settings = Settings.from_env()
+    if args.spec:
+        settings = settings.for_dataset(args.spec)
+    location = args.registry or RegistryConfig.from_env(settings).location
     return ModelRegistry(location)
 
 

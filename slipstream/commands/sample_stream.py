@@ -27,10 +27,12 @@ def require_broker(settings: Settings, timeout_s: float = 10.0) -> None:
 def produce_spec_samples(settings: Settings, spec: Spec, samples: pa.Table) -> int:
     """Create the sample topic if needed and produce `samples` in table order (keyed by the
     spec's key column, in the spec's codec layout); returns the count."""
+    from slipstream.dev.producers import registered_producer
     from slipstream.stream.kafka import KafkaAccess, create_topic, produce_samples
 
     broker = KafkaAccess.from_settings(settings)
     create_topic(broker, settings.topic, settings.topic_partitions)
-    n = produce_samples(broker, settings.topic, samples, codec=settings.kafka_codec, spec=spec)
+    with registered_producer(settings.home, f"samples to {settings.topic}"):  # `stack down` stops it before the broker
+        n = produce_samples(broker, settings.topic, samples, codec=settings.kafka_codec, spec=spec)
     log.info("produced %d samples of spec %s to %s on %s", n, spec.name, settings.topic, broker)
     return n

@@ -9,7 +9,7 @@ from slipstream.dev import stack
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stack", help="start, stop or inspect the local stack (Kafka broker, catalog, Airflow home)")
     sp = p.add_subparsers(dest="action", required=True)
     up = sp.add_parser("up", help="start the broker, prepare the catalog and AIRFLOW_HOME")
@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--profile", choices=stack.PROFILES, default="local",
                     help="local: broker + SQLite catalog (+ S3 when the warehouse is on s3://); cluster: broker, "
                          "S3, the Iceberg REST catalog over it and a Spark cluster (2 workers unless --spark-workers)")
+    up.add_argument("--spark-connect", action="store_true",
+                    help="also start a warm Spark (a Spark Connect server on 127.0.0.1) that preprocessing runs submit to")
     up.add_argument("--joiner", action="store_true",
                     help="also start the sample joiner (raw impressions + clicks topics -> the sample topic)")
     up.set_defaults(func=_up)
@@ -30,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     state = stack.up(settings, airflow=not args.no_airflow, spark_workers=args.spark_workers, profile=args.profile,
-                     joiner=args.joiner)
+                     joiner=args.joiner, spark_connect=args.spark_connect)
     for name, svc in state.services.items():
         print(f"{name:14s} pid {svc.pid:<7d} {svc.address}  (log: {svc.log})")
     settings = stack.effective_settings(settings)

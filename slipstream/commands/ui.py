@@ -7,7 +7,7 @@ import argparse
 from slipstream.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("ui", help="start or stop Airflow (api-server, scheduler, dag-processor, triggerer)")
     sp = p.add_subparsers(dest="action", required=True)
     up = sp.add_parser("up", help="start the local stack and Airflow on 127.0.0.1; print URL and login")

@@ -17,7 +17,7 @@ import gzip
 import json
 import logging
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +26,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.errors import ConfigError
-from slipstream.samples.spec import Spec
-from slipstream.scoring import auc
 from slipstream.samples.schema import (
-    DEFAULT_SPEC,
     ARROW_SCHEMA,
     ATTRIBUTION_WINDOW_S,
     CATEGORICAL_FEATURES,
+    DEFAULT_SPEC,
     DENSE_FEATURES,
     HIST_LEN,
     hash_category,
     is_holdout,
 )
+from slipstream.samples.spec import Spec
+from slipstream.scoring import auc
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class GeneratorConfig:
     @property
     def t_handoff(self) -> datetime:
         d = self.start_day + timedelta(days=self.days)
-        return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+        return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
 @dataclass
@@ -219,7 +219,7 @@ def simulate(cfg: GeneratorConfig, world: World, start_us: int, end_us: int, n: 
     match = ((hist_cat == cat[:, None]) & valid).sum(1) / np.maximum(valid.sum(1), 1)
 
     def logit(c: dict[str, np.ndarray]) -> np.ndarray:
-        return (
+        out: np.ndarray = (
             c["bias"][0]
             + dense @ c["dense"]
             + c["device"][device]
@@ -229,6 +229,7 @@ def simulate(cfg: GeneratorConfig, world: World, start_us: int, end_us: int, n: 
             + world.user_bias[user]
             + world.item_bias[item]
         )
+        return out
 
     t_us = int(cfg.t_handoff.timestamp() * US_PER_S)
     z = np.where(ts < t_us, logit(world.coef), logit(world.coef_after))
@@ -438,7 +439,7 @@ def _write_clicks(raw_dir: Path, imp: Impressions, start_us: int, fmt: str) -> N
     hour_idx = click_ts // (3600 * US_PER_S)
     for h in np.unique(hour_idx):
         m = hour_idx == h
-        when = datetime.fromtimestamp(int(h) * 3600, tz=timezone.utc)
+        when = datetime.fromtimestamp(int(h) * 3600, tz=UTC)
         table = pa.table(
             {
                 "impression_id": pa.array(imp.impression_id[sel[m]], pa.string()),

@@ -26,6 +26,7 @@ from typing import Any
 
 from slipstream.dev import datagen, stack
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
+from slipstream.dev.joiner_wait import DEADLINE_S, STALL_S, JoinerOutcome
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.run_metrics import SET_TITLES, EvalSet, Evaluation, read_run_metrics
 from slipstream.samples.spec import Spec, load_spec
@@ -59,7 +60,8 @@ def demo_settings(base: Settings) -> Settings:
     home = base.home / "demo"
     port = stack.free_port()
     return dataclasses.replace(
-        base, home=home, warehouse="", raw_dir="", cache_dir="", runs_dir="",
+        base, home=home, warehouse="", raw_dir="", raw_root="", cache_dir="", runs_dir="", registry="", registry_root="",
+        specs_dir="",
         kafka_port=port, kafka_bootstrap=f"127.0.0.1:{port}",
     )
 
@@ -114,26 +116,24 @@ def _worth_showing(line: str) -> bool:
     return any(k in line for k in keys)
 
 
-def wait_for_joiner(health_url: str, expected: int, timeout_s: float = 600.0) -> int:
-    """Wait until the joiner has committed `expected` samples (its /health counts them); returns
-    how many it committed (fewer only at the timeout, with a warning)."""
-    import urllib.request
+def wait_for_samples(settings: Settings, spec: Spec, joiner: stack.ServiceState, expected: int, *,
+                     deadline_s: float = DEADLINE_S, stall_s: float = STALL_S) -> JoinerOutcome:
+    """Wait (with a deadline) for the joiner to commit a sample of every replayed impression.
+    Fewer: the dead letters and their reasons are logged; impressions neither committed nor
+    dead-lettered stop the demo, naming them and the joiner's log."""
+    from slipstream.dev.joiner_wait import wait_for_joiner
 
-    deadline, last, last_log = time.monotonic() + timeout_s, 0, 0.0
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(health_url, timeout=2) as r:
-                last = int(json.loads(r.read()).get("samples_committed", 0))
-        except OSError:
-            pass
-        if last >= expected:
-            return last
-        if time.monotonic() - last_log > 10:
-            log.info("waiting for the joiner: %d of %d samples committed", last, expected)
-            last_log = time.monotonic()
-        time.sleep(0.5)
-    log.warning("the joiner committed %d of %d samples within %.0fs; training on what there is", last, expected, timeout_s)
-    return last
+    assert spec.label_source is not None
+    outcome = wait_for_joiner(joiner.address, expected, broker=settings.kafka_bootstrap,
+                              dlq_topics=(f"{spec.events.name}.dlq", f"{spec.label_source.name}.dlq"),
+                              deadline_s=deadline_s, stall_s=stall_s)
+    if outcome.committed >= expected:
+        return outcome
+    if not outcome.accounted:
+        raise SlipstreamError(f"{outcome.explain()}. {expected - outcome.committed - outcome.impressions_dead:,} "
+                              f"impressions are neither samples nor dead letters; see the joiner's log {joiner.log}")
+    log.warning("%s; training on the %d samples it made (see %s)", outcome.explain(), outcome.committed, joiner.log)
+    return outcome
 
 
 def newest_run(runs_dir: Path) -> Path:
@@ -180,7 +180,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     settings = demo_settings(base)
     spec = load_spec(opts.spec or base.spec)
     if opts.spec:  # before the stack comes up: it creates the tables from the spec
-        settings = dataclasses.replace(settings, spec=opts.spec)
+        settings = settings.for_dataset(opts.spec)  # its own tables, topics, raw zone and registry
     if settings.home.exists():
         log.info("starting afresh: removing the previous demo's state in %s", settings.home)
         stale = stack.StackState.load(settings.home)
@@ -192,16 +192,19 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
     try:
         # the synthetic spec's stream goes the way real traffic does: raw impressions and clicks,
         # joined into samples by the joiner; other specs' generators make finished samples only
-        joined = datagen.generates(spec)
-        state = stack.up(settings, profile=opts.profile, joiner=joined)
+        with_joiner = datagen.generates(spec)
+        joined: JoinerOutcome | None = None
+        state = stack.up(settings, profile=opts.profile, joiner=with_joiner)
         settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
         write_manifest(data, settings.home / "generator" / "manifest.json")  # the trainer scores its truth as "best"
-        if joined and data.stream_events is not None:
+        if with_joiner and data.stream_events is not None:
             from slipstream.dev.raw_stream import produce_raw_stream
 
-            raw = produce_raw_stream(settings.kafka_bootstrap, spec, data.stream_events, settings.topic_partitions)
-            produced = wait_for_joiner(state.services["joiner"].address, data.stream.num_rows)
+            raw = produce_raw_stream(settings.kafka_bootstrap, spec, data.stream_events, settings.topic_partitions,
+                                     home=settings.home)
+            joined = wait_for_samples(settings, spec, state.services["joiner"], data.stream.num_rows)
+            produced = joined.committed
             log.info("the joiner made %d samples of %s raw events", produced, raw)
         else:
             from slipstream.stream.kafka import produce_samples
@@ -225,6 +228,8 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "rows_per_day": per_day,
             "snapshot_id": metrics.snapshot_id if metrics.snapshot_id is not None else snapshot_id,
             "produced_to_kafka": produced,
+            "joiner": ({"committed": joined.committed, "dead_letters": joined.dead_letters, "reasons": joined.reasons}
+                       if joined is not None else None),
             "samples_iceberg": metrics.samples_iceberg,
             "samples_kafka": metrics.samples_kafka,
             "forward_tail_stream": metrics.forward_tail_stream,
@@ -279,6 +284,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"samples from Kafka:      {s['samples_kafka']:,} trained (of {s['produced_to_kafka']:,} produced; "
                  f"{s.get('forward_tail_stream') or 0:,} held for the forward tail)"
                  if s["samples_kafka"] is not None else "samples from Kafka:      n/a")
+    if s.get("joiner") and s["joiner"]["dead_letters"]:
+        reasons = ", ".join(f"{k}: {n:,}" for k, n in s["joiner"]["reasons"].items())
+        lines.append(f"joiner dead letters:     {s['joiner']['dead_letters']:,} ({reasons})")
     lines += model_lines(Evaluation.model_validate(s.get("evaluation") or {}), s.get("forward_tail_start"))
     if s.get("prequential_progress"):
         lines.append("prequential AUC as the model trained, by training steps (model | logistic baseline | batch-only, "

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import StackError
+from slipstream.processes import pid_alive as _pid_alive
+from slipstream.processes import process_argv
 from slipstream.settings import write_private_file
-from slipstream.processes import pid_alive as _pid_alive, process_argv
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +261,9 @@ class S3Server:
 
     def running(self) -> bool:
         pid = self._state().get("pid")
-        return bool(pid) and _pid_alive(int(pid)) and _is_weed(int(pid))
+        if not pid:
+            return False
+        return _pid_alive(int(pid)) and _is_weed(int(pid))
 
     def start(self, timeout_s: float = 60.0) -> S3Endpoint:
         """Start the server (or return the running one) and wait until the bucket answers."""

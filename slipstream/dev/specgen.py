@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from slipstream.dev.datagen import GeneratedData
 from slipstream.dev.spec_bad_lines import bad_json_lines, bad_typed_rows
 from slipstream.dev.spec_world import World, build_world, draw_field, logit_terms
+from slipstream.dev.traffic import Traffic, burst_users, world_on
 from slipstream.errors import ConfigError
 from slipstream.lake.raw_files import hour_groups, json_lines, write_jsonl_gz, write_parquet
 from slipstream.lake.raw_zone import filesystem, hour_dir, source_dir
@@ -83,6 +84,9 @@ class SpecGenConfig:
     """Share of positive labels (default by label kind, BASE_RATE)."""
     missing: bool = True
     """Leave some values of optional fields out (they take the spec's default)."""
+    traffic: Traffic | None = None
+    """Day-to-day volume, bursty users, drifts and outage days (`slipstream.dev.traffic`); None:
+    `events_per_day` every day from the whole population, nothing changes."""
 
     def __post_init__(self) -> None:
         if self.days < 1:
@@ -105,7 +109,7 @@ class SpecGenConfig:
     @property
     def t_handoff(self) -> datetime:
         d = self.start_day + timedelta(days=self.days)
-        return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+        return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
 @dataclass
@@ -175,6 +179,9 @@ def _with_label_column(spec: Spec, events: pa.Table, label: np.ndarray) -> pa.Ta
 def _simulate(world: World, cfg: SpecGenConfig, start_us: int, end_us: int, n: int, salt: int, day: date | None) -> Segment:
     spec = world.spec
     events = draw_events(world, start_us, end_us, n, np.random.default_rng([cfg.seed, 2, salt]), salt)
+    if cfg.traffic is not None:
+        when = day or datetime.fromtimestamp(start_us / US_PER_S, tz=UTC).date()
+        events = burst_users(world, events, when, cfg.traffic, cfg.seed)
     dummy_ids = pc.cast(pa.array(np.arange(n)), pa.string())  # the label, part of a hashed id, is not drawn yet
     placeholder = _with_label_column(spec, events, np.zeros(n, dtype=np.int32)).append_column(SAMPLE_ID, dummy_ids)
     samples, order = featurize(spec, world.tables, placeholder)
@@ -290,18 +297,26 @@ def generate_spec(spec: Spec, cfg: SpecGenConfig, raw_dir: Path | str) -> Genera
         log.info("the synthetic spec has its own generator (slipstream.dev.datagen); generating it the generic way")
     world = build_world(spec, seed=cfg.seed, users=cfg.users, items=cfg.items, max_vocab=cfg.max_vocab, missing=cfg.missing)
     t_us = int(cfg.t_handoff.timestamp() * US_PER_S)
+    traffic = cfg.traffic
     segments = []
     for d in range(cfg.days):
         day = cfg.start_day + timedelta(days=d)
         if day in cfg.empty_days:
             continue
         d0 = t_us - (cfg.days - d) * US_PER_DAY
-        segments.append(_simulate(world, cfg, d0, d0 + US_PER_DAY, cfg.events_per_day, d, day))
+        n = traffic.volume(day, cfg.events_per_day, cfg.seed) if traffic else cfg.events_per_day
+        seen = world_on(world, day, traffic.drifts, cfg.seed) if traffic else world
+        segments.append(_simulate(seen, cfg, d0, d0 + US_PER_DAY, n, d, day))
     n_tail = max(1, int(cfg.events_per_day * cfg.stream_minutes / 1440))
-    segments.append(_simulate(world, cfg, t_us, t_us + int(cfg.stream_minutes * 60 * US_PER_S), n_tail, 10_000, None))
+    seen = world_on(world, cfg.t_handoff.date(), traffic.drifts, cfg.seed) if traffic else world
+    segments.append(_simulate(seen, cfg, t_us, t_us + int(cfg.stream_minutes * 60 * US_PER_S), n_tail, 10_000, None))
     z = _add_dense_terms(world, segments)
-    bias = _solve_bias(np.concatenate(z), _base_rate(spec, cfg))
-    return _finish(world, cfg, segments, z, bias, raw_dir, t_us)
+    rate = _base_rate(spec, cfg)
+    bias = _solve_bias(np.concatenate(z), rate)
+    factors = [traffic.label_days.get(s.day, 1.0) if traffic and s.day else 1.0 for s in segments]
+    # a day with another label rate (a labelling fault) gets its own intercept
+    biases = [bias if f == 1.0 else _solve_bias(zs, min(rate * f, 0.95)) for f, zs in zip(factors, z)]
+    return _finish(world, cfg, segments, z, biases, raw_dir, t_us)
 
 
 def _base_rate(spec: Spec, cfg: SpecGenConfig) -> float:
@@ -321,7 +336,7 @@ def _add_dense_terms(world: World, segments: list[Segment]) -> list[np.ndarray]:
     return [s.z + (s.dense - mean) @ w for s in segments]
 
 
-def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[np.ndarray], bias: float,
+def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[np.ndarray], biases: list[float],
             raw_dir: Path | str, t_us: int) -> GeneratedData:
     spec = world.spec
     fs, root = filesystem(str(raw_dir))
@@ -332,7 +347,7 @@ def _finish(world: World, cfg: SpecGenConfig, segments: list[Segment], z: list[n
     truth, stream = [], []
     batch: dict[str, pa.Table] = {}
     last_day = max((s.day for s in segments if s.day is not None), default=None)
-    for salt, (seg, zs) in enumerate(zip(segments, z)):
+    for salt, (seg, zs, bias) in enumerate(zip(segments, z, biases)):
         out = _label(world, cfg, seg, 1 / (1 + np.exp(-(zs + bias))), salt)
         ids = sample_ids(spec, out.events)
         part = f"part-{seg.start_us // US_PER_S}"

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slipstream.errors import ConfigError, StackError
 from slipstream.processes import pid_alive, start_process, stop_process
@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPARK_EXECUTOR_MEMORY = "512m"  # per executor of the local Spark cluster (one per 1g worker)
-SQLITE_BUSY_TIMEOUT_S = 60
+SQLITE_BUSY_TIMEOUT_S = 60  # how long an Airflow process waits for the metadata database's write lock
 PROFILES = ("local", "cluster")
 CLUSTER_SPARK_WORKERS = 2
 TABLE_BUCKET = "lake"
-"""The cluster profile's S3 Tables bucket: the REST catalog's warehouse."""  # how long an Airflow process waits for the metadata database's write lock
+"""The cluster profile's S3 Tables bucket: the REST catalog's warehouse."""
 
 
 @dataclass
@@ -53,7 +53,7 @@ class StackState:
     """Services the current `up` call started (not saved): what a failure of the caller stops."""
 
     @classmethod
-    def load(cls, home: Path) -> "StackState":
+    def load(cls, home: Path) -> StackState:
         path = home / "stack.json"
         if not path.exists():
             return cls()
@@ -147,7 +147,9 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO_ROOT), str(REPO_ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep),
         **settings.as_env(),
     }
 
@@ -206,10 +208,11 @@ def start_s3_if_wanted(settings: Settings, state: StackState, *, force: bool = F
 
 
 def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, profile: str = "local",
-       joiner: bool = False) -> StackState:
+       joiner: bool = False, spark_connect: bool = False) -> StackState:
     """Start what is not running yet and prepare the catalog (and AIRFLOW_HOME); with
     `spark_workers`, also a Spark standalone master and that many workers; with `joiner`, also the
-    sample joiner (raw impressions + clicks -> the sample topic). The `cluster` profile
+    sample joiner (raw impressions + clicks -> the sample topic); with `spark_connect`, a warm Spark
+    Connect server that preprocessing runs submit to (`slipstream.dev.spark_connect`). The `cluster` profile
     is the production-like one: S3 (SeaweedFS), its Iceberg REST catalog over the S3 warehouse,
     a Spark cluster (2 workers unless `spark_workers` says otherwise) and the broker. When any step
     fails or the command is interrupted, the servers this call started are stopped again (those
@@ -219,7 +222,7 @@ def up(settings: Settings, *, airflow: bool = True, spark_workers: int = 0, prof
         if profile not in PROFILES:
             raise ConfigError(f"stack profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         _up(settings, state, airflow, spark_workers or (CLUSTER_SPARK_WORKERS if profile == "cluster" else 0),
-            profile == "cluster")
+            profile == "cluster", spark_connect)
         if joiner:
             running = state.services.get("joiner")
             if running and pid_alive(running.pid):
@@ -272,6 +275,22 @@ def start_spark_if_wanted(home: Path, state: StackState, workers: int) -> None:
     state.env["SLIPSTREAM_SPARK_EXECUTOR_MEMORY"] = SPARK_EXECUTOR_MEMORY
 
 
+def start_connect_if_wanted(home: Path, state: StackState) -> None:
+    """The Spark Connect server (once; a running one is kept), recorded as a service; the
+    preprocess launcher finds it through SLIPSTREAM_SPARK_REMOTE in the settings file."""
+    running = state.services.get("spark-connect")
+    if running and pid_alive(running.pid):
+        log.info("spark connect server already running (pid %d) at %s", running.pid, running.address)
+    else:
+        from slipstream.dev.spark_connect import start_connect_server
+
+        server = start_connect_server(home)
+        state.services["spark-connect"] = ServiceState("spark-connect", server.pid, server.url, str(server.log_path))
+        state.started.append("spark-connect")
+    state.env["SLIPSTREAM_SPARK_REMOTE"] = state.services["spark-connect"].address
+    state.save(home)
+
+
 JOINER_IDLE_FLUSH_S = 5
 """The local stack replays generated events: once the input is read and quiet this long, the
 joiner closes every window (a live deployment leaves this off)."""
@@ -304,7 +323,8 @@ def start_joiner(settings: Settings) -> ServiceState:
     return ServiceState("joiner", pid, url, str(log_path))
 
 
-def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool) -> None:
+def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int, cluster: bool,
+        spark_connect: bool = False) -> None:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
     kafka = state.services.get("kafka")
@@ -322,11 +342,15 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
             state.started.append("s3")
         state.save(home)
     start_spark_if_wanted(home, state, spark_workers)
+    if spark_connect:
+        start_connect_if_wanted(home, state)
+    from slipstream.pipeline.datasets import deployment_datasets
     from slipstream.stream.kafka import create_topic
 
     bootstrap = state.services["kafka"].address
-    create_topic(bootstrap, settings.topic, settings.topic_partitions)
-    create_topic(bootstrap, f"{settings.topic}.dlq", 1)
+    for data in deployment_datasets(settings):  # each data set's sample and dead-letter topics
+        create_topic(bootstrap, data.topic, data.topic_partitions)
+        create_topic(bootstrap, data.dlq_topic, 1)
     state.env["SLIPSTREAM_KAFKA_BOOTSTRAP"] = bootstrap
     # every later command and child process of this home finds these servers through the settings
     # file (0600; the environment still wins), never through this module; stack.json keeps no key
@@ -347,7 +371,7 @@ def _up(settings: Settings, state: StackState, airflow: bool, spark_workers: int
     state.save(home)
 
 
-def rest_catalog_env(endpoint: "S3Endpoint") -> dict[str, str]:
+def rest_catalog_env(endpoint: S3Endpoint) -> dict[str, str]:
     """The settings that make SeaweedFS's Iceberg REST catalog the catalog, over its table bucket
     (authenticated with the S3 keys as OAuth2 client credentials)."""
     return {
@@ -363,7 +387,10 @@ def with_stack_env(settings: Settings, values: dict[str, str]) -> Settings:
     a profile's catalog replaces the local one."""
     given = {k.removeprefix("SLIPSTREAM_").lower(): v for k, v in values.items()}
     forced = {"catalog", "catalog_uri", "catalog_credential", "warehouse"} if "catalog_uri" in given else set()
-    return dataclasses.replace(settings, **{k: v for k, v in given.items() if k in forced or not getattr(settings, k)})
+    # the file's values are text: they fill text fields only (a number or a path keeps its parsed value)
+    fill: dict[str, Any] = {k: v for k, v in given.items()
+                            if isinstance(getattr(settings, k), str) and (k in forced or not getattr(settings, k))}
+    return dataclasses.replace(settings, **fill)
 
 
 def effective_settings(settings: Settings) -> Settings:
@@ -374,9 +401,29 @@ def effective_settings(settings: Settings) -> Settings:
                                      if k.removeprefix("SLIPSTREAM_").lower() in {f.name for f in dataclasses.fields(Settings)}})
 
 
+WRITERS = ("joiner",)
+"""Services that write to the broker: stopped before it (the joiner commits on SIGTERM)."""
+WRITER_GRACE_S = 60.0
+
+
 def down(settings: Settings) -> list[str]:
+    """Stop what `up` started, by PID, writers first: the joiner (it commits its open
+    transaction), then this home's registered producers (`slipstream.dev.producers`), then, once
+    the broker has been quiet for a moment (it has written what it acknowledged), the broker and
+    the rest. Returns "name (pid N)" of each process stopped, in order."""
+    from slipstream.dev.producers import stop_producers, wait_until_quiet
+
     state = StackState.load(settings.home)
     stopped = []
+    for name in [n for n in state.services if n in WRITERS]:
+        svc = state.services.pop(name)
+        stop_process(svc.pid, timeout_s=WRITER_GRACE_S)
+        stopped.append(f"{name} (pid {svc.pid})")
+        state.save(settings.home)
+    stopped += stop_producers(settings.home)
+    kafka = state.services.get("kafka")
+    if kafka is not None and pid_alive(kafka.pid):
+        wait_until_quiet(kafka.address)
     for name, svc in reversed(list(state.services.items())):
         stop_process(svc.pid)
         stopped.append(f"{name} (pid {svc.pid})")

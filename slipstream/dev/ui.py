@@ -20,11 +20,17 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from slipstream.errors import StackError
-from slipstream.settings import Settings, write_private_file
 from slipstream.dev.stack import (
-    ServiceState, StackState, _bin, airflow_env, free_port, pid_alive, port_open, start_process, stop_process,
+    ServiceState,
+    StackState,
+    _bin,
+    airflow_env,
+    free_port,
+    port_open,
 )
+from slipstream.errors import StackError
+from slipstream.processes import pid_alive, start_process, stop_process
+from slipstream.settings import Settings, write_private_file
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec
@@ -28,6 +29,9 @@ class JoinerConfig:
     max_future_s: float = 3600.0
     """An event time more than this ahead of the machine's clock is a dead letter (a broken clock
     would otherwise close every window)."""
+    max_age_s: float = 400 * 86400.0
+    """An event time more than this behind the machine's clock is a dead letter (1971, a 0
+    default, a wrong unit); 0: no limit. A replay of older history belongs in the batch path."""
     commit_interval_s: float = 0.25
     """How often a transaction commits (samples become visible to read_committed readers then)."""
     batch: int = 10_000
@@ -47,6 +51,8 @@ class JoinerConfig:
     def __post_init__(self) -> None:
         if self.lateness_s < 0:
             raise ConfigError(f"--lateness-s must be >= 0, got {self.lateness_s}")
+        if self.max_age_s < 0:
+            raise ConfigError(f"--max-age-s must be >= 0 (0: no limit), got {self.max_age_s}")
         if self.commit_interval_s <= 0:
             raise ConfigError(f"--commit-interval-s must be > 0, got {self.commit_interval_s}")
         if self.impressions_topic == self.clicks_topic:
@@ -61,7 +67,7 @@ class JoinerConfig:
         return f"{topic}.dlq"
 
     @classmethod
-    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: object) -> "JoinerConfig":
+    def for_spec(cls, spec: Spec, samples_topic: str, **knobs: Any) -> JoinerConfig:
         """Defaults named after the spec: topics = its source names, group = slipstream-joiner-<spec>."""
         if spec.label.kind != "click_within" or spec.label_source is None:
             raise ConfigError(f"the joiner joins clicks to impressions: spec {spec.name} labels by "
@@ -71,4 +77,4 @@ class JoinerConfig:
         given.setdefault("clicks_topic", spec.label_source.name)
         given.setdefault("group", f"slipstream-joiner-{spec.name}")
         given.setdefault("instance", socket.gethostname())
-        return cls(samples_topic=samples_topic, **given)  # type: ignore[arg-type]
+        return cls(samples_topic=samples_topic, **given)

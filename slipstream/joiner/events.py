@@ -5,10 +5,10 @@ or a number of epoch milliseconds (Kafka's unit). A record that cannot become a 
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from datetime import datetime
-import io
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -137,4 +137,33 @@ def parse_records(values: list[bytes], source: SourceSpec) -> tuple[pa.Table, np
 def event_times(table: pa.Table, source: SourceSpec) -> np.ndarray:
     """The source's event time column as int64 epoch microseconds."""
     col = pc.cast(table.column(source.time or ""), pa.timestamp("us", tz="UTC"))
-    return pc.cast(col, pa.int64()).to_numpy()  # type: ignore[no-any-return]
+    times: np.ndarray = pc.cast(col, pa.int64()).to_numpy()
+    return times
+
+
+def out_of_range(ts: np.ndarray, now_us: int, max_future_s: float, max_age_s: float,
+                 kind: str) -> list[tuple[int, str]]:
+    """(index, reason) of each event time that cannot be right: more than `max_future_s` ahead of
+    the clock (a broken clock would close every window), or more than `max_age_s` behind it
+    (1971, a 0 default, seconds written as milliseconds: it would be trained as history that
+    never was). `kind` names the event in the reason ("impression", "click")."""
+    ahead = ts - now_us > int(max_future_s * US_PER_S)
+    behind = now_us - ts > int(max_age_s * US_PER_S) if max_age_s > 0 else np.zeros(len(ts), dtype=bool)
+    out = []
+    for i in np.flatnonzero(ahead | behind).tolist():
+        when = _iso(int(ts[i]))
+        if ahead[i]:
+            out.append((i, f"event time out of range: {kind} time {when} is {(int(ts[i]) - now_us) / US_PER_S:.0f} s "
+                           f"ahead of this machine's clock (more than --max-future-s {max_future_s:g})"))
+        else:
+            out.append((i, f"event time out of range: {kind} time {when} is {(now_us - int(ts[i])) / 86400e6:.0f} days "
+                           f"before this machine's clock (more than --max-age-s {max_age_s:g}): a broken clock, a "
+                           "default value or a wrong unit?"))
+    return out
+
+
+def _iso(us: int) -> str:
+    try:
+        return datetime.fromtimestamp(us / US_PER_S, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return f"{us} us since 1970"

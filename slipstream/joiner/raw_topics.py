@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def iso_us(us: int) -> str:
-    return datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{us % 1_000_000:06d}Z"
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{us % 1_000_000:06d}Z"
 
 
 def event_value(row: dict[str, Any], time_field: str) -> bytes:

@@ -5,8 +5,10 @@ letters, state changes and input offsets in one Kafka transaction.
 A task is partition p of both input topics (they must be co-partitioned: keyed by user, the same
 partition count), so a group of joiners splits the work by partition (range assignment) and a
 user's impressions, clicks and sequence stay on one task. A task's watermark is the smallest
-newest event time among its inputs still reading (an input at its end does not hold it back),
-less `lateness_s`; it never goes back.
+newest event time among its inputs that still have records to read, less `lateness_s`; it never
+goes back. An input stops holding it back only when it is idle by its end offset
+(`slipstream.joiner.idleness`), so a backlog replayed on both inputs (after an outage or a
+restart) joins what a live run joins, however the client interleaves the two.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +26,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from slipstream.errors import StackError
 from slipstream.joiner.config import JoinerConfig
-from slipstream.joiner.events import US_PER_S, parse_records
+from slipstream.joiner.events import US_PER_S, out_of_range, parse_records
+from slipstream.joiner.idleness import InputActivity
 from slipstream.joiner.metrics import JoinerMetrics, serve_health
 from slipstream.joiner.side_tables import SideTables
 from slipstream.joiner.state_store import encode_changes, encode_table, read_changelog, table_kind
@@ -40,6 +43,7 @@ ROWS, SEQ = "impressions", "sequence:"
 """Kinds of the changelog's Arrow records: a task's new impressions, a sequence feature's tails."""
 LAG_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
+
 
 
 @dataclass
@@ -58,17 +62,18 @@ class Joiner:
         self.tables = dict(tables or {})
         self.side: SideTables | None = None
         """The spec's side tables read from their topics (None: `tables` were given, or none yet)."""
-        self.events, self.labels = spec.events, spec.label_source
-        assert self.labels is not None  # JoinerConfig.for_spec refuses other labels
+        labels = spec.label_source
+        assert labels is not None  # JoinerConfig.for_spec refuses other labels
+        self.events, self.labels = spec.events, labels
         self.window_us = spec.label.window_s * US_PER_S
         self.lateness_us = int(cfg.lateness_s * US_PER_S)
         self.sort_field = next((f.per for f in spec.features if f.kind == "sequence"), None)
         self.tasks: dict[int, Task] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self.stream_time: dict[tuple[str, int], int] = {}
-        self.at_end: dict[tuple[str, int], float] = {}
-        """Input partitions at their end -> since when (monotonic): one holds the watermark back
-        for `input_idle_s` more (its producer may only be a moment behind the other's)."""
+        self.activity = InputActivity(cfg.input_idle_s, self._at_end_offset)
+        self._eof_at: dict[tuple[str, int], int] = {}
+        """Which input partitions are idle (no longer hold their task's watermark back)."""
         self.idle_since: dict[int, float] = {}
         self.metrics = JoinerMetrics()
         self.stop = threading.Event()
@@ -169,22 +174,24 @@ class Joiner:
     # --- input --------------------------------------------------------------------------------
     def _take(self, msgs: list[Message]) -> None:
         by_input: dict[tuple[str, int], list[Message]] = {}
-        for m in msgs:
+        now = time.monotonic()
+        for m in msgs:  # in order: an end of partition after a partition's records counts, one before does not
             err = m.error()
-            tp = (m.topic(), m.partition())
+            tp = cast(tuple[str, int], (m.topic(), m.partition()))  # records and partition ends name both
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    self.at_end.setdefault(tp, time.monotonic())
+                    self.activity.end(tp, now)
+                    self._eof_at[tp] = m.offset() or 0  # where the client stood, also before its first record
                     continue
                 if err.fatal():
                     raise KafkaException(err)
                 log.warning("consume error on %s[%s]: %s (retrying)", m.topic(), m.partition(), err)
                 continue
-            self.at_end.pop(tp, None)
+            self.activity.records(tp, now)
             by_input.setdefault(tp, []).append(m)
         # impressions first: a click in the same batch as its impression joins it (as an orphan would)
         for tp, group in sorted(by_input.items(), key=lambda kv: kv[0][0] == self.cfg.clicks_topic):
-            self.positions[tp] = group[-1].offset() + 1
+            self.positions[tp] = cast(int, group[-1].offset()) + 1  # a consumed record has its offset
             self._take_input(self.tasks[tp[1]], tp, group)
 
     def _take_input(self, task: Task, tp: tuple[str, int], msgs: list[Message]) -> None:
@@ -192,25 +199,26 @@ class Joiner:
         the clock, joined; each record the join cannot use goes to the dead letters with its reason."""
         is_click = tp[0] == self.cfg.clicks_topic
         source = self.labels if is_click else self.events
-        rows, ts, bad = parse_records([m.value() or b"" for m in msgs], source)  # type: ignore[arg-type]
+        rows, ts, bad = parse_records([m.value() or b"" for m in msgs], source)
         for i, reason in bad:
             self._dead(msgs[i], reason)
         if bad:
             failed = {i for i, _ in bad}
             msgs = [m for i, m in enumerate(msgs) if i not in failed]
-        ahead = ts - int(time.time() * US_PER_S) > int(self.cfg.max_future_s * US_PER_S)
-        if ahead.any():
-            for i in np.flatnonzero(ahead).tolist():
-                self._dead(msgs[i], f"{'click' if is_click else 'impression'} time is "
-                                    f"{(int(ts[i]) - int(time.time() * US_PER_S)) / US_PER_S:.0f} s ahead of this "
-                                    f"machine's clock (more than --max-future-s {self.cfg.max_future_s:g})")
-            msgs = [m for m, a in zip(msgs, ahead.tolist()) if not a]
-            rows, ts = rows.filter(pa.array(~ahead)), ts[~ahead]
+        wrong = out_of_range(ts, int(time.time() * US_PER_S), self.cfg.max_future_s, self.cfg.max_age_s,
+                             "click" if is_click else "impression")
+        if wrong:
+            for i, reason in wrong:
+                self._dead(msgs[i], reason)
+            ok = np.ones(len(ts), dtype=bool)
+            ok[[i for i, _ in wrong]] = False
+            msgs = [m for m, keep in zip(msgs, ok.tolist()) if keep]
+            rows, ts = rows.filter(pa.array(ok)), ts[ok]
         if not len(ts):
             return
         self.stream_time[tp] = max(self.stream_time.get(tp, NO_TIME), int(ts.max()))
         if is_click:
-            keys = pc.cast(rows.column(self.labels.key or ""), pa.string()).to_pylist()  # type: ignore[union-attr]
+            keys = pc.cast(rows.column(self.labels.key or ""), pa.string()).to_pylist()
             rejected = [(i, r) for i, (k, t, m) in enumerate(zip(keys, ts.tolist(), msgs))
                         if (r := task.state.click(k, t, m.value() or b"")) is not None]
         else:
@@ -221,9 +229,10 @@ class Joiner:
         self.metrics.counts["clicks" if is_click else "impressions"] += len(ts) - len(rejected)
 
     def _dead(self, m: Message, reason: str) -> None:
-        headers = [("reason", reason.encode()), ("source_topic", m.topic().encode()),
+        topic = cast(str, m.topic())  # a consumed record names its topic
+        headers = [("reason", reason.encode()), ("source_topic", topic.encode()),
                    ("source_partition", str(m.partition()).encode()), ("source_offset", str(m.offset()).encode())]
-        self._produce(self.cfg.dlq(m.topic()), m.value(), m.key(), headers=headers)
+        self._produce(self.cfg.dlq(topic), m.value(), m.key(), headers=headers)
         self.metrics.dead(reason)
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
@@ -238,13 +247,12 @@ class Joiner:
     def _watermark(self, p: int) -> int:
         inputs = [(self.cfg.impressions_topic, p), (self.cfg.clicks_topic, p)]
         now = time.monotonic()
-        reading = [self.stream_time.get(tp, NO_TIME) for tp in inputs
-                   if now - self.at_end.get(tp, now) < self.cfg.input_idle_s or tp not in self.at_end]
+        reading = [self.stream_time.get(tp, NO_TIME) for tp in inputs if not self.activity.idle(tp, inputs, now)]
         newest = max(self.stream_time.get(tp, NO_TIME) for tp in inputs)
         if reading:
             self.idle_since.pop(p, None)
             return min(reading) - self.lateness_us if min(reading) > NO_TIME else NO_TIME
-        idle = time.monotonic() - self.idle_since.setdefault(p, time.monotonic())
+        idle = now - self.idle_since.setdefault(p, now)
         if newest == NO_TIME:
             return NO_TIME
         if self.cfg.idle_flush_s > 0 and idle >= self.cfg.idle_flush_s:
@@ -252,6 +260,18 @@ class Joiner:
         if self.cfg.idle_flush_s <= 0 and idle >= max(self.cfg.lateness_s, 1.0):
             return max(newest, int(time.time() * US_PER_S)) - self.lateness_us  # live: event time is the clock's
         return newest - self.lateness_us
+
+    def _at_end_offset(self, tp: tuple[str, int]) -> bool | None:
+        """A fresh look at input `tp`'s end offset: True when the client's position is there."""
+        tpart = TopicPartition(tp[0], tp[1])
+        try:
+            _, high = self.consumer.get_watermark_offsets(tpart, timeout=2, cached=False)
+            position = self.consumer.position([tpart])[0].offset
+        except KafkaException as e:
+            log.warning("end offset of %s[%d] unavailable (%s): it holds the watermark", tp[0], tp[1], e)
+            return None
+        # a partition handed over at its end has no client position until a record comes: its end of partition's
+        return bool(max(position, self._eof_at.get(tp, -1), self.positions.get(tp, -1)) >= high)
 
     def _close_windows(self) -> None:
         for p, task in self.tasks.items():
@@ -383,8 +403,9 @@ class Joiner:
     def _forget(self, parts: list[TopicPartition]) -> None:
         for tp in parts:
             self.tasks.pop(tp.partition, None)
-            for d in (self.positions, self.stream_time, self.at_end):
+            for d in (self.positions, self.stream_time, self._eof_at):
                 d.pop((tp.topic, tp.partition), None)
+            self.activity.forget((tp.topic, tp.partition))
 
     # --- reporting ----------------------------------------------------------------------------
     def _update_lag(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -84,7 +84,7 @@ class SideTables:
             if err is not None and err.code() != KafkaError._PARTITION_EOF:
                 raise RuntimeError(f"side table {m.topic()}: {err}")
             if err is None:
-                good.setdefault(m.topic(), []).append(m)
+                good.setdefault(cast(str, m.topic()), []).append(m)  # a consumed record names its topic
         for topic, batch in good.items():
             self._merge(self.by_topic[topic], batch)
         return [m for batch in good.values() for m in batch]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -40,7 +41,8 @@ def encode_table(table: pa.Table, kind: str) -> Iterator[bytes]:
 
 
 def table_kind(table: pa.Table) -> str:
-    return (table.schema.metadata or {}).get(KIND.encode(), b"").decode()
+    kind: bytes = (table.schema.metadata or {}).get(KIND.encode(), b"")
+    return kind.decode()
 
 
 def encode_changes(changes: dict[str, Any]) -> Iterator[bytes]:
@@ -57,8 +59,9 @@ def encode_changes(changes: dict[str, Any]) -> Iterator[bytes]:
 
 def read_changelog(broker: Broker, topic: str, partition: int, group: str,
                    timeout_s: float = 60.0) -> Iterator[dict[str, Any] | pa.Table]:
-    """Every committed change record of one task (JSON changes, or a table of rows), oldest first (read_committed, up to the end the
-    partition had when called; records of aborted transactions are skipped by the client)."""
+    """Every committed change record of one task (JSON changes, or a table of rows), oldest first
+    (read_committed, up to the end the partition had when called; records of aborted transactions
+    are skipped by the client)."""
     consumer = Consumer(consumer_config(broker, group=group, **{"enable.partition.eof": True}))
     tp = TopicPartition(topic, partition)
     try:
@@ -74,9 +77,9 @@ def read_changelog(broker: Broker, topic: str, partition: int, group: str,
                     if err.code() == KafkaError._PARTITION_EOF:
                         return
                     raise KafkaException(err)
-                value = m.value()
+                value = cast(bytes, m.value())  # `encode_changes`/`encode_table` wrote every record: never a tombstone
                 yield json.loads(value) if value[:1] == b"{" else pa.ipc.open_stream(value).read_all()
-                if m.offset() + 1 >= high:
+                if cast(int, m.offset()) + 1 >= high:  # a consumed record has its offset
                     return
             position = consumer.position([tp])[0].offset
             if position >= high:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,8 @@ class Closed:
 
     @property
     def ids(self) -> list[str]:
-        return self.rows.column(ID_COLUMN).to_pylist()  # type: ignore[no-any-return]
+        ids: list[str] = self.rows.column(ID_COLUMN).to_pylist()
+        return ids
 
 
 @dataclass
@@ -117,7 +119,7 @@ class TaskState:
     """id -> [[click us, raw record text], ...] for clicks that came before their impression."""
     done: dict[str, int] = field(default_factory=dict)
     """ids already emitted -> their time (kept a while, to name late clicks and duplicates)."""
-    _done_order: deque = field(default_factory=deque)
+    _done_order: deque[tuple[np.ndarray, list[str]]] = field(default_factory=deque)
     """(times, ids) of each closed batch, sorted by time: when `done` entries are forgotten."""
     _new_rows: list[pa.Table] = field(default_factory=list)
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {"clicks": set(), "orphans": set()})
@@ -273,8 +275,6 @@ class TaskState:
 
 
 def _iso(us: int) -> str:
-    from datetime import datetime, timezone
-
     if us <= NO_TIME:
         return "(none yet)"
-    return datetime.fromtimestamp(us / US_PER_S, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(us / US_PER_S, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

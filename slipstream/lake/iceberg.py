@@ -18,9 +18,9 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from slipstream.errors import ConfigError
 from slipstream.samples.schema import ICEBERG_SCHEMA, SAMPLES_TABLE, iceberg_schema
 from slipstream.samples.schema import partition_spec as day_partition_spec
-from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 
@@ -127,11 +127,11 @@ def samples_table(catalog: Catalog, namespace: str, spec: Spec | None = None) ->
 
 # Imports of this section live here, not at the top, so that appends by other teams merge cleanly.
 import random  # noqa: E402
-from datetime import date, datetime, timedelta, timezone  # noqa: E402
-from typing import Mapping, Sequence  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
+from datetime import UTC, date, datetime, timedelta  # noqa: E402
 
 from pyiceberg.exceptions import ValidationException  # noqa: E402
-from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Or  # noqa: E402
 from pyiceberg.io.pyarrow import parquet_files_to_data_files  # noqa: E402
 from pyiceberg.manifest import DataFile  # noqa: E402
 from pyiceberg.partitioning import PartitionField  # noqa: E402
@@ -141,7 +141,6 @@ from pyiceberg.types import DateType, NestedField, StringType  # noqa: E402
 
 from slipstream.errors import CommitConflict  # noqa: E402
 from slipstream.samples.schema import REJECTS_TABLE  # noqa: E402
-
 
 REJECTS_SCHEMA = Schema(
     NestedField(1, "day", DateType(), required=False, doc="raw day the record was read for"),
@@ -169,7 +168,7 @@ def day_predicate(table: Table, day: date) -> BooleanExpression:
     for pf in spec.fields:
         source = schema.find_field(pf.source_id)
         if isinstance(pf.transform, DayTransform):
-            start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
             end = start + timedelta(days=1)
             return And(
                 GreaterThanOrEqual(source.name, start.isoformat()), LessThan(source.name, end.isoformat())
@@ -182,20 +181,22 @@ def day_predicate(table: Table, day: date) -> BooleanExpression:
     )
 
 
-def _data_files_of_day(table: Table, day: date, files: Sequence[str]) -> list[DataFile]:
-    """Footer statistics of the new files, each checked to hold exactly `day` (a file spanning
+def _data_files_of_days(table: Table, files_by_day: Mapping[date, Sequence[str]]) -> list[DataFile]:
+    """Footer statistics of the new files, each checked to hold exactly its day (a file spanning
     two days, or of another day, would otherwise land outside the partition being replaced)."""
+    owner = {path: day for day, paths in files_by_day.items() for path in paths}
     try:
-        data_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(files)))
+        data_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(owner)))
     except ValueError as e:  # pyiceberg refuses a file whose rows span several partitions
+        days = ", ".join(str(d) for d in sorted(files_by_day))
         raise ConfigError(
-            f"a file for day {day} cannot be committed ({e}): every file of a day overwrite must "
+            f"a file for day(s) {days} cannot be committed ({e}): every file of a day overwrite must "
             "contain exactly that day's rows"
         ) from e
-    want = (day - _EPOCH).days
     for df in data_files:
+        day = owner[df.file_path]
         got = df.partition[0] if len(df.partition) else None
-        if got != want:
+        if got != (day - _EPOCH).days:
             shown = (_EPOCH + timedelta(days=got)).isoformat() if isinstance(got, int) else got
             raise ConfigError(
                 f"{df.file_path} holds day {shown}, not {day}: every file of a day overwrite must "
@@ -204,40 +205,123 @@ def _data_files_of_day(table: Table, day: date, files: Sequence[str]) -> list[Da
     return data_files
 
 
-def _committed_files_of_day(table: Table, day: date) -> list[DataFile]:
-    """The data files the current snapshot holds for `day`: whole files, since every file of a
-    day-partitioned table holds one day (a file of another partition would be refused)."""
-    if table.current_snapshot() is None:
+def _day_runs(days: Sequence[date]) -> list[tuple[date, date]]:
+    """Sorted days as runs of consecutive days: (first, last) pairs."""
+    runs: list[tuple[date, date]] = []
+    for d in sorted(set(days)):
+        if runs and d == runs[-1][1] + timedelta(days=1):
+            runs[-1] = (runs[-1][0], d)
+        else:
+            runs.append((d, d))
+    return runs
+
+
+def days_predicate(table: Table, days: Sequence[date]) -> BooleanExpression:
+    """The rows of `days`: one range per run of consecutive days (`day_predicate` of each end)."""
+    expr: BooleanExpression | None = None
+    for first, last in _day_runs(days):
+        lo, hi = day_predicate(table, first), day_predicate(table, last)
+        part: BooleanExpression
+        if first == last:
+            part = lo
+        elif isinstance(lo, And) and isinstance(hi, And):  # [start of first, end of last)
+            part = And(lo.left, hi.right)
+        else:  # an identity(date) partition: one equality per day
+            part = lo
+            for i in range(1, (last - first).days + 1):
+                part = Or(part, day_predicate(table, first + timedelta(days=i)))
+        expr = part if expr is None else Or(expr, part)
+    if expr is None:
+        raise ValueError("days_predicate needs at least one day")
+    return expr
+
+
+def _committed_files_of_days(table: Table, days: Sequence[date]) -> list[DataFile]:
+    """The data files the current snapshot holds for `days` (one scan plan): whole files, since
+    every file of a day-partitioned table holds one day (a file of another partition is refused)."""
+    if table.current_snapshot() is None or not days:
         return []
-    want = (day - _EPOCH).days
-    files = [task.file for task in table.scan(row_filter=day_predicate(table, day)).plan_files()]
+    want = {(d - _EPOCH).days for d in days}
+    files = [task.file for task in table.scan(row_filter=days_predicate(table, list(days))).plan_files()]
     for df in files:
-        if not len(df.partition) or df.partition[0] != want:
+        if not len(df.partition) or df.partition[0] not in want:
             raise ConfigError(
-                f"{df.file_path} is in partition {df.partition} of {'.'.join(table.name())}, not day {day}: "
-                "a day overwrite replaces whole files of the day's partition (was the table's partition spec changed?)"
+                f"{df.file_path} is in partition {df.partition} of {'.'.join(table.name())}, not one of the days "
+                "being replaced: a day overwrite replaces whole files of the day's partition (was the table's "
+                "partition spec changed?)"
             )
     return files
 
 
-def _overwrite_transaction(table: Table, day: date, data_files: list[DataFile], props: dict[str, str]) -> Any:
-    """One transaction, one OVERWRITE snapshot: the day's committed files out, the new ones in.
+def _overwrite_transaction(table: Table, days: Sequence[date], data_files: list[DataFile], props: dict[str, str]) -> Any:
+    """One transaction, one OVERWRITE snapshot: the days' committed files out, the new ones in.
     (A delete and an append would be two snapshots, and a reader pinned to the first between them
-    would see the day missing.)"""
-    old = _committed_files_of_day(table, day)
+    would see the days missing.)"""
+    old = _committed_files_of_days(table, days)
     tx = table.transaction()
     if data_files and tx.table_metadata.name_mapping() is None:
         # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
         tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
     if old or data_files:
         with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
-            # the day's predicate is also the conflict filter: a concurrent writer of this day fails our commit
-            overwrite.delete_by_predicate(day_predicate(table, day))
+            # the days' predicate is also the conflict filter: a concurrent writer of one of them fails our commit
+            overwrite.delete_by_predicate(days_predicate(table, days))
             for data_file in old:
                 overwrite.delete_data_file(data_file)
             for data_file in data_files:
                 overwrite.append_data_file(data_file)
     return tx
+
+
+def commit_days_overwrite(
+    table: Table,
+    files_by_day: Mapping[date, Sequence[str]],
+    *,
+    snapshot_properties: Mapping[str, str] | None = None,
+    max_attempts: int = 5,
+) -> int | None:
+    """Replace each day of `files_by_day` in `table` by its Parquet files (a day with no files is
+    emptied) in ONE catalog commit that makes ONE snapshot (operation `overwrite`: the days' old
+    files out, the new ones in), and return the new current snapshot id (None when the table is
+    still empty). A reader at any snapshot sees every one of these days old or every one new,
+    never a mix and never a day missing; days not named are left as they are.
+
+    Re-running with new files for the same days replaces the old ones, so a rerun is idempotent. A
+    commit that loses to a concurrent writer (CommitFailedException, or ValidationException when
+    the other run changed one of these days' files) is rebuilt and retried on the refreshed table:
+    the last writer wins and a day never holds two runs' files. After `max_attempts` conflicts it
+    raises `CommitConflict`.
+    """
+    props = {k: str(v) for k, v in (snapshot_properties or {}).items()}
+    days = sorted(files_by_day)
+    if not days:
+        raise ValueError("commit_days_overwrite needs at least one day")
+    what = str(days[0]) if len(days) == 1 else f"{len(days)} days {days[0]}..{days[-1]}"
+    data_files = _data_files_of_days(table, files_by_day)
+    for attempt in range(1, max_attempts + 1):
+        tx = _overwrite_transaction(table, days, data_files, props)
+        try:
+            tx.commit_transaction()
+        except (CommitFailedException, ValidationException) as e:
+            # pyiceberg first retries by itself on the new base; when another run changed one of
+            # these days meanwhile, its validation refuses (ValidationException). We then rebuild
+            # the whole transaction on the refreshed table: our overwrite now covers their files too.
+            if attempt == max_attempts:
+                raise CommitConflict(
+                    f"{'day' if len(days) == 1 else 'days'} {what} of {'.'.join(table.name())}: {attempt} commits lost "
+                    f"to concurrent writers ({e}); re-run once the other run finished"
+                ) from e
+            wait = min(0.2 * 2**attempt, 5.0) * (0.5 + random.random())
+            log.warning("commit of %s conflicted (attempt %d/%d): retrying on the new table state in %.1fs",
+                        what, attempt, max_attempts, wait)
+            time.sleep(wait)
+            table.refresh()
+            continue
+        snap = table.current_snapshot()
+        log.info("committed %s to %s: %d files, snapshot %s", what, ".".join(table.name()),
+                 sum(len(f) for f in files_by_day.values()), snap.snapshot_id if snap else None)
+        return snap.snapshot_id if snap else None
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def commit_day_overwrite(
@@ -249,43 +333,10 @@ def commit_day_overwrite(
     max_attempts: int = 5,
 ) -> int | None:
     """Replace `day` in `table` by the Parquet `files` in ONE catalog commit that makes ONE
-    snapshot (operation `overwrite`: the day's old files out, the new ones in), and return the new
-    current snapshot id (None when the table is still empty). A reader at any snapshot sees the day
-    whole, old or new, never missing.
-
-    Re-running with new files for the same day replaces the old ones, so a day's rerun is
-    idempotent. A commit that loses to a concurrent writer (CommitFailedException, or
-    ValidationException when the other run changed this day's files) is rebuilt and retried on the
-    refreshed table: the last writer wins and the day never holds two runs' files. After `max_attempts`
-    conflicts it raises `CommitConflict`.
-    """
-    props = {k: str(v) for k, v in (snapshot_properties or {}).items()}
-    files = list(files)
-    for attempt in range(1, max_attempts + 1):
-        data_files = _data_files_of_day(table, day, files)
-        tx = _overwrite_transaction(table, day, data_files, props)
-        try:
-            tx.commit_transaction()
-        except (CommitFailedException, ValidationException) as e:
-            # pyiceberg first retries by itself on the new base; when another run changed this
-            # day meanwhile, its validation refuses (ValidationException). We then rebuild the
-            # whole transaction on the refreshed table: our overwrite now covers their files too.
-            if attempt == max_attempts:
-                raise CommitConflict(
-                    f"day {day} of {'.'.join(table.name())}: {attempt} commits lost to concurrent "
-                    f"writers ({e}); re-run the day once the other run finished"
-                ) from e
-            wait = min(0.2 * 2**attempt, 5.0) * (0.5 + random.random())
-            log.warning("commit of day %s conflicted (attempt %d/%d): retrying on the new table state in %.1fs",
-                        day, attempt, max_attempts, wait)
-            time.sleep(wait)
-            table.refresh()
-            continue
-        snap = table.current_snapshot()
-        log.info("committed day %s to %s: %d files, snapshot %s", day, ".".join(table.name()), len(files),
-                 snap.snapshot_id if snap else None)
-        return snap.snapshot_id if snap else None
-    raise AssertionError("unreachable")  # the loop returns or raises
+    snapshot (`commit_days_overwrite` of one day): a reader at any snapshot sees the day whole, old
+    or new, never missing, and a re-run of the day is idempotent."""
+    return commit_days_overwrite(table, {day: list(files)}, snapshot_properties=snapshot_properties,
+                                 max_attempts=max_attempts)
 
 # --- S3 warehouse settings ---------------------------------------------------------------------
 # The warehouse is on S3 when SLIPSTREAM_WAREHOUSE starts with s3:// (e.g. s3://warehouse/wh on the

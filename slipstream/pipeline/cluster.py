@@ -8,8 +8,8 @@ never read by Airflow.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from slipstream.env_settings import env_names, settings_from_env
 from slipstream.errors import ConfigError
@@ -31,7 +31,7 @@ class VolumeSource:
             raise ConfigError(f"a {self.kind} volume needs a {'path' if self.kind == 'hostPath' else 'claim name'}")
 
     @classmethod
-    def parse(cls, text: str, *, setting: str) -> "VolumeSource":
+    def parse(cls, text: str, *, setting: str) -> VolumeSource:
         kind, sep, source = text.partition(":")
         if not sep:
             raise ConfigError(f"{setting} must look like 'hostPath:/var/cache/x' or 'pvc:claim-name', got {text!r}")
@@ -166,7 +166,7 @@ class ClusterSettings:
         return tuple(out)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ClusterSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClusterSettings:
         return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_ENV_NAMES)
 
 

@@ -1,8 +1,10 @@
 """Launching the Spark preprocessing job as a process, and reading its one-line JSON summary.
 
 Airflow tasks, the demo and the benchmark call `run_preprocess` / `run_preprocess_days`; they never
-import pyspark (layering): the job runs as `python -m spark_jobs.preprocess` (Spark `local[*]`)
-or through `spark-submit` on a cluster (`SLIPSTREAM_SPARK_MASTER` / `SLIPSTREAM_SPARK_SUBMIT`).
+import pyspark (layering): the job runs as `python -m spark_jobs.preprocess` (Spark `local[*]`, or a
+client of a warm Spark Connect server with `SLIPSTREAM_SPARK_REMOTE`) or through `spark-submit` on
+a cluster (`SLIPSTREAM_SPARK_MASTER` / `SLIPSTREAM_SPARK_SUBMIT`). Any number of days is one range
+job: one Spark pass and one snapshot.
 The job's log (stderr) is streamed line by line into this module's logger, so an Airflow task log
 shows Spark's progress as it happens.
 """
@@ -18,17 +20,18 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from slipstream import errors
 from slipstream.errors import PreprocessError
 from slipstream.lake.raw_zone import raw_day_ready
-from slipstream.settings import Settings
 from slipstream.pipeline.code_bundle import code_zip
 from slipstream.pipeline.spark_settings import SparkSettings
+from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[s
 
 
 def preprocess_days_command(settings: Settings, days: Sequence[date], run_id: str, **opts: Any) -> list[str]:
-    """The argument list that preprocesses `days` in one Spark session (one commit per day)."""
+    """The argument list that preprocesses `days` in one Spark pass (one snapshot for all of them)."""
     spark = job_spark_settings(settings, opts)
     job_args = _job_args(days, run_id, opts)
     if not spark.uses_submit:
@@ -142,11 +145,13 @@ def _parse_summary(stdout: str, summary_out: str | None) -> dict[str, Any] | Non
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                summary: dict[str, Any] = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            return summary
     if summary_out and Path(summary_out).exists():
-        return json.loads(Path(summary_out).read_text())
+        written: dict[str, Any] = json.loads(Path(summary_out).read_text())
+        return written
     return None
 
 
@@ -169,7 +174,7 @@ def _failure(days: Sequence[date], run_id: str, summary: dict[str, Any] | None, 
 
 
 def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, **opts: Any) -> list[PreprocessResult]:
-    """Preprocess `days` in one Spark process; one Iceberg commit per day. Raises the job's domain
+    """Preprocess `days` in one Spark pass and one Iceberg snapshot (the range job). Raises the job's domain
     error (`RawDataError`, `RejectRateExceeded`, `CommitConflict`) or `PreprocessError`, with the
     tail of the job's log."""
     spark = job_spark_settings(settings, opts)
@@ -180,9 +185,11 @@ def run_preprocess_days(settings: Settings, days: Sequence[date], run_id: str, *
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=_child_env(settings, spark, opts.get("env")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     out_lines: list[str] = []
+    out_pipe = proc.stdout
+    assert out_pipe is not None  # stdout=PIPE
     pumps = [
         threading.Thread(target=_pump, args=(proc.stderr, tail), daemon=True),
-        threading.Thread(target=lambda: out_lines.extend(proc.stdout), daemon=True),  # type: ignore[arg-type]
+        threading.Thread(target=lambda: out_lines.extend(out_pipe), daemon=True),
     ]
     for p in pumps:
         p.start()

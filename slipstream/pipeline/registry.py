@@ -27,10 +27,11 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -59,7 +60,9 @@ __all__ = ["ModelRegistry", "PromotionDecision", "RegistryConfig", "decide_promo
 @dataclass(frozen=True, kw_only=True)
 class RegistryConfig:
     location: str
-    """SLIPSTREAM_REGISTRY: folder or s3://bucket/prefix of the model registry (default <home>/registry)."""
+    """The data set's registry, a folder or s3://bucket/prefix: `Settings.registry` (SLIPSTREAM_REGISTRY,
+    or SLIPSTREAM_DATASET__<NAME>__REGISTRY; default <home>/registry/<data set>). One per data set:
+    a champion is only ever compared with models of its own data set."""
     tolerance: float = DEFAULT_TOLERANCE
     """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: a challenger may be this much AUC below the champion."""
     rule: str = "significant"
@@ -73,9 +76,11 @@ class RegistryConfig:
             raise ConfigError(f"SLIPSTREAM_PROMOTION_RULE must be one of {', '.join(RULES)}, got {self.rule!r}")
 
     @classmethod
-    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> "RegistryConfig":
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> RegistryConfig:
+        """The registry of `settings`' data set (the location is the settings', never re-read from
+        the environment, which names the deployment's default data set's), with the tolerance of `env`."""
         return settings_from_env(cls, env, prefix="SLIPSTREAM_", names=_REGISTRY_ENV,
-                                 defaults={"location": str(settings.home / "registry")})
+                                 given={"location": settings.registry})
 
 
 _REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE",
@@ -158,7 +163,7 @@ class ModelRegistry:
         if not reason.strip():
             raise ConfigError("a manual promotion needs a reason (--reason): it is kept in champion.json")
         champion = {"run_id": run_id, "auc": pkg.get("metrics", {}).get("auc"),
-                    "promoted_at": datetime.now(timezone.utc).isoformat(), "manual": reason.strip()}
+                    "promoted_at": datetime.now(UTC).isoformat(), "manual": reason.strip()}
         self._write_bytes(self._path(CHAMPION_FILE), json.dumps(champion, indent=2).encode())
         log.info("%s promoted by hand in %s: %s", run_id, self.location, reason)
         return champion
@@ -179,7 +184,7 @@ class ModelRegistry:
         decision = decide_promotion(run_id, metrics, self.champion(), tolerance, rule)
         package = {
             "run_id": run_id,
-            "created_at": datetime.now(timezone.utc).isoformat(),
+            "created_at": datetime.now(UTC).isoformat(),
             "schema_version": model_meta.get("schema_version", model_meta.get("SCHEMA_VERSION")),
             "lineage": _lineage(metrics),
             "metrics": _scores(metrics),

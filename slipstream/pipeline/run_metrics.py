@@ -258,6 +258,8 @@ class RunMetrics(_Model):
     forward_tail_stream: int = 0
     """Stream records in the forward tail (never trained)."""
     records_kafka: int = 0
+    duplicates: int = 0
+    """Stream records repeating a sample id admitted within data.dedupe_horizon_s: dead-lettered, not trained."""
     handoff_offsets: dict[str, int] = Field(default_factory=dict)
     handoff_methods: dict[str, str] = Field(default_factory=dict)
     final_offsets: dict[str, int] = Field(default_factory=dict)
@@ -265,6 +267,10 @@ class RunMetrics(_Model):
     stop_offsets: dict[str, int] | None = None
     """Per partition, the committed end when the stream phase stopped (the audit reads up to it;
     None: not recorded)."""
+    stream_committed: int | None = None
+    """Committed records in [handoff_offsets, stop_offsets), counted by a fresh reader (the stream audit)."""
+    stream_verified: bool = False
+    """The stream audit found every committed record trained, held out or rejected (a run it does not is stopped)."""
     # the headline
     auc: float | None = None
     """The headline AUC: of `auc_on`'s set (the forward tail when the run has one)."""
@@ -314,6 +320,9 @@ class RunMetrics(_Model):
     export: str | None = None
     cache: dict[str, float] | None = None
     """The cache reader's statistics (None: files read directly)."""
+    id_tables: dict[str, dict[str, Any]] | None = None
+    """Per managed id table's feature: its counts and the new-at-T ids' share and AUCs on the
+    interleaved hold-out after T (`trainers.eval.new_ids`; None: no managed table)."""
 
     @property
     def headline(self) -> EvalSet | None:

@@ -1,22 +1,31 @@
-"""The run folder `<runs_dir>/<run_id>/` from the orchestrator's side: ids, lineage, summary.
+"""The run folder `<runs_dir>/<run_id>/` from the orchestrator's side: ids, attempts, lineage, summary.
 
 The trainer writes `metrics.json` (docs/trainer.md, Run layout); the orchestrator passes only a small
 lineage dict between tasks (`training_lineage`) and collects what each stage decided into
 `summary.json`, the one file a person reads to see what a run did.
+
+One Airflow DAG run may train more than once: re-running it (Clear) after its data changed gives
+it a new **attempt**, a run folder of its own next to the first — `daily-20261104-90b3e01c` is
+attempt 1, `daily-20261104-90b3e01c-a2` attempt 2 — with its own plan, checkpoint, metrics and
+report. A plan never changes once written, so every folder is consistent: what it holds was
+trained on the plan beside it. `run.json` says whose attempt a folder is (DAG, DAG run, data set,
+attempt number, why it exists).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slipstream.errors import ConfigError, SlipstreamError
 from slipstream.pipeline.run_metrics import parse_run_metrics
@@ -25,6 +34,7 @@ from slipstream.settings import Settings
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+RUN_INFO_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.html"
 CHECKPOINT_DIR = "checkpoint"
@@ -45,8 +55,66 @@ class RunArtifactMissing(SlipstreamError):
 
 def make_run_id(kind: str, data_interval_end: datetime, dag_run_id: str) -> str:
     """`<kind>-<YYYYMMDD>-<8 hex>`: stable for one DAG run (a retry resumes the same run folder),
-    distinct for two manual triggers on the same day."""
+    distinct for two manual triggers on the same day. `kind` carries the data set where a
+    deployment has several (`daily-criteo`). This is the id of the DAG run's first attempt."""
     return f"{kind}-{data_interval_end:%Y%m%d}-{dag_run_digest(dag_run_id)}"
+
+
+ATTEMPT_SUFFIX = re.compile(r"-a([0-9]{1,4})$")
+
+
+def attempt_run_id(base: str, attempt: int) -> str:
+    """The run id of attempt `attempt` (1, 2, ...) of the DAG run whose first attempt is `base`."""
+    if attempt < 1:
+        raise ConfigError(f"attempts count from 1, got {attempt}")
+    return base if attempt == 1 else f"{base}-a{attempt}"
+
+
+def attempt_of(run_id: str) -> tuple[str, int]:
+    """(first attempt's run id, attempt number) of a run id."""
+    m = ATTEMPT_SUFFIX.search(run_id)
+    return (run_id[: m.start()], int(m.group(1))) if m else (run_id, 1)
+
+
+def attempt_dirs(settings: Settings, base: str) -> list[Path]:
+    """The attempt folders of the DAG run whose first attempt is `base`, in attempt order."""
+    root = runs_root(settings)
+    found = [p for p in (root / base, *root.glob(f"{base}-a*")) if p.is_dir() and attempt_of(p.name)[0] == base]
+    return sorted(found, key=lambda p: attempt_of(p.name)[1])
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """`run.json`: whose attempt a run folder is, and why it exists."""
+
+    dag_id: str
+    dag_run_id: str
+    dataset: str
+    attempt: int = 1
+    reason: str = "first attempt"
+    """Why this attempt: the first one, or what changed in the plan since the one before."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def write_run_info(run_path: Path, info: RunInfo) -> Path:
+    path = Path(run_path) / RUN_INFO_FILE
+    write_json_atomic(path, info.to_dict())
+    return path
+
+
+def read_run_info(run_path: Path) -> RunInfo | None:
+    """The folder's run.json, or None (a folder from before run.json, or a trainer run by hand)."""
+    path = Path(run_path) / RUN_INFO_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        return RunInfo(**{k: raw[k] for k in ("dag_id", "dag_run_id", "dataset", "attempt", "reason") if k in raw})
+    except (ValueError, TypeError, KeyError):
+        log.warning("ignoring the unreadable %s", path)
+        return None
 
 
 def dag_run_digest(dag_run_id: str) -> str:
@@ -171,18 +239,31 @@ RUN_KINDS: dict[str, str] = {"daily": "daily_retrain", "stream": "stream_train",
 of another kind (a trainer run started by hand) belongs to no DAG."""
 
 
-def dag_of_run(run_id: str) -> str | None:
-    """The DAG a run folder belongs to, by its kind; None for one no DAG makes."""
+def dag_of_run(run_id: str, run_path: Path | None = None) -> str | None:
+    """The DAG a run folder belongs to: its run.json's, else by the kind its id starts with;
+    None for one no DAG makes."""
+    info = read_run_info(run_path) if run_path is not None else None
+    if info is not None:
+        return info.dag_id
     return RUN_KINDS.get(run_id.split("-", 1)[0])
 
 
 def run_dirs_of_dag_run(settings: Settings, dag_id: str, dag_run_id: str) -> list[Path]:
-    """The run folders one Airflow DAG run of `dag_id` created, newest first: `make_run_id` ends
-    every run id of a DAG run with the digest of the DAG run's id, and only folders of the DAG's
-    own kinds count (two DAGs share run ids such as `scheduled__<date>`)."""
+    """The run folders (attempts) one Airflow DAG run of `dag_id` created, latest attempt first:
+    `make_run_id` puts the digest of the DAG run's id into every run id of a DAG run, and a
+    folder counts when its run.json names this DAG and DAG run (a folder without run.json: when
+    its kind is the DAG's; two DAGs share run ids such as `scheduled__<date>`)."""
     digest = dag_run_digest(dag_run_id)
-    found = [p for kind, dag in RUN_KINDS.items() if dag == dag_id for p in run_folders(settings, f"{kind}-*-{digest}")]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    candidates = run_folders(settings, f"*-{digest}") + run_folders(settings, f"*-{digest}-a*")
+    found = []
+    for path in candidates:
+        info = read_run_info(path)
+        if info is not None:
+            if (info.dag_id, info.dag_run_id) == (dag_id, dag_run_id):
+                found.append(path)
+        elif RUN_KINDS.get(path.name.split("-", 1)[0]) == dag_id:
+            found.append(path)
+    return sorted(set(found), key=lambda p: (attempt_of(p.name)[1], p.stat().st_mtime), reverse=True)
 
 
 @dataclass(frozen=True)
@@ -195,6 +276,12 @@ class RunListing:
     has_report: bool
     stages: tuple[str, ...]
     """The sections of summary.json, in the order the steps wrote them (what the run got through)."""
+    info: RunInfo | None = None
+    """run.json: the DAG run and attempt (None for a folder without one)."""
+
+    @property
+    def attempt(self) -> int:
+        return self.info.attempt if self.info is not None else attempt_of(self.run_id)[1]
 
 
 def list_runs(settings: Settings, limit: int = 200) -> list[RunListing]:
@@ -208,5 +295,5 @@ def run_listing(path: Path) -> RunListing:
         stages = tuple(read_summary(path)) if (path / SUMMARY_FILE).exists() else ()
     except RunArtifactMissing:  # a broken summary: list the run anyway
         stages = ()
-    return RunListing(path.name, path, datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc),
-                      (path / REPORT_FILE).is_file(), stages)
+    return RunListing(path.name, path, datetime.fromtimestamp(path.stat().st_mtime, tz=UTC),
+                      (path / REPORT_FILE).is_file(), stages, read_run_info(path))

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from slipstream.errors import ConfigError, PlanError
 from slipstream.lake.planning import WindowFile, WindowPlan, pin_snapshot, plan_window_files, window_bounds
@@ -49,7 +50,7 @@ def _utc(value: datetime, key: str) -> datetime:
     if value.tzinfo is None:
         raise PlanError(f"plan key {key!r} must be timezone-aware (UTC), got {value.isoformat()}")
     # a plain datetime: pendulum's (Airflow's data intervals) loses a stdlib zone in arithmetic
-    return datetime.fromtimestamp(value.timestamp(), tz=timezone.utc)
+    return datetime.fromtimestamp(value.timestamp(), tz=UTC)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,9 @@ class RunPlan:
     """The data set's feature spec the samples were made with: the trainer's inputs and tables,
     the gate's suite and the report's features all follow it (plan.json carries it whole, so a
     pod needs no spec file)."""
+    dlq_topic: str = ""
+    """The data set's dead-letter topic for stream records that cannot be trained on (empty:
+    `<topic>.dlq`; a plan written before this key reads as empty)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID_PATTERN.fullmatch(self.run_id):
@@ -102,11 +106,13 @@ class RunPlan:
         if isinstance(lateness, bool) or not isinstance(lateness, (int, float)) or not math.isfinite(lateness) or lateness < 0:
             raise PlanError(f"plan key 'max_lateness_s' must be a number >= 0, got {lateness!r}")
         object.__setattr__(self, "max_lateness_s", float(lateness))
-        for key in ("topic", "bootstrap", "cache_dir", "run_dir"):
+        for key in ("topic", "bootstrap", "cache_dir", "run_dir", "dlq_topic"):
             if not isinstance(getattr(self, key), str):
                 raise PlanError(f"plan key {key!r} must be a string, got {getattr(self, key)!r}")
         if not self.topic:
             raise PlanError("plan key 'topic' must name the Kafka topic of the sample stream, got ''")
+        if not self.dlq_topic:
+            object.__setattr__(self, "dlq_topic", f"{self.topic}.dlq")
         object.__setattr__(self, "files", tuple(self.files))
         if not all(isinstance(f, WindowFile) for f in self.files):
             raise PlanError("plan key 'files' must hold WindowFile entries")
@@ -146,10 +152,25 @@ class RunPlan:
         """The file plan as `lake.planning` describes it."""
         return WindowPlan(self.table, self.snapshot_id, self.window_start, self.t_handoff, self.files)
 
-    def data_differences(self, other: "RunPlan") -> list[str]:
+    def data_differences(self, other: RunPlan) -> list[str]:
         """The data facts in which two plans differ (empty: they train on the same data)."""
         keys = ("table", "snapshot_id", "window_start", "t_handoff", "topic", "files", "spec")
         return [k for k in keys if getattr(self, k) != getattr(other, k)]
+
+    def changes(self, other: RunPlan) -> list[str]:
+        """Every key in which two plans differ, apart from the run id and folder (empty: a run of
+        one may continue as the other); a knob of the request is named `request.<knob>`."""
+        a, b = self.to_dict(), other.to_dict()
+        out = []
+        for key in sorted(set(a) | set(b)):
+            if key in ("run_id", "run_dir", *_DERIVED) or a.get(key) == b.get(key):
+                continue
+            if key == "request" and isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+                ra, rb = a[key], b[key]
+                out += [f"request.{k}" for k in sorted(set(ra) | set(rb)) if ra.get(k) != rb.get(k)]
+            else:
+                out.append(key)
+        return out
 
     # --- plan.json ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -157,7 +178,8 @@ class RunPlan:
             "plan_version": PLAN_VERSION,
             "run_id": self.run_id, "table": self.table, "snapshot_id": self.snapshot_id,
             "window_start": self.window_start.isoformat(), "t_handoff": self.t_handoff.isoformat(),
-            "topic": self.topic, "bootstrap": self.bootstrap, "max_lateness_s": self.max_lateness_s,
+            "topic": self.topic, "dlq_topic": self.dlq_topic, "bootstrap": self.bootstrap,
+            "max_lateness_s": self.max_lateness_s,
             "cache_dir": self.cache_dir, "run_dir": self.run_dir,
             "request": self.request.to_dict() if self.request is not None else None,
             "spec": {"name": self.spec.name, "version": self.spec.version, "digest": self.spec.digest,
@@ -168,7 +190,7 @@ class RunPlan:
         }
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "plan") -> "RunPlan":
+    def from_dict(cls, raw: Any, where: str = "plan") -> RunPlan:
         """The plan a dict describes, every key checked; errors name `where` and the key."""
         if not isinstance(raw, Mapping):
             raise PlanError(f"{where} must hold a JSON object, got {type(raw).__name__}")
@@ -180,11 +202,11 @@ class RunPlan:
         unknown = sorted(set(raw) - names - {"plan_version", *_DERIVED})
         if unknown:
             raise PlanError(f"{where} has unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
-        missing = sorted(n for n in names - {"request"} if n not in raw)
+        missing = sorted(n for n in names - {"request", "dlq_topic"} if n not in raw)
         if missing:
             raise PlanError(f"{where} lacks key(s) {', '.join(missing)}")
         try:
-            kwargs = {n: raw[n] for n in names - {"window_start", "t_handoff", "files", "request", "spec"}}
+            kwargs = {n: raw[n] for n in names - {"window_start", "t_handoff", "files", "request", "spec"} if n in raw}
             kwargs["window_start"] = _parse_time(raw["window_start"], "window_start")
             kwargs["t_handoff"] = _parse_time(raw["t_handoff"], "t_handoff")
             kwargs["files"] = tuple(_parse_file(f, i) for i, f in enumerate(_list(raw["files"], "files")))
@@ -282,10 +304,10 @@ def read_plan(path: Path) -> RunPlan:
     return RunPlan.from_dict(raw, where=str(path))
 
 
-def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
+def build_run_plan(table: Table, *, run_id: str, run_dir: str | Path, t_handoff: datetime, window_days: int,
                    snapshot_id: int | None, topic: str, bootstrap: str, cache_dir: str,
                    max_lateness_s: float = DEFAULT_MAX_LATENESS_S, request: TrainRequest | None = None,
-                   spec: Spec | None = None) -> RunPlan:
+                   spec: Spec | None = None, dlq_topic: str = "") -> RunPlan:
     """Pin the snapshot (None: the current one, now), compute the window and plan its files: the
     one place a run's window and files are worked out."""
     if request is not None and request.window_days != window_days:
@@ -296,20 +318,20 @@ def build_run_plan(table: "Table", *, run_id: str, run_dir: str | Path, t_handof
     return RunPlan(run_id=run_id, table=".".join(table.name()), snapshot_id=snapshot, window_start=start,
                    t_handoff=end, topic=topic, bootstrap=bootstrap, max_lateness_s=max_lateness_s,
                    cache_dir=cache_dir, run_dir=str(run_dir), files=files, request=request,
-                   spec=spec if spec is not None else load_spec())
+                   spec=spec if spec is not None else load_spec(), dlq_topic=dlq_topic)
 
 
-def plan_request(settings: Settings, table: "Table", *, run_id: str, request: TrainRequest, t_handoff: datetime,
-                 cache_dir: str, snapshot_id: int | None = None) -> RunPlan:
-    """The plan of an orchestrated run: the request's window ending at T, this deployment's topic,
-    broker and run folder (`build_run_plan` does the work)."""
+def plan_request(settings: Settings, table: Table, *, run_id: str, request: TrainRequest, t_handoff: datetime,
+                 cache_dir: str, snapshot_id: int | None = None, spec: Spec | None = None) -> RunPlan:
+    """The plan of an orchestrated run: the request's window ending at T, the data set's topics,
+    the broker and run folder (`build_run_plan` does the work)."""
     return build_run_plan(table, run_id=run_id, run_dir=run_dir(settings, run_id), t_handoff=t_handoff,
                           window_days=request.window_days, snapshot_id=snapshot_id, topic=settings.topic,
                           bootstrap=settings.kafka_bootstrap, cache_dir=cache_dir, request=request,
-                          spec=load_spec(settings.spec))
+                          spec=spec if spec is not None else load_spec(settings.spec), dlq_topic=settings.dlq_topic)
 
 
-def check_plan_files(table: "Table", plan: RunPlan) -> None:
+def check_plan_files(table: Table, plan: RunPlan) -> None:
     """Refuse a plan whose files are not exactly the window's files at its snapshot (an edited
     plan, or one built for another table): the trainer must read what the warmup copied."""
     pin_snapshot(table, plan.snapshot_id)

@@ -3,9 +3,18 @@ and of its Kafka range exactly once (per epoch), and how well was the batch phas
 
 Expected ids: the Iceberg window's training days [window_start, train_end) at the run's pinned
 snapshot (the validation days [train_end, t_handoff) are never trained in the batch phase), and the
-Kafka records in [handoff_offsets, final_offsets) with event_time >= t_handoff, both minus the
-evaluation holdout (`slipstream.samples.schema.is_holdout`), which is never trained on. Trained ids: the
-trainer's `audit/rank-*.parquet` (rows only for checkpointed progress).
+Kafka records *committed* in [handoff_offsets, stop_offsets) with event_time >= t_handoff, both
+minus the evaluation holdout (`slipstream.samples.schema.is_holdout`), which is never trained on.
+Trained ids: the trainer's `audit/rank-*.parquet` (rows only for checkpointed progress).
+
+The Kafka side is counted by a fresh consumer of the audit's own (`slipstream.stream.committed_count`),
+started before the range and reading through aborted transactions, never from the trainer's
+positions. `stop_offsets` is the committed end of each partition when the stream phase stopped
+(metrics.json; runs that did not record it are audited up to their final positions, with a note).
+A committed record below the run's final position that was not trained, held out, dead-lettered,
+refused as a duplicate sample id (audit source `duplicate`) or dropped before T is *lost*, named by partition and offsets. One at or after the final position is
+*unread*: the stream phase's lag at its stop, counted from committed records; a run that stopped
+as caught up (lag 0) with unread records lost them too.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ from slipstream.samples.schema import is_holdout
 
 log = logging.getLogger(__name__)
 EXAMPLES = 10
+RANGE_GAP = 20
+"""Lost records this many offsets apart or closer are named as one range (markers, held-out and
+dead-lettered records lie between them)."""
 
 
 @dataclass
@@ -48,6 +60,11 @@ class SourceAudit:
 
     partial: bool = False
     """The run stopped inside this (last, not first) epoch: ids not trained yet are not lost."""
+    lost_where: list[str] = field(default_factory=list)
+    """Where the lost records lie (Kafka: "partition P offsets A..B (N)")."""
+    unread: int = 0
+    """Kafka: committed records after the run's final position, not trained (the lag at its stop)."""
+    unread_where: list[str] = field(default_factory=list)
 
     @property
     def exactly_once(self) -> bool:
@@ -62,6 +79,9 @@ class AuditResult:
     """1 - |Spearman correlation| between training step and event time in the batch phase:
     1.0 = no trace of the storage order left, 0.0 = trained in time order."""
     notes: list[str] = field(default_factory=list)
+    committed_lag: dict[int, int] | None = None
+    """Per partition, committed records between the run's final position and the committed end
+    at its stop (None: no stream phase audited)."""
 
     @property
     def exactly_once(self) -> bool:
@@ -121,49 +141,33 @@ def shuffle_score(audit: pa.Table, ids: pa.Array, event_time: pa.Array) -> float
 
 
 def read_kafka_range(
-    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 30.0,
-    spec: "Spec | None" = None,
+    bootstrap: Broker, topic: str, start: dict[int, int], end: dict[int, int], timeout_s: float = 120.0,
+    spec: Spec | None = None,
 ) -> pa.Table:
-    """Decode the records of [start, end) per partition (`spec`'s sample columns + partition/offset)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """The committed records of [start, end) per partition, decoded (`spec`'s sample columns +
+    partition/offset), read by a fresh consumer from before the range (`count_committed`).
+    Records that are not samples of the spec are left out (the trainer dead-letters them).
+    Raises StreamReadError when a partition cannot be read to its end."""
+    from slipstream.stream.committed_count import count_committed
 
-    from slipstream.samples.codec import decode_samples
-    from slipstream.stream.kafka import consumer_config
+    ranges = {p: (o, end[p]) for p, o in start.items() if p in end and end[p] > o}
+    counted = count_committed(bootstrap, topic, ranges, spec=spec, decode=True, timeout_s=timeout_s)
+    if counted.samples is None:
+        return pa.table({"sample_id": pa.array([], pa.string())})
+    return counted.samples
 
-    c = Consumer(consumer_config(bootstrap, group="slipstream-audit"))
-    parts: list[pa.Table] = []
-    try:
-        todo = {p: (o, end[p]) for p, o in start.items() if p in end and end[p] > o}
-        c.assign([TopicPartition(topic, p, o) for p, (o, _) in todo.items()])
-        remaining = {p: e for p, (_, e) in todo.items()}
-        import time
 
-        deadline = time.monotonic() + timeout_s
-        while remaining and time.monotonic() < deadline:
-            msgs = c.consume(10_000, timeout=1.0)
-            values, meta = [], []
-            for m in msgs:
-                if m.error():
-                    continue
-                p, off = m.partition(), m.offset()
-                if p in remaining and off < remaining[p]:
-                    values.append(m.value())
-                    meta.append((p, off))
-            # Positions, not the last offset seen: transaction markers occupy offsets too.
-            for tp in c.position([TopicPartition(topic, p) for p in list(remaining)]):
-                if tp.offset >= remaining[tp.partition]:
-                    remaining.pop(tp.partition)
-                    c.pause([TopicPartition(topic, tp.partition)])
-            if values:
-                dec = decode_samples(values, spec)
-                m_arr = np.asarray(meta, dtype=np.int64)[dec.good_index]
-                t = dec.table.append_column("partition", pa.array(m_arr[:, 0], pa.int32()))
-                parts.append(t.append_column("offset", pa.array(m_arr[:, 1], pa.int64())))
-        if remaining:
-            raise TimeoutError(f"Kafka range of {topic} not fully read in {timeout_s:.0f}s: partitions {sorted(remaining)} short")
-    finally:
-        c.close()
-    return pa.concat_tables(parts) if parts else pa.table({"sample_id": pa.array([], pa.string())})
+def offset_ranges(partitions: np.ndarray, offsets: np.ndarray, limit: int = EXAMPLES) -> list[str]:
+    """Records as runs of offsets per partition: "partition 2 offsets 3896..23219 (12,580)"; a
+    run continues across offsets that hold no record of the set (markers, other records)."""
+    out: list[str] = []
+    for p in np.unique(partitions).tolist():
+        o = np.sort(offsets[partitions == p])
+        breaks = np.flatnonzero(np.diff(o) > RANGE_GAP) + 1
+        for run in np.split(o, breaks):
+            out.append(f"partition {p} offsets {run[0]}..{run[-1]} ({len(run):,})" if len(run) > 1
+                       else f"partition {p} offset {run[0]}")
+    return out[:limit] + ([f"... {len(out) - limit} more ranges"] if len(out) > limit else [])
 
 
 def _record_keys(t: pa.Table) -> pa.Array:
@@ -218,22 +222,67 @@ def audit_run(
         sources.append(a)
     if not sources:
         sources.append(compare_ids("iceberg", 0, expected_batch, pa.array([], pa.string())))
+    lag: dict[int, int] | None = None
     if kafka is not None:
-        t_handoff = datetime.fromisoformat(metrics["t_handoff"])
-        after = kafka.filter(pc.greater_equal(kafka.column("event_time"), pa.scalar(t_handoff, kafka.column("event_time").type)))
-        dead = audit.filter(pc.equal(src, "dead_letter"))
-        if dead.num_rows and after.num_rows:
-            # the trainer refused these (e.g. an event time far in the future): rejected, not lost
-            refused = pc.is_in(_record_keys(after), value_set=_record_keys(dead))
-            notes.append(f"{dead.num_rows:,} records went to the dead-letter topic ({pc.sum(refused).as_py():,} of them "
-                         "decodable with event_time >= t_handoff): not expected in training")
-            after = after.filter(pc.invert(refused))
-        after = _before_forward_tail(after, metrics, notes)
-        expected_stream = _trainable(after.column("sample_id"))
-        rows = audit.filter(pc.equal(src, "kafka"))
-        sources.append(compare_ids("kafka", 0, expected_stream, rows.column("sample_id").combine_chunks()))
-        dropped = kafka.num_rows - after.num_rows
-        notes.append(f"Kafka range held {kafka.num_rows:,} records; {dropped:,} had event_time < t_handoff (already in the batch) and are not expected")
+        stream, stream_notes, lag = audit_stream(audit, kafka, metrics)
+        sources.append(stream)
+        notes += stream_notes
     score = shuffle_score(audit, window_ids.combine_chunks() if isinstance(window_ids, pa.ChunkedArray) else window_ids,
                           window_times.combine_chunks() if isinstance(window_times, pa.ChunkedArray) else window_times)
-    return AuditResult(sources, per_source, score, notes)
+    return AuditResult(sources, per_source, score, notes, lag)
+
+
+def audit_stream(audit: pa.Table, kafka: pa.Table, metrics: dict[str, Any]) -> tuple[SourceAudit, list[str], dict[int, int]]:
+    """The stream phase against the committed records of its range (`kafka`: decoded, with
+    partition/offset): lost (named by partition and offsets), duplicated, unexpected, unread."""
+    notes: list[str] = []
+    src = audit.column("source")
+    t_handoff = datetime.fromisoformat(metrics["t_handoff"])
+    reached = {int(p): int(o) for p, o in (metrics.get("final_offsets") or {}).items()}
+    after = kafka.filter(pc.greater_equal(kafka.column("event_time"), pa.scalar(t_handoff, kafka.column("event_time").type)))
+    before_t = kafka.num_rows - after.num_rows
+    dead = audit.filter(pc.equal(src, "dead_letter"))
+    if dead.num_rows and after.num_rows:
+        # the trainer refused these (e.g. an event time far in the future): rejected, not lost
+        refused = pc.is_in(_record_keys(after), value_set=_record_keys(dead))
+        notes.append(f"{dead.num_rows:,} records went to the dead-letter topic ({pc.sum(refused).as_py():,} of them "
+                     "decodable with event_time >= t_handoff): not expected in training")
+        after = after.filter(pc.invert(refused))
+    dupes = audit.filter(pc.equal(src, "duplicate"))
+    if dupes.num_rows and after.num_rows:
+        # a later record of a sample id the trainer had admitted: its id is expected once, from the first
+        again = pc.is_in(_record_keys(after), value_set=_record_keys(dupes))
+        notes.append(f"{dupes.num_rows:,} records repeated a sample id already admitted (dedupe): dead-lettered as "
+                     "duplicates, the id trained once")
+        after = after.filter(pc.invert(again))
+    after = _before_forward_tail(after, metrics, notes)
+    after = after.filter(pa.array(~is_holdout(after.column("sample_id")))) if after.num_rows else after
+    after = after.filter(pc.is_valid(after.column("sample_id")))
+    rows = audit.filter(pc.equal(src, "kafka"))
+    trained = rows.column("sample_id").combine_chunks()
+    result = compare_ids("kafka", 0, after.column("sample_id").combine_chunks(), trained)
+    parts = np.asarray(kafka.column("partition").to_numpy(zero_copy_only=False), dtype=np.int64)
+    offs = np.asarray(kafka.column("offset").to_numpy(zero_copy_only=False), dtype=np.int64)
+    lag = {p: int(((parts == p) & (offs >= o)).sum()) for p, o in sorted(reached.items())}
+    if after.num_rows and result.lost:
+        missing = after.filter(pc.invert(pc.is_in(after.column("sample_id"), value_set=trained)))
+        mp = np.asarray(missing.column("partition").to_numpy(zero_copy_only=False), dtype=np.int64)
+        mo = np.asarray(missing.column("offset").to_numpy(zero_copy_only=False), dtype=np.int64)
+        ends = np.asarray([reached.get(int(p), 1 << 62) for p in mp], dtype=np.int64)
+        unread = mo >= ends
+        caught_up = metrics.get("kafka_lag_at_stop") == 0
+        if unread.any() and not caught_up:
+            result.unread, result.unread_where = int(unread.sum()), offset_ranges(mp[unread], mo[unread])
+            result.lost -= result.unread
+            result.lost_examples = pc.filter(missing.column("sample_id"), pa.array(~unread)).to_pylist()[:EXAMPLES]
+            mp, mo = mp[~unread], mo[~unread]
+        elif unread.any():
+            notes.append(f"the run stopped as caught up (lag 0), yet {int(unread.sum()):,} committed records it should "
+                         "have trained lay beyond its final position: lost")
+        result.lost_where = offset_ranges(mp, mo)
+    if "stop_offsets" not in metrics:
+        notes.append("metrics.json has no stop_offsets (the committed end when the stream phase stopped): audited up "
+                     "to the run's final positions only")
+    notes.append(f"Kafka range held {kafka.num_rows:,} committed records (counted by a fresh reader from before the "
+                 f"range); {before_t:,} had event_time < t_handoff (already in the batch) and are not expected")
+    return result, notes, lag

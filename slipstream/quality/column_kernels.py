@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-
 SLOT_BITS = 14
 """`value_counts` counts integers in a table of 2**SLOT_BITS slots (256 KB: it stays in cache)."""
 _SLOT_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)

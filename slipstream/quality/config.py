@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from slipstream.errors import ConfigError
+from slipstream.quality.movement import MovementConfig
 
 SEVERITIES = ("critical", "warning")
 
@@ -20,16 +21,20 @@ class GateConfig:
     """Fewer distinct values than this in a categorical column means a constant feature."""
     max_empty_history_fraction: float = 0.95
     """Share of rows whose sequence feature is empty above which the sequence join looks broken."""
-    psi_threshold: float = 0.2
-    """Population stability index above which a numeric feature has drifted (0.1 slight, 0.25 major)."""
-    js_threshold: float = 0.1
-    """Jensen–Shannon divergence (base 2) above which a categorical feature has drifted."""
+    movement: MovementConfig = field(default_factory=MovementConfig)
+    """When a feature's day counts as drifted: past chance at the day's size and past its usual
+    day-to-day movement (`slipstream.quality.movement`)."""
     learn_min_days: int = 7
     """Days of history a bound is learned from at least (fewer: the spec's bound holds)."""
-    learn_quantiles: tuple[float, float] = (0.05, 0.95)
-    """The quantiles of the history's daily values that make a learned bound's ends."""
+    learn_k: float = 4.0
+    """A learned label-rate bound lies this many robust standard deviations (`bounds.robust_sd`,
+    with the day's own sampling noise) from the history's median rate."""
+    learn_k_rows: tuple[float, float] = (3.0, 4.5)
+    """A learned row-count bound lies (below, above) this many robust standard deviations of the
+    log rows from the rows expected of the day: traffic bursts up, an outage goes down."""
     learn_margin: float = 0.25
-    """A learned bound is widened by this fraction on each side (lo * (1 - m), hi * (1 + m))."""
+    """A learned bound is never narrower than this share of its center: rows within [1 / 1.25,
+    1.25] of the expected, the label rate within ±25 % of its median."""
     data_docs: bool = True
     """Also render Great Expectations Data Docs of the validation (GX's site builder) under
     `<runs_dir>/<run_id>/quality/gx_data_docs/<scope>/`; they are rendered while the results are
@@ -53,9 +58,8 @@ class GateConfig:
             raise ConfigError(f"min_distinct must be >= 1, got {self.min_distinct}")
         if self.learn_min_days < 2:
             raise ConfigError(f"learn_min_days must be >= 2, got {self.learn_min_days}")
-        lo, hi = self.learn_quantiles
-        if not 0 <= lo < hi <= 1:
-            raise ConfigError(f"learn_quantiles must be (lo, hi) with 0 <= lo < hi <= 1, got {self.learn_quantiles}")
+        if self.learn_k <= 0 or min(self.learn_k_rows) <= 0:
+            raise ConfigError(f"learn_k and learn_k_rows must be > 0, got {self.learn_k} and {self.learn_k_rows}")
         if not 0 <= self.learn_margin < 1:
             raise ConfigError(f"learn_margin must be in [0, 1), got {self.learn_margin}")
         for key, sev in {**self.defaults, **self.severity}.items():

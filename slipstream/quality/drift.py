@@ -1,6 +1,10 @@
 """Distribution shift between two profiles: PSI for numeric features, Jensen–Shannon for
-categorical ones (and sequence lengths). Used for day-vs-trailing-window drift and for
-batch-vs-stream skew; both work on `FeatureProfile`s only, never on rows."""
+categorical ones (and sequence lengths), on `FeatureProfile`s only, never on rows.
+
+`compare_profiles` scores every feature against fixed thresholds (PSI 0.2, JS 0.1). Whether a
+feature moved *more than it usually moves* (a null distribution at the compared sizes and the
+table's own day-to-day movement) is `drift_days` for days and `skew` for batch against stream;
+both report their verdicts as `FeatureShift`s whose threshold is the limit they computed."""
 
 from __future__ import annotations
 
@@ -29,10 +33,25 @@ class FeatureShift:
     mean_b: float
     null_rate_a: float
     null_rate_b: float
+    rows_a: int = 0
+    rows_b: int = 0
+    expected: float = math.nan
+    """What chance alone gives at these sizes (NaN: a fixed threshold, not a null distribution)."""
+    baseline_days: int = 0
+    """Past days (or batch hours) whose movement made the threshold (0: too few of them to know the
+    usual movement: chance and a fixed threshold only)."""
 
     @property
     def drifted(self) -> bool:
         return self.score > self.threshold
+
+    @property
+    def times_limit(self) -> float:
+        """How far the score went past what chance expects, as a multiple of the room the threshold
+        leaves (> 1: over it); the plain score / threshold without a null distribution."""
+        base = self.expected if self.expected == self.expected else 0.0
+        room = self.threshold - base
+        return (self.score - base) / room if room > 0 and self.score == self.score else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "drifted": self.drifted}
@@ -43,7 +62,8 @@ def _cdf_at(hist: LogHistogram, edges: np.ndarray) -> np.ndarray:
     if counts.sum() == 0:
         return np.zeros(len(edges))
     cum = np.concatenate([[0], np.cumsum(counts)])
-    return cum[np.searchsorted(values, edges, side="right")] / counts.sum()
+    cdf: np.ndarray = cum[np.searchsorted(values, edges, side="right")] / counts.sum()
+    return cdf
 
 
 def psi(ref: LogHistogram, cur: LogHistogram, bins: int = PSI_BINS) -> float:
@@ -98,7 +118,9 @@ def feature_shift(
     else:
         assert ref.hist is not None and cur.hist is not None
         method, score, limit = "psi", psi(ref.hist, cur.hist), psi_threshold
-    mean = (lambda c: c.mean if c.kind in ("numeric", "sequence") and c.count else math.nan)
+    def mean(c: ColumnProfile) -> float:
+        return c.mean if c.kind in ("numeric", "sequence") and c.count else math.nan
+
     return FeatureShift(name, method, score, limit, mean(ref), mean(cur), ref.null_fraction, cur.null_fraction)
 
 

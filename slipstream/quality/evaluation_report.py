@@ -14,6 +14,7 @@ import io
 from typing import Any, Protocol
 
 from slipstream.pipeline.run_metrics import SET_TITLES, AucScore, EvalSet, ProgressScores, RunMetrics, WindowScores
+from slipstream.quality.report_doc import Finding
 
 SET_ORDER = ("forward_tail", "prequential", "holdout_after_t", "validation", "holdout_before_t")
 
@@ -28,6 +29,8 @@ class Doc(Protocol):
     def table(self, rows: list[tuple[Any, ...]], header: tuple[str, ...] | None = None) -> None: ...
 
     def img(self, png: bytes | None, alt: str) -> None: ...
+
+    def finding(self, f: Finding) -> None: ...
 
 
 def _score(s: AucScore | None) -> str:
@@ -95,8 +98,9 @@ def prequential_section(doc: Doc, m: RunMetrics) -> None:
     doc.end()
 
 
-def decision_section(doc: Doc, m: RunMetrics, decision: dict[str, Any] | None) -> None:
-    """The forward tail and what the registry decided on it."""
+def decision_section(doc: Doc, m: RunMetrics, decision: dict[str, Any] | None, promotion: Finding | None = None) -> None:
+    """The forward tail and what the registry decided on it; `promotion`: the summary's finding on
+    the decision, repeated here when it is red (with what to do)."""
     tail = m.evaluation.forward_tail
     doc.h2("Forward tail and promotion", "decision")
     if tail is not None and tail.rows:
@@ -112,6 +116,8 @@ def decision_section(doc: Doc, m: RunMetrics, decision: dict[str, Any] | None) -
         verdict = "PROMOTED" if decision.get("promoted") else "registered, not promoted"
         doc.p(f"Decision ({decision.get('rule', 'significant')} rule): {verdict} — {decision.get('reason', '')}",
               "ok" if decision.get("promoted") else "bad")
+    if promotion is not None and promotion.ok is False:
+        doc.finding(promotion)
     doc.end()
 
 

@@ -14,11 +14,13 @@ import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -26,16 +28,18 @@ from slipstream.errors import ConfigError, QualityGateFailed
 from slipstream.lake.iceberg import get_catalog
 from slipstream.lake.planning import WindowFile, pin_snapshot
 from slipstream.pipeline.runlayout import run_dir
-from slipstream.quality.bounds import GateOverrides, learn_bounds, resolve_bounds
+from slipstream.quality.bounds import GateOverrides, expected_rows, learn_bounds, resolve_bounds
 from slipstream.quality.config import GateConfig
 from slipstream.quality.docs_html import render_gate_html
+from slipstream.quality.drift import FeatureShift
+from slipstream.quality.drift_days import drift_over_days
 from slipstream.quality.gate_result import GateResult
-from slipstream.quality.drift import FeatureShift, compare_profiles
 from slipstream.quality.metrics import Aggregates, compute_aggregates, duplicate_ids
-from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, merge_profiles, profile_table, run_parallel
+from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, profile_table, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
-from slipstream.quality.store import label_rate, read_profile_docs, read_profiles, write_profile, write_results
+from slipstream.quality.store import label_rate, read_profile_docs, write_profile, write_profiles, write_results
 from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
+from slipstream.quality.wording import shift_detail
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 
@@ -52,30 +56,28 @@ def _interval(day: date | None, window: tuple[datetime, datetime] | None) -> tup
     if day is not None:
         start, end = day_bounds(day)
         return f"day:{day.isoformat()}", start, end, day
-    start, end = window  # type: ignore[misc]
+    assert window is not None  # exactly one of day and window, checked above
+    start, end = window
     if start.tzinfo is None or end.tzinfo is None or not start < end:
         raise ConfigError(f"window must be two timezone-aware datetimes, start < end; got {start!r}, {end!r}")
-    start, end = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     return f"window:{start.isoformat()}/{end.isoformat()}", start, end, None
 
 
-def row_count_ratio(counts_before: dict[date, int], rows: int, window_counts: dict[date, int] | None) -> float | None:
-    """Day mode: rows / mean of the trailing days. Window mode: the day furthest from the
-    window's mean daily rows, as a ratio. None when there is nothing to compare with."""
-    if window_counts is not None:
-        if len(window_counts) < 2:
-            return None
-        mean = sum(window_counts.values()) / len(window_counts)
-        return max((n / mean for n in window_counts.values()), key=lambda r: abs(r - 1.0))
-    if not counts_before:
+def window_rows_ratio(window_counts: dict[date, int]) -> tuple[float, date] | None:
+    """Window mode: the day furthest from the window's median daily rows (log scale), as a ratio
+    to that median, and the day. None with fewer than two days with data."""
+    if len(window_counts) < 2:
         return None
-    return rows / (sum(counts_before.values()) / len(counts_before))
+    median = float(np.median(list(window_counts.values())))
+    d = max(window_counts, key=lambda k: abs(np.log(window_counts[k] / median)))
+    return window_counts[d] / median, d
 
 
 def days_of(start: datetime, end: datetime) -> list[date]:
     """The UTC days [start, end) touches."""
     out, d = [], start.date()
-    while datetime(d.year, d.month, d.day, tzinfo=timezone.utc) < end:
+    while datetime(d.year, d.month, d.day, tzinfo=UTC) < end:
         out.append(d)
         d += timedelta(days=1)
     return out
@@ -85,36 +87,52 @@ def days_of(start: datetime, end: datetime) -> list[date]:
 class _History:
     """What the gate compares the interval with, from metadata and stored profiles only."""
 
-    before: dict[date, int]
-    """Rows per day of the trailing `history_days` (days with data)."""
     window_counts: dict[date, int] | None
     """Window mode: rows per day of the window (days with data)."""
     profiles: dict[date, FeatureProfile]
-    """Stored profiles of the trailing days (the drift reference)."""
+    """Stored profiles of the trailing days and of the days whose movement is the usual one
+    (`movement.baseline_days` more): the drift reference and baseline."""
     counts: dict[date, int]
     """Rows per day of everything the bounds learn from."""
     ctrs: dict[date, float]
     """Label rate per day of the stored profiles the bounds learn from."""
 
 
-def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, spec: Spec,
+def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, spec: Spec, config: GateConfig,
                   start: datetime, end: datetime, window: bool) -> _History:
     q = spec.quality
-    history_start = start - timedelta(days=q.history_days)
-    # the learned ratios' first days need their own trailing days: one manifest scan for all
-    counts = day_row_counts(table, snapshot_id, start - timedelta(days=q.learn_from_days + q.history_days), start)
+    drift_days = config.movement.baseline_days + q.history_days
+    # rows per day of every day the bounds learn from, from the manifests alone
+    counts = day_row_counts(table, snapshot_id, start - timedelta(days=max(q.learn_from_days, q.history_days)), start)
     counts.pop(start.date(), None)
-    before = {d: n for d, n in counts.items() if d >= history_start.date()}
     window_counts = day_row_counts(table, snapshot_id, start, end) if window else None
-    docs = read_profile_docs(catalog, namespace, (start - timedelta(days=max(q.learn_from_days, q.history_days))).date(), start.date())
-    profiles = {d: FeatureProfile.from_dict(doc) for d, doc in docs.items() if d >= history_start.date()}
+    first = (start - timedelta(days=max(q.learn_from_days, drift_days))).date()
+    docs = read_profile_docs(catalog, namespace, first, start.date())
+    profiles = {d: FeatureProfile.from_dict(doc) for d, doc in docs.items() if d >= (start - timedelta(days=drift_days)).date()}
     ctrs = {d: label_rate(doc) for d, doc in docs.items()} if q.learn_from_days else {}
-    return _History(before, window_counts, profiles, counts, ctrs)
+    return _History(window_counts, profiles, counts, ctrs)
 
 
-def _split_days(data: pa.Table, start: datetime, end: datetime) -> dict[date, pa.Table]:
-    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32())
-    return {d: data.filter(pc.equal(days, (d - date(1970, 1, 1)).days)) for d in days_of(start, end)}
+def _split_days(data: pa.Table, start: datetime, end: datetime,
+                skip: set[date] | frozenset[date] = frozenset()) -> dict[date, pa.Table]:
+    """The rows of each day of [start, end) but `skip`: one sort by day (one take of the table),
+    then a zero-copy slice per day."""
+    if data.num_rows == 0:
+        return {}
+    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32()).to_numpy(
+        zero_copy_only=False)
+    order = np.argsort(days, kind="stable")
+    sorted_days = days[order]
+    ordered = data.take(pa.array(order)).combine_chunks()
+    epoch = date(1970, 1, 1)
+    out = {}
+    for d in days_of(start, end):
+        if d in skip:
+            continue
+        k = (d - epoch).days
+        lo, hi = np.searchsorted(sorted_days, [k, k + 1])
+        out[d] = ordered.slice(int(lo), int(hi - lo))
+    return out
 
 
 def run_gate(
@@ -151,7 +169,8 @@ def run_gate(
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate") as pool:
         # Metadata (manifests, stored profiles) is read while the data is.
-        hist = pool.submit(_read_history, catalog, settings.namespace, table, snapshot_id, spec, start, end, the_day is None)
+        hist = pool.submit(_read_history, catalog, settings.namespace, table, snapshot_id, spec, config, start, end,
+                           the_day is None)
         absent: dict[str, int] = {}
         data = read_interval(table, snapshot_id, start, end, spec.sample_columns, files=files, absent=absent)
         timings["read"] = time.monotonic() - t0
@@ -167,16 +186,12 @@ def run_gate(
         timings["profile"] = time.monotonic() - t0 - timings["read"]
         history = hist.result()
 
-    _history_metrics(agg, history, data.num_rows, start, end, the_day is not None)
-    drift: list[FeatureShift] = []
-    if the_day is not None and history.profiles and data.num_rows:
-        drift = compare_profiles(merge_profiles(history.profiles.values()), profile, spec,
-                                 psi_threshold=config.psi_threshold, js_threshold=config.js_threshold)
-        for s in drift:
-            if s.score == s.score:  # NaN when a side is empty: nothing to compare
-                agg.values[f"drift.{s.feature}"] = s.score
-    learned = learn_bounds(spec.quality, config, history.counts, history.ctrs, start.date())
+    mark = time.monotonic()
+    _history_metrics(agg, history, spec, config, data.num_rows, start, end, the_day)
+    drift = _day_drift(agg, history, spec, config, profile, the_day) if the_day is not None and data.num_rows else []
+    learned = learn_bounds(spec.quality, config, history.counts, history.ctrs, start.date(), rows=data.num_rows)
     bounds = resolve_bounds(spec.quality, learned, overrides or GateOverrides())
+    timings["history"] = time.monotonic() - mark
 
     out_dir = run_dir(settings, run_id) / "quality"
     slug = scope.replace(":", "_").replace("/", "_").replace("+00:00", "Z")
@@ -215,20 +230,38 @@ def run_gate(
     return result
 
 
-def _history_metrics(agg: Aggregates, history: _History, rows: int, start: datetime, end: datetime, day_mode: bool) -> None:
-    """The row-count ratio against the trailing days (or across the window's days), and the
-    window's days without rows."""
-    ratio = row_count_ratio(history.before, rows, history.window_counts)
-    if ratio is not None:
-        agg.values["row_count_ratio"] = ratio
-        if day_mode:
-            mean = sum(history.before.values()) / len(history.before)
-            agg.details["row_count_ratio"] = f"{rows:,} rows vs trailing mean {mean:,.0f} over {len(history.before)} days"
-    if not day_mode:
-        empty = _empty_days(history, start, end)
-        agg.values["empty_days"] = float(len(empty))
-        if empty:
-            agg.details["empty_days"] = "days without data: " + ", ".join(map(str, empty))
+def _history_metrics(agg: Aggregates, history: _History, spec: Spec, config: GateConfig, rows: int, start: datetime,
+                     end: datetime, the_day: date | None) -> None:
+    """The row-count ratio (day mode: against the rows expected of the day; window mode: the day
+    furthest from the window's median), and the window's days without rows."""
+    if the_day is not None:
+        exp = expected_rows(spec.quality, config, history.counts, the_day)
+        if exp is not None:
+            agg.values["row_count_ratio"] = rows / exp.rows
+            agg.details["row_count_ratio"] = f"{rows:,} rows vs {exp.rows:,.0f} expected: {exp.how}"
+        return
+    assert history.window_counts is not None
+    furthest = window_rows_ratio({d: n for d, n in history.window_counts.items() if n})
+    if furthest is not None:
+        agg.values["row_count_ratio"] = furthest[0]
+        agg.details["row_count_ratio"] = f"{furthest[1]}: {history.window_counts[furthest[1]]:,} rows vs the window's median day"
+    empty = _empty_days(history, start, end)
+    agg.values["empty_days"] = float(len(empty))
+    if empty:
+        agg.details["empty_days"] = "days without data: " + ", ".join(map(str, empty))
+
+
+def _day_drift(agg: Aggregates, history: _History, spec: Spec, config: GateConfig, profile: FeatureProfile,
+               the_day: date) -> list[FeatureShift]:
+    """Each feature of the day against its trailing days, judged by its usual movement."""
+    verdicts = drift_over_days({**history.profiles, the_day: profile}, [the_day], spec, spec.quality.history_days,
+                               config.movement).get(the_day, [])
+    for s in verdicts:
+        if s.score == s.score:
+            agg.values[f"drift.{s.feature}"] = s.score
+            agg.values[f"drift_limit.{s.feature}"] = s.threshold
+            agg.details[f"drift.{s.feature}"] = shift_detail(s)
+    return verdicts
 
 
 def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]:
@@ -241,14 +274,14 @@ def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]
 def _store_profiles(catalog: Any, namespace: str, spec: Spec, data: pa.Table, profile: FeatureProfile,
                     the_day: date | None, start: datetime, end: datetime, snapshot_id: int, run_id: str) -> None:
     """Day mode: the day's profile. Window mode: a profile of each day of the window that has rows
-    and no stored profile yet."""
+    and no stored profile yet, all in one table write."""
     if the_day is not None:
         write_profile(catalog, namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
         return
-    have = read_profiles(catalog, namespace, start.date(), end.date() + timedelta(days=1))
-    for d, part in _split_days(data, start, end).items():
-        if d not in have and part.num_rows:
-            write_profile(catalog, namespace, day=d, snapshot_id=snapshot_id, run_id=run_id, profile=profile_table(part, spec))
+    have = set(read_profile_docs(catalog, namespace, start.date(), end.date() + timedelta(days=1)))
+    todo = {d: part for d, part in _split_days(data, start, end, skip=have).items() if part.num_rows}
+    write_profiles(catalog, namespace, {d: profile_table(part, spec) for d, part in todo.items()},
+                   snapshot_id=snapshot_id, run_id=run_id)
 
 
 def _report(result: GateResult, snapshot_id: int) -> None:
@@ -270,5 +303,5 @@ def _report(result: GateResult, snapshot_id: int) -> None:
             f"section for the data set, the DAG params gate_ctr_min/max and gate_rows_ratio_min/max for "
             f"this run (docs/quality.md); details: {result.html_path}"
         )
-        err.result = result  # type: ignore[attr-defined]
+        err.result = result
         raise err

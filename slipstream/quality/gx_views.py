@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from great_expectations.render.view import DefaultJinjaIndexPageView, DefaultJinjaPageView
+from great_expectations.render.view.view import DefaultJinjaIndexPageView, DefaultJinjaPageView
 from jinja2 import BytecodeCache
 from jinja2.bccache import Bucket
 

@@ -24,7 +24,8 @@ def mix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def hash_numbers(values: np.ndarray) -> np.ndarray:
@@ -53,7 +54,8 @@ def _hash_string_array(arr: pa.Array, finalise: bool = True) -> np.ndarray:
     end = int(offsets[-1])
     data = np.frombuffer(data_buf, dtype=np.uint8, count=end) if data_buf is not None and end else np.zeros(0, np.uint8)
     max_len = int(length.max())
-    if arr.null_count == 0 and 0 < max_len <= PAD_MAX_BYTES and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+    is_text = pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+    if arr.null_count == 0 and 0 < max_len <= PAD_MAX_BYTES and is_text:
         fast = _hash_padded(arr, length, 8 * -(-max_len // 8), finalise)
         if fast is not None:
             return fast

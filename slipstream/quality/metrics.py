@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slipstream.quality.hashing import hash_strings
-from slipstream.quality.profiles import FeatureProfile
+from slipstream.quality.profiles import ColumnProfile, FeatureProfile
 from slipstream.samples.schema import sample_arrow_schema
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, Spec
 
@@ -109,7 +109,9 @@ def compute_aggregates(
             older = (absent or {}).get(name, 0)
             v[f"nulls.{name}"] = float(profile.columns[name].nulls - older)
             if older:
-                agg.details[f"nulls.{name}"] = f"besides {older:,} rows written before the spec had {name} (they take its default)"
+                agg.details[f"nulls.{name}"] = (
+                    f"besides {older:,} rows written before the spec had {name} (they take its default)"
+                )
     for f in spec.features:
         if f.name in names:
             _feature_metrics(v, table, profile, f.name, f.kind)
@@ -174,7 +176,7 @@ def _interval_metrics(agg: Aggregates, table: pa.Table, profile: FeatureProfile,
         )
 
 
-def _inside(t: Any, start: datetime, end: datetime) -> bool:
+def _inside(t: ColumnProfile, start: datetime, end: datetime) -> bool:
     """Whether a time profile's min and max (µs since the epoch) lie in [start, end): then so
     does every non-null value, and the row-level comparison can be skipped."""
     if t.count == 0:
@@ -186,10 +188,10 @@ def _inside(t: Any, start: datetime, end: datetime) -> bool:
     return lo <= t.min and t.max < hi
 
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _us_iso(us: Any) -> str:
     if us is None:
         return "none"
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat()
+    return datetime.fromtimestamp(us / 1e6, tz=UTC).isoformat()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 import numpy as np
 
 from slipstream.quality.drift import FeatureShift
-from slipstream.quality.profiles import ColumnProfile, FeatureProfile, US_PER_HOUR
+from slipstream.quality.profiles import US_PER_HOUR, ColumnProfile, FeatureProfile
 from slipstream.samples.spec import Spec
 
 
@@ -35,7 +35,8 @@ def _density(col: ColumnProfile, edges: np.ndarray) -> np.ndarray:
     if counts.sum() == 0:
         return np.zeros(len(edges) - 1)
     h, _ = np.histogram(np.clip(values, edges[0], edges[-1]), bins=edges, weights=counts)
-    return h / counts.sum()
+    density: np.ndarray = h / counts.sum()
+    return density
 
 
 def distributions(window: FeatureProfile, stream: FeatureProfile | None, spec: Spec) -> bytes:
@@ -75,19 +76,23 @@ def distributions(window: FeatureProfile, stream: FeatureProfile | None, spec: S
 
 
 def drift_over_days(series: dict[date, list[FeatureShift]]) -> bytes:
+    """Each feature's distance as a share of what its day allowed (chance at the day's size and
+    its usual movement): above 1, the feature moved more than usual."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.5))
     days = sorted(series)
-    feats = sorted({s.feature for v in series.values() for s in v})
+    feats = list(dict.fromkeys(s.feature for d in days for s in series[d]))
     for f in feats:
-        ys = [next((s.score for s in series[d] if s.feature == f), np.nan) for d in days]
-        ax.plot([str(d) for d in days], ys, marker="o", label=f)
-    thresholds = sorted({s.threshold for v in series.values() for s in v})
-    for t in thresholds:
-        ax.axhline(t, color="red", ls="--", lw=0.8)
-    ax.set_ylabel("PSI / JS vs trailing days")
-    ax.set_title("Drift over days (dashed: thresholds)")
-    ax.legend(fontsize=6, ncol=3)
+        ys = [next((s.score / s.threshold for s in series[d] if s.feature == f and s.threshold > 0), np.nan) for d in days]
+        alarmed = [next((s.drifted for s in series[d] if s.feature == f), False) for d in days]
+        line = ax.plot([str(d) for d in days], ys, marker=".", lw=1, label=f)[0]
+        xs = [str(d) for d, a in zip(days, alarmed) if a]
+        if xs:
+            ax.plot(xs, [y for y, a in zip(ys, alarmed) if a], "o", ms=8, mfc="none", color=line.get_color())
+    ax.axhline(1.0, color="red", ls="--", lw=0.8)
+    ax.set_ylabel("distance / limit")
+    ax.set_title("Drift over days (above the dashed line, circled: moved more than usual)")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     return _png(fig)
 
@@ -99,7 +104,7 @@ def ctr_over_time(window: FeatureProfile, stream: FeatureProfile | None, t_hando
         if prof is None or not prof.ctr_by_hour:
             continue
         hours = sorted(prof.ctr_by_hour)
-        x = [datetime.fromtimestamp(h * US_PER_HOUR / 1e6, tz=timezone.utc) for h in hours]
+        x = [datetime.fromtimestamp(h * US_PER_HOUR / 1e6, tz=UTC) for h in hours]
         y = [k / n if n else np.nan for n, k in (prof.ctr_by_hour[h] for h in hours)]
         ax.plot(x, y, marker=".", lw=1, label=label)
     if t_handoff is not None:
@@ -120,24 +125,35 @@ def skew_bars(shifts: list[FeatureShift]) -> bytes:
     for s, x in zip(shifts, range(len(shifts))):
         ax.hlines(s.threshold, x - 0.4, x + 0.4, colors="red", linestyles="--", lw=0.8)
     ax.set_ylabel("PSI / JS")
-    ax.set_title("Batch-vs-stream skew per feature (red: over threshold)")
+    ax.set_title("Batch-vs-stream skew per feature (dashed: its limit; red: over it)")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     return _png(fig)
 
 
-def training_curve(points: list[dict[str, Any]]) -> bytes | None:
+def training_curve(points: list[dict[str, Any]], final: dict[str, Any] | None = None) -> bytes | None:
+    """The logged training loss (and AUC) per step; `final` adds the run's end-of-run scores
+    (metrics.json) at its last step when metrics.jsonl did not log it."""
     keys = [k for k in ("loss", "logloss", "auc") if any(k in p for p in points)]
-    if not points or not keys:
+    end_keys = [k for k in ("logloss", "auc") if final and k in final]
+    if not keys and not end_keys:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3))
     for k in keys:
-        pts = [(p.get("step", i), p[k]) for i, p in enumerate(points) if k in p]
+        pts = [(p.get("step", i), p[k]) for i, p in enumerate(points) if k in p and p[k] is not None]
         # points as well as the line: a short run has one or two metrics lines, and a line through
         # a single point draws nothing
         ax.plot([a for a, _ in pts], [b for _, b in pts], label=k, marker="o" if len(pts) <= 50 else None, ms=4)
+        if len(pts) <= 3:  # a few points are numbers: write them
+            for a, b in pts:
+                ax.annotate(f"{b:.4f}", (a, b), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    for k in end_keys:
+        assert final is not None
+        ax.plot([final["step"]], [final[k]], marker="*", ms=12, ls="none", label=f"{k} at the end (held out, metrics.json)")
+        ax.annotate(f"{final[k]:.4f}", (final["step"], final[k]), textcoords="offset points", xytext=(8, 4), fontsize=8)
+    ax.set_xlim(left=0)  # from the first step: a short run reads as short
     ax.set_xlabel("step")
-    ax.set_title("Training curve (metrics.jsonl)")
+    ax.set_title("Training curve (metrics.jsonl" + (", end of run from metrics.json)" if end_keys else ")"))
     ax.legend(fontsize=7)
     return _png(fig)
 

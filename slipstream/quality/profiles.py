@@ -16,16 +16,24 @@ import functools
 import json
 import math
 import os
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slipstream.quality.column_kernels import distinct_values, float_min_max, list_length_counts, numpy_chunks, small_int_counts, value_counts
+from slipstream.quality.column_kernels import (
+    distinct_values,
+    float_min_max,
+    list_length_counts,
+    numpy_chunks,
+    small_int_counts,
+    value_counts,
+)
 from slipstream.quality.hashing import hash_column
 from slipstream.quality.sketches import HyperLogLog, LogHistogram, TopK
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, Spec
@@ -103,7 +111,7 @@ class ColumnProfile:
     """Sequence columns: list length -> rows."""
 
     @classmethod
-    def empty(cls, kind: str) -> "ColumnProfile":
+    def empty(cls, kind: str) -> ColumnProfile:
         if kind not in KINDS:
             raise ValueError(f"unknown column kind {kind!r}; expected one of {KINDS}")
         return cls(
@@ -225,7 +233,7 @@ class ColumnProfile:
         else:
             self.count += len(valid)
 
-    def merge(self, other: "ColumnProfile") -> "ColumnProfile":
+    def merge(self, other: ColumnProfile) -> ColumnProfile:
         if other.kind != self.kind:
             raise ValueError(f"cannot merge a {self.kind} column profile with a {other.kind} one")
         mean, m2, count = _combine_moments(self.count, self.mean, self.m2, other.count, other.mean, other.m2)
@@ -266,7 +274,7 @@ class ColumnProfile:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ColumnProfile":
+    def from_dict(cls, d: dict[str, Any]) -> ColumnProfile:
         return cls(
             kind=d["kind"], rows=d["rows"], nulls=d["nulls"], nonfinite=d.get("nonfinite", 0),
             count=d["count"], min=d["min"], max=d["max"], mean=d["mean"], m2=d["m2"],
@@ -307,11 +315,11 @@ class FeatureProfile:
     name is profiled by its Arrow type. Not stored: a stored column keeps the kind it was made with."""
 
     @classmethod
-    def for_spec(cls, spec: Spec) -> "FeatureProfile":
+    def for_spec(cls, spec: Spec) -> FeatureProfile:
         """An empty profile whose columns take their kinds from the spec's features."""
         return cls(kinds=column_kinds(spec))
 
-    def update(self, batch: pa.RecordBatch | pa.Table) -> "FeatureProfile":
+    def update(self, batch: pa.RecordBatch | pa.Table) -> FeatureProfile:
         """Add a batch of rows (in place) and return self."""
         run_parallel(self.update_jobs(batch), parallel=batch.num_rows >= PARALLEL_MIN_ROWS)
         return self
@@ -368,7 +376,7 @@ class FeatureProfile:
             rows, pos = self.ctr_by_hour.get(h, (0, 0))
             self.ctr_by_hour[h] = (rows + int(n[i]), pos + int(round(k[i])))
 
-    def merge(self, other: "FeatureProfile") -> "FeatureProfile":
+    def merge(self, other: FeatureProfile) -> FeatureProfile:
         cols = {name: ColumnProfile.from_dict(p.to_dict()) for name, p in self.columns.items()}
         for name, p in other.columns.items():
             cols[name] = cols[name].merge(p) if name in cols else ColumnProfile.from_dict(p.to_dict())
@@ -392,7 +400,7 @@ class FeatureProfile:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FeatureProfile":
+    def from_dict(cls, d: dict[str, Any]) -> FeatureProfile:
         if d.get("version") != PROFILE_VERSION:
             raise ValueError(
                 f"profile version {d.get('version')!r} is not {PROFILE_VERSION}: re-profile the data "
@@ -408,7 +416,7 @@ class FeatureProfile:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "FeatureProfile":
+    def from_json(cls, text: str) -> FeatureProfile:
         return cls.from_dict(json.loads(text))
 
     def write(self, path: Path | str) -> Path:
@@ -420,7 +428,7 @@ class FeatureProfile:
         return path
 
     @classmethod
-    def read(cls, path: Path | str) -> "FeatureProfile":
+    def read(cls, path: Path | str) -> FeatureProfile:
         return cls.from_json(Path(path).read_text())
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from datetime import date, datetime, timedelta, timezone
-from typing import Sequence
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,7 +14,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.table import Table
+from pyiceberg.table import DataScan, Table
 
 from slipstream.errors import ConfigError
 from slipstream.lake.planning import WindowFile
@@ -35,13 +35,17 @@ def load_samples(catalog: Catalog, namespace: str) -> Table:
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
-    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
-def _interval_scan(table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _interval_scan(table: Table, snapshot_id: int, start: datetime, end: datetime, columns: tuple[str, ...]) -> DataScan:
+    in_interval = And(
+        GreaterThanOrEqual("event_time", start.isoformat()),  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        LessThan("event_time", end.isoformat()),  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+    )
     return table.scan(
-        row_filter=And(GreaterThanOrEqual("event_time", start.isoformat()), LessThan("event_time", end.isoformat())),
+        row_filter=in_interval,
         snapshot_id=snapshot_id,
         selected_fields=columns,
     )
@@ -125,5 +129,5 @@ def day_row_counts(table: Table, snapshot_id: int, start: datetime, end: datetim
         counts[EPOCH + timedelta(days=int(value))] += t.file.record_count
     return {
         d: n for d, n in sorted(counts.items())
-        if start.date() <= d and datetime(d.year, d.month, d.day, tzinfo=timezone.utc) < end
+        if start.date() <= d and datetime(d.year, d.month, d.day, tzinfo=UTC) < end
     }

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-
 
 SMALL_BATCH = 20_000
 
@@ -53,7 +53,7 @@ class HyperLogLog:
         batch_max = np.where(seen, np.arange(64), 0).max(axis=1).astype(np.uint8)
         np.maximum(self.registers, batch_max, out=self.registers)
 
-    def merge(self, other: "HyperLogLog") -> "HyperLogLog":
+    def merge(self, other: HyperLogLog) -> HyperLogLog:
         if other.p != self.p:
             raise ValueError(f"cannot merge HyperLogLog sketches of precision {self.p} and {other.p}")
         return HyperLogLog(self.p, np.maximum(self.registers, other.registers))
@@ -71,7 +71,7 @@ class HyperLogLog:
         return {"p": self.p, "registers": base64.b64encode(self.registers.tobytes()).decode("ascii")}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HyperLogLog":
+    def from_dict(cls, d: dict[str, Any]) -> HyperLogLog:
         regs = np.frombuffer(base64.b64decode(d["registers"]), dtype=np.uint8).copy()
         return cls(int(d["p"]), regs)
 
@@ -210,7 +210,7 @@ class LogHistogram:
             straddles[occupied[~whole]] = True
             self.add(np.concatenate([c[straddles[cells_of(b)]] for c, b in zip(chunks, bits)]))
 
-    def merge(self, other: "LogHistogram") -> "LogHistogram":
+    def merge(self, other: LogHistogram) -> LogHistogram:
         if other.alpha != self.alpha or other.min_value != self.min_value:
             raise ValueError("cannot merge LogHistograms with different alpha/min_value")
         out = LogHistogram(self.alpha, self.min_value)
@@ -244,7 +244,8 @@ class LogHistogram:
             return np.full(len(qs), np.nan)
         cum = np.cumsum(counts)
         ranks = np.asarray(qs, dtype=np.float64) * (cum[-1] - 1)
-        return values[np.searchsorted(cum, ranks, side="right").clip(0, len(values) - 1)]
+        picked: np.ndarray = values[np.searchsorted(cum, ranks, side="right").clip(0, len(values) - 1)]
+        return picked
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -256,7 +257,7 @@ class LogHistogram:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LogHistogram":
+    def from_dict(cls, d: dict[str, Any]) -> LogHistogram:
         out = cls(float(d["alpha"]), float(d["min_value"]))
         out.zero = int(d["zero"])
         out.positive = {int(k): int(c) for k, c in d["positive"]}
@@ -295,7 +296,7 @@ class TopK:
     def top(self, k: int) -> list[tuple[Any, int]]:
         return sorted(self.counts.items(), key=lambda kv: (-kv[1], str(kv[0])))[:k]
 
-    def merge(self, other: "TopK") -> "TopK":
+    def merge(self, other: TopK) -> TopK:
         out = TopK(max(self.capacity, other.capacity), dict(self.counts), self.other + other.other)
         out.add_counts(list(other.counts), list(other.counts.values()))
         return out
@@ -304,5 +305,5 @@ class TopK:
         return {"capacity": self.capacity, "other": self.other, "counts": [[k, c] for k, c in self.top(len(self.counts))]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TopK":
+    def from_dict(cls, d: dict[str, Any]) -> TopK:
         return cls(int(d["capacity"]), {k: int(c) for k, c in d["counts"]}, int(d["other"]))

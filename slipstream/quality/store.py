@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from datetime import date, datetime, timedelta, timezone
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BooleanType, DateType, LongType, NestedField, StringType, TimestamptzType
@@ -90,7 +91,7 @@ def write_results(
 ) -> int:
     """Replace the rows of (run_id, scope) with these results. Returns the number written."""
     rs = list(results)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     tbl = pa.table(
         {
             "run_id": [run_id] * len(rs), "scope": [scope] * len(rs), "day": [day] * len(rs),
@@ -103,7 +104,8 @@ def write_results(
     )
     table = results_table(catalog, namespace)
     with _quiet_first_write():
-        table.overwrite(tbl, overwrite_filter=And(EqualTo("run_id", run_id), EqualTo("scope", scope)))
+        run_scope = And(EqualTo("run_id", run_id), EqualTo("scope", scope))  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        table.overwrite(tbl, overwrite_filter=run_scope)
     compact(table)
     return len(rs)
 
@@ -112,17 +114,32 @@ def write_profile(
     catalog: Catalog, namespace: str, *, day: date, snapshot_id: int, run_id: str, profile: FeatureProfile
 ) -> None:
     """Replace the stored profile of `day`."""
+    write_profiles(catalog, namespace, {day: profile}, snapshot_id=snapshot_id, run_id=run_id)
+
+
+def write_profiles(
+    catalog: Catalog, namespace: str, profiles: Mapping[date, FeatureProfile], *, snapshot_id: int, run_id: str
+) -> int:
+    """Replace the stored profiles of these days in ONE commit (a backfill's 200 days are one
+    table write, not 200). Returns the number written."""
+    if not profiles:
+        return 0
+    days = sorted(profiles)
+    now = datetime.now(UTC)
     tbl = pa.table(
         {
-            "day": [day], "snapshot_id": [snapshot_id], "run_id": [run_id], "rows": [profile.rows],
-            "profile": [profile.to_json()], "created_at": [datetime.now(timezone.utc)],
+            "day": days, "snapshot_id": [snapshot_id] * len(days), "run_id": [run_id] * len(days),
+            "rows": [profiles[d].rows for d in days], "profile": [profiles[d].to_json() for d in days],
+            "created_at": [now] * len(days),
         },
         schema=PROFILES_ARROW,
     )
     table = profiles_table(catalog, namespace)
     with _quiet_first_write():
-        table.overwrite(tbl, overwrite_filter=EqualTo("day", day.isoformat()))
+        the_days = In("day", [d.isoformat() for d in days])  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+        table.overwrite(tbl, overwrite_filter=the_days)
     compact(table)
+    return len(days)
 
 
 def compact(table: Table) -> bool:
@@ -130,17 +147,19 @@ def compact(table: Table) -> bool:
     expire its snapshots older than KEEP_SNAPSHOTS. Returns whether it rewrote. A concurrent
     writer wins: its commit makes this one fail, and the next write compacts."""
     snap = table.current_snapshot()
-    files = int(snap.summary.additional_properties.get("total-data-files", "0")) if snap and snap.summary else 0
+    if snap is None or snap.summary is None:
+        return False
+    files = int(snap.summary.additional_properties.get("total-data-files", "0"))
     if files <= COMPACT_ABOVE_FILES:
         return False
     try:
         rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow()
         table.overwrite(rows)
-        cutoff = datetime.now(timezone.utc) - KEEP_SNAPSHOTS
+        cutoff = datetime.now(UTC) - KEEP_SNAPSHOTS
         current = table.current_snapshot()
         old = [s.snapshot_id for s in table.snapshots()
                if current is None or s.snapshot_id != current.snapshot_id
-               if datetime.fromtimestamp(s.timestamp_ms / 1000, timezone.utc) < cutoff]
+               if datetime.fromtimestamp(s.timestamp_ms / 1000, UTC) < cutoff]
         if old:
             table.maintenance.expire_snapshots().by_ids(old).commit()
     except CommitFailedException as e:
@@ -167,10 +186,8 @@ def read_profile_docs(catalog: Catalog, namespace: str, start: date, end: date) 
     """Stored profiles of the days in [start, end) as their JSON documents, by day: what a caller
     that needs a number or two of each day (`label_rate`) reads without building every sketch."""
     table = profiles_table(catalog, namespace)
-    rows = table.scan(
-        row_filter=And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat())),
-        selected_fields=("day", "profile"),
-    ).to_arrow()
+    in_range = And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat()))  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+    rows = table.scan(row_filter=in_range, selected_fields=("day", "profile")).to_arrow()
     out = {d: json.loads(text) for d, text in zip(rows.column("day").to_pylist(), rows.column("profile").to_pylist())}
     return dict(sorted(out.items()))
 
@@ -185,4 +202,4 @@ def read_results(catalog: Catalog, namespace: str, run_id: str | None = None) ->
     table = results_table(catalog, namespace)
     if run_id is None:
         return table.scan().to_arrow()
-    return table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow()
+    return table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow()  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__

@@ -18,10 +18,11 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -89,20 +90,21 @@ def build_checks(config: GateConfig, metrics: dict[str, float], spec: Spec, boun
     ]
     q = spec.quality
     for name, metric, bound, what in (
-        ("row_count.vs_trailing_mean", "row_count_ratio", bounds.row_count_ratio,
-         f"rows over the trailing {q.history_days}-day mean within bounds"),
+        ("row_count.vs_expected", "row_count_ratio", bounds.row_count_ratio,
+         "rows over the rows expected of the day (the history's median, weekday-aware) within bounds"),
         ("ctr", "ctr", bounds.ctr, f"label rate ({spec.label.describe()}) within bounds"),
     ):
         if bound.lo is not None or bound.hi is not None:
             checks.append(Check(name, metric, bound.lo, bound.hi, sev(name), what, bound.sources))
-    # as `drift.feature_shift` scores them: Jensen–Shannon of categories and list lengths, PSI of numbers
+    # scored as `drift_days` scores them: Jensen–Shannon of categories and list lengths, PSI of
+    # numbers, each with the day's own limit (chance at its size, the feature's usual movement)
     js_features = {f.name for f in spec.features if f.kind in ("categorical", "list", "sequence")}
     for metric in sorted(m for m in metrics if m.startswith("drift.")):
         feature = metric.split(".", 1)[1]
-        js = feature in js_features
-        limit = config.js_threshold if js else config.psi_threshold
-        kind = "Jensen–Shannon" if js else "PSI"
-        checks.append(Check(metric, metric, None, limit, sev(metric), f"{kind} of {feature} vs the trailing window"))
+        kind = "Jensen–Shannon" if feature in js_features else "PSI"
+        checks.append(Check(metric, metric, None, metrics.get(f"drift_limit.{feature}"), sev(metric),
+                            f"{kind} of {feature} vs the trailing {q.history_days} days, within what chance at this size "
+                            f"and its usual day-to-day movement allow"))
     return checks
 
 
@@ -115,8 +117,10 @@ def _feature_checks(f: FeatureSpec, spec: Spec, config: GateConfig, sev: Callabl
         if rng is not None:
             # stored as float32: rounding is monotonic, so the float32 of a bound bounds the stored values
             lo, hi = (float(np.float32(x)) for x in rng)
-            out.append(Check(f"range.min.{f.name}", f"min.{f.name}", lo, None, sev(f"range.min.{f.name}"), f"{f.name} >= {lo:g} (clip / scale)"))
-            out.append(Check(f"range.max.{f.name}", f"max.{f.name}", None, hi, sev(f"range.max.{f.name}"), f"{f.name} <= {hi:g} (clip / scale)"))
+            out.append(Check(f"range.min.{f.name}", f"min.{f.name}", lo, None, sev(f"range.min.{f.name}"),
+                             f"{f.name} >= {lo:g} (clip / scale)"))
+            out.append(Check(f"range.max.{f.name}", f"max.{f.name}", None, hi, sev(f"range.max.{f.name}"),
+                             f"{f.name} <= {hi:g} (clip / scale)"))
     elif f.kind == "id" and integer_ids(spec, f):
         out.append(Check(f"range.min.{f.name}", f"min.{f.name}", 0, None, sev(f"range.min.{f.name}"), f"{f.name} >= 0"))
     elif f.kind == "categorical":
@@ -125,7 +129,8 @@ def _feature_checks(f: FeatureSpec, spec: Spec, config: GateConfig, sev: Callabl
         out.append(Check(f"distinct.{f.name}", f"distinct.{f.name}", config.min_distinct, most, sev(f"distinct.{f.name}"),
                          f"{f.name} cardinality is sane" + (f" (at most {most:,}: {why})" if most else "")))
     elif f.kind == "sequence":
-        out.append(Check(f"sequence.max_length.{f.name}", f"max_length.{f.name}", 0, f.length, sev(f"sequence.max_length.{f.name}"),
+        out.append(Check(f"sequence.max_length.{f.name}", f"max_length.{f.name}", 0, f.length,
+                         sev(f"sequence.max_length.{f.name}"),
                          f"{f.name} holds at most {f.length} values"))
         out.append(Check(f"sequence.empty_fraction.{f.name}", f"empty_fraction.{f.name}", 0, config.max_empty_history_fraction,
                          sev(f"sequence.empty_fraction.{f.name}"), f"most rows have some {f.name}"))
@@ -148,11 +153,13 @@ def max_distinct(spec: Spec, f: FeatureSpec) -> int | None:
 
 def _expected(c: Check) -> str:
     if c.min_value is not None and c.max_value is not None:
-        text = f"== {c.min_value:g}" if c.min_value == c.max_value else f"in [{c.min_value:g}, {c.max_value:g}]"
+        text = f"== {c.min_value:g}" if c.min_value == c.max_value else f"in [{c.min_value:.4g}, {c.max_value:.4g}]"
     elif c.min_value is not None:
-        text = f">= {c.min_value:g}"
+        text = f">= {c.min_value:.4g}"
+    elif c.max_value is not None:
+        text = f"<= {c.max_value:.4g}"
     else:
-        text = f"<= {c.max_value:g}"
+        text = "any"
     return f"{text} ({c.bounds_from})" if c.bounds_from else text
 
 
@@ -198,6 +205,7 @@ def warm_up() -> None:
     while it reads and profiles the data."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations  # noqa: F401
+
     import slipstream.quality.gx_views  # noqa: F401  (GX's Data Docs renderers and views)
 
     _cached_batch_definition()
@@ -244,7 +252,7 @@ def validate(checks: list[Check], agg: Aggregates) -> Validation:
     suite = gx.ExpectationSuite(
         name=SUITE_NAME,
         expectations=[
-            gx.expectations.ExpectColumnMinToBeBetween(
+            gx.expectations.ExpectColumnMinToBeBetween(  # type: ignore[attr-defined]  # great_expectations.expectations re-exports it without __all__
                 column=c.metric, min_value=c.min_value, max_value=c.max_value,
                 meta={"check": c.name, "severity": c.severity, "description": c.description},
             )
@@ -301,7 +309,7 @@ def write_data_docs(validation: Validation, docs_dir: Path, name: str) -> Path |
         },
     )
     outcome = validation.outcome
-    run_id = RunIdentifier(run_time=datetime.now(timezone.utc))
+    run_id = RunIdentifier(run_time=datetime.now(UTC))
     # what a checkpoint's validation records in the result's meta
     outcome.meta["run_id"] = run_id
     outcome.meta["validation_time"] = run_id.run_time

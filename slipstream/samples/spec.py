@@ -110,6 +110,24 @@ class LabelSpec:
         return f"{self.field} {self.op} {self.value:g}"
 
 
+EVICTIONS = ("lru", "lfu", "ttl")
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """A managed embedding table (`table: managed`): every admitted value gets a row of its own, no
+    two share one; values not (yet) admitted share row 0, the "new id" row."""
+
+    rows: int
+    """Rows of the table, row 0 included: the memory it takes whatever the number of distinct values."""
+    admit_after: int = 0
+    """Occurrences before a value gets a row of its own (0: at its first)."""
+    eviction: str = "lru"
+    """How a row is freed for a new value: `lru` (the least recently seen value gives it up when the
+    table is full), `lfu` (the least often seen) or `ttl` (a value not seen for `ttl_days` loses it)."""
+    ttl_days: float | None = None
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     name: str
@@ -127,6 +145,11 @@ class FeatureSpec:
     shares: str | None = None
     role: str | None = None
     """id features: `user` or `item` (the popularity baseline, cold-start views)."""
+    table_kind: str = "hashed"
+    """id / categorical (`table:` in the file): `hashed` (the value modulo `buckets`) or `managed` (a
+    row of its own per admitted value, `TableOptions`)."""
+    managed: TableOptions | None = None
+    """The managed table's options (None for a hashed one)."""
 
     @property
     def table(self) -> str | None:
@@ -137,6 +160,11 @@ class FeatureSpec:
     def column(self) -> str:
         """The raw field's name (without its table)."""
         return self.field.split(".", 1)[-1]
+
+    @property
+    def table_rows(self) -> int | None:
+        """Rows of the feature's own embedding table: `rows` of a managed table, else `buckets`."""
+        return self.managed.rows if self.managed is not None else self.buckets
 
     @property
     def is_sparse(self) -> bool:
@@ -396,7 +424,7 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
             log1p=bool(f.get("log1p", False)), clip=tuple(f["clip"]) if "clip" in f else None,  # type: ignore[arg-type]
             scale=float(f.get("scale", 1.0)), standardize=bool(f.get("standardize", False)),
             separator=f.get("separator"), length=int(f.get("length", 0)), per=f.get("per"), shares=f.get("shares"),
-            role=f.get("role"),
+            role=f.get("role"), table_kind=f.get("table", "hashed"), managed=_table_options(f),
         )
         for name, f in doc["features"].items()
     )
@@ -410,6 +438,13 @@ def _parse(doc: Mapping[str, Any]) -> Spec:
     )
     return Spec(doc["name"], int(doc["version"]), tuple(sources), label, features, quality,
                 doc.get("description", ""), doc)
+
+
+def _table_options(f: Mapping[str, Any]) -> TableOptions | None:
+    if f.get("table") != "managed":
+        return None
+    return TableOptions(rows=int(f.get("rows", 0)), admit_after=int(f.get("admit_after", 0)),
+                        eviction=f.get("eviction", "lru"), ttl_days=f.get("ttl_days"))
 
 
 def _parse_label(d: Mapping[str, Any]) -> LabelSpec:
@@ -504,7 +539,8 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
     if f.name in RESERVED:
         raise _KeyProblem(at, f"{f.name} is a column every sample has ({', '.join(RESERVED)}): pick another name")
     src = _source_field(spec, ev, f)
-    if f.kind in ("id", "categorical", "list") and not f.buckets and not f.shares:
+    _check_table(spec, f)
+    if f.kind in ("id", "categorical", "list") and not f.table_rows and not f.shares:
         raise _KeyProblem(at, f"this {f.kind} feature needs `buckets:` (its embedding table's rows)")
     if f.kind == "dense":
         if src.type not in NUMERIC_TYPES:
@@ -531,3 +567,29 @@ def _check_feature(spec: Spec, ev: SourceSpec, f: FeatureSpec, names: set[str]) 
     if f.shares is not None:
         if f.shares not in names or not spec.feature(f.shares).is_sparse:
             raise _KeyProblem((*at, "shares"), f"shares must name an id or categorical feature, got {f.shares}")
+
+
+_MANAGED_ONLY = ("rows", "admit_after", "eviction", "ttl_days")
+
+
+def _check_table(spec: Spec, f: FeatureSpec) -> None:
+    """`table: managed` and its options fit the feature (the schema checks types and ranges)."""
+    at = ("features", f.name)
+    raw = spec.raw["features"][f.name]
+    if f.managed is None:
+        extra = [k for k in _MANAGED_ONLY if k in raw]
+        if extra:
+            raise _KeyProblem((*at, extra[0]), f"{', '.join(extra)} only apply to a managed table: add `table: managed` "
+                                                "(and `rows:`), or drop them")
+        return
+    if f.kind not in SPARSE_KINDS:
+        raise _KeyProblem((*at, "table"), f"only an id or categorical feature can have a managed table, {f.name} is {f.kind} "
+                                          "(a list or sequence looks up the table of the feature it `shares`)")
+    if "buckets" in raw:
+        raise _KeyProblem((*at, "buckets"), "a managed table's size is `rows:`; `buckets` is for hashed tables: drop it")
+    if "rows" not in raw:
+        raise _KeyProblem(at, "a managed table needs `rows:` (its rows, the shared new-id row included)")
+    m = f.managed
+    if (m.eviction == "ttl") != (m.ttl_days is not None):
+        raise _KeyProblem((*at, "ttl_days" if m.ttl_days is not None else "eviction"),
+                          "`ttl_days:` goes with `eviction: ttl`, and `eviction: ttl` needs it")

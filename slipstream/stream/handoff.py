@@ -9,21 +9,24 @@ target = T - max_lateness, is a safe start: no record with event_time >= T can p
 
 `offsets_for_times(target)` answers exactly that on a correct broker; the answer is verified
 against the two records around it, and when a broker answers wrongly (some answer 0 or the end),
-a binary search over record timestamps with assign/seek finds such an offset instead.
+a binary search over record timestamps with assign/seek finds such an offset instead. Records
+are read with `slipstream.stream.committed.CommittedReader`: an offset right after an aborted
+transaction reads the committed records after it on every broker, the embedded one included.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from slipstream.errors import HandoffError
-from slipstream.stream.kafka import Broker, KafkaAccess, as_access, consumer_config
+from slipstream.stream.committed import CommittedReader, offset_of
+from slipstream.stream.kafka import Broker, as_access, consumer_config
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +70,27 @@ def target_ms(t_handoff: datetime, max_lateness: timedelta | float) -> int:
 
 
 class _Reader:
-    """Reads single records of one topic by offset through a consumer (assign + consume)."""
+    """Reads records of one topic by offset: committed records only, through aborted
+    transactions (`CommittedReader`), so an offset right after an abort marker reads the committed
+    records after it on every broker."""
 
-    def __init__(self, consumer: Consumer, topic: str, timeout_s: float) -> None:
-        self.c, self.topic, self.timeout_s = consumer, topic, timeout_s
+    def __init__(self, consumer: Consumer, reader: CommittedReader, topic: str, timeout_s: float) -> None:
+        self.c, self.reader, self.topic, self.timeout_s = consumer, reader, topic, timeout_s
 
     def watermarks(self, partition: int) -> tuple[int, int]:
         return self.c.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=self.timeout_s, cached=False)
 
     def records(self, partition: int, start: int, stop: int, limit: int) -> list[tuple[int, int]]:
-        """(offset, timestamp ms) of up to `limit` records with start <= offset < stop."""
+        """(offset, timestamp ms) of up to `limit` committed records with start <= offset < stop;
+        fewer (none) only when the rest of the range holds no committed record."""
         if start >= stop:
             return []
-        self.c.assign([TopicPartition(self.topic, partition, start)])
+        self.reader.seek({partition: start})
         out: list[tuple[int, int]] = []
         deadline = time.monotonic() + self.timeout_s
-        while len(out) < limit and time.monotonic() < deadline:
-            for msg in self.c.consume(num_messages=limit, timeout=0.2):
-                if msg.error() is not None:
-                    if msg.error().fatal():
-                        raise HandoffError(f"reading {self.topic}[{partition}] at {start}: {msg.error()}")
-                    continue
-                if msg.partition() != partition or msg.offset() < start:
-                    continue
-                if msg.offset() >= stop:
+        while len(out) < limit and self.reader.positions[partition] < stop:
+            for msg in self.reader.poll(limit, 0.2):
+                if offset_of(msg) >= stop:
                     return out
                 kind, ts = msg.timestamp()
                 if kind == TIMESTAMP_NOT_AVAILABLE:
@@ -98,22 +98,22 @@ class _Reader:
                         f"record {self.topic}[{partition}]@{msg.offset()} has no timestamp: the handoff needs "
                         "producers to set record timestamps (event time)"
                     )
-                out.append((msg.offset(), ts))
+                out.append((offset_of(msg), ts))
                 if len(out) >= limit:
                     return out
-            if out and out[-1][0] >= stop - 1:
-                return out
-        if not out:
-            raise HandoffError(
-                f"no record of {self.topic}[{partition}] in [{start}, {stop}) arrived within {self.timeout_s:.0f}s "
-                "although the watermarks say there are some (open transaction? broker down?)"
-            )
+            if time.monotonic() > deadline:
+                raise HandoffError(
+                    f"the committed records of {self.topic}[{partition}] in [{start}, {stop}) could not be read within "
+                    f"{self.timeout_s:.0f}s (reached offset {self.reader.positions[partition]}; open transaction? "
+                    "broker down?)"
+                )
         return out
 
     def first_at_or_after(self, partition: int, offset: int, high: int) -> tuple[int, int] | None:
         if offset >= high:
             return None
-        return self.records(partition, offset, high, 1)[0]
+        recs = self.records(partition, offset, high, 1)
+        return recs[0] if recs else None
 
     def last_before(self, partition: int, offset: int, low: int) -> tuple[int, int] | None:
         stop, step = offset, _BACK_STEP
@@ -151,7 +151,7 @@ def search_start(r: _Reader, partition: int, low: int, high: int, target: int) -
 
 
 def find_handoff(
-    consumer_or_bootstrap: Consumer | Broker,
+    broker: Broker,
     topic: str,
     t_handoff: datetime,
     max_lateness: timedelta | float,
@@ -161,29 +161,29 @@ def find_handoff(
 ) -> HandoffPlan:
     """Start offset of every partition of `topic` for the handoff at `t_handoff`.
 
-    A Consumer passed in is used for reading (its assignment is replaced); a broker (KafkaAccess
-    or bootstrap string) gets a private consumer that is closed afterwards."""
-    own = isinstance(consumer_or_bootstrap, (str, KafkaAccess))
-    consumer = Consumer(consumer_config(consumer_or_bootstrap, group="slipstream-handoff")) if own else consumer_or_bootstrap
+    The broker (KafkaAccess or bootstrap string) gets private consumers, closed afterwards."""
+    broker = as_access(broker)
+    consumer = Consumer(consumer_config(broker, group="slipstream-handoff"))
+    reader = CommittedReader(broker, topic, {}, group="slipstream-handoff-records")
     try:
-        return _find(consumer, topic, target_ms(t_handoff, max_lateness), timeout_s, offsets_for_times)
+        return _find(consumer, _Reader(consumer, reader, topic, timeout_s), topic, target_ms(t_handoff, max_lateness),
+                     timeout_s, offsets_for_times)
     except KafkaException as e:
         consumer.poll(0)  # serves the error callback: a refused login raises KafkaAuthError, naming broker and mechanism
-        where = f" from {as_access(consumer_or_bootstrap)}" if own else ""  # type: ignore[arg-type]
-        raise HandoffError(f"handoff offsets for topic {topic!r} could not be read{where}: {e}") from e
+        raise HandoffError(f"handoff offsets for topic {topic!r} could not be read from {broker}: {e}") from e
     finally:
-        if own:
-            consumer.close()
+        reader.close()
+        consumer.close()
 
 
-def _find(consumer: Consumer, topic: str, target: int, timeout_s: float, oft: OffsetsForTimes | None) -> HandoffPlan:
+def _find(consumer: Consumer, r: _Reader, topic: str, target: int, timeout_s: float,
+          oft: OffsetsForTimes | None) -> HandoffPlan:
     meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise HandoffError(f"topic {topic!r} does not exist on the broker: create it or fix data.topic")
     parts = sorted(meta.partitions)
     ask = oft or (lambda tps, timeout: consumer.offsets_for_times(tps, timeout=timeout))
     answers = {tp.partition: tp for tp in ask([TopicPartition(topic, p, target) for p in parts], timeout_s)}
-    r = _Reader(consumer, topic, timeout_s)
     plan: dict[int, PartitionHandoff] = {}
     for p in parts:
         low, high = r.watermarks(p)
@@ -211,7 +211,7 @@ def _find(consumer: Consumer, topic: str, target: int, timeout_s: float, oft: Of
 
 
 def handoff_offsets(
-    consumer_or_bootstrap: Consumer | Broker,
+    broker: Broker,
     topic: str,
     t_handoff: datetime,
     max_lateness: timedelta | float,
@@ -222,5 +222,5 @@ def handoff_offsets(
     """{partition: start offset} for the stream phase: offsets_for_times(T - max_lateness),
     verified, with a binary search over record timestamps when the broker answers wrongly."""
     return find_handoff(
-        consumer_or_bootstrap, topic, t_handoff, max_lateness, timeout_s=timeout_s, offsets_for_times=offsets_for_times
+        broker, topic, t_handoff, max_lateness, timeout_s=timeout_s, offsets_for_times=offsets_for_times
     ).offsets

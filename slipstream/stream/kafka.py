@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # confluent_kafka.admin re-exports it without __all__
 
-from slipstream.samples.codec import encode_samples
 from slipstream.errors import ConfigError, StackError
+from slipstream.samples.codec import encode_samples
 from slipstream.samples.schema import DEFAULT_SPEC
 from slipstream.samples.spec import Spec
 
@@ -78,7 +78,7 @@ class KafkaAccess:
         return f"{self.bootstrap} ({how})"
 
     @classmethod
-    def from_settings(cls, settings: Any, bootstrap: str = "") -> "KafkaAccess":
+    def from_settings(cls, settings: Any, bootstrap: str = "") -> KafkaAccess:
         """The broker of `slipstream.settings.Settings` (or `bootstrap`, e.g. a run's data.bootstrap)
         with the settings' security."""
         return cls(
@@ -91,7 +91,7 @@ class KafkaAccess:
         )
 
 
-Broker = Union[KafkaAccess, str]
+Broker = KafkaAccess | str
 """A broker as the helpers take it: a KafkaAccess, or a bootstrap string (PLAINTEXT)."""
 
 
@@ -216,17 +216,22 @@ def produce_samples(
     keys = [str(u).encode() for u in table.column(key_col).to_pylist()]
     ts_ms = pc.divide(pc.cast(table.column("event_time"), pa.int64()), 1000).to_pylist()
     started = time.monotonic()
-    for i, (k, v, ts) in enumerate(zip(keys, values, ts_ms)):
-        while True:
-            try:
-                producer.produce(topic, value=v, key=k, timestamp=int(ts), on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if progress_every and (i + 1) % progress_every == 0:
-            rate = (i + 1) / max(time.monotonic() - started, 1e-9)
-            log.info("produced %d/%d samples (%.0f/s, ETA %.0fs)", i + 1, len(values), rate, (len(values) - i - 1) / rate)
-        producer.poll(0)
+    try:
+        for i, (k, v, ts) in enumerate(zip(keys, values, ts_ms)):
+            while True:
+                try:
+                    producer.produce(topic, value=v, key=k, timestamp=int(ts), on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            if progress_every and (i + 1) % progress_every == 0:
+                rate = (i + 1) / max(time.monotonic() - started, 1e-9)
+                log.info("produced %d/%d samples (%.0f/s, ETA %.0fs)", i + 1, len(values), rate, (len(values) - i - 1) / rate)
+            producer.poll(0)
+    except BaseException:  # interrupted (SIGTERM from `stack down`, Ctrl-C): deliver what was produced first
+        left = producer.flush(10)
+        log.warning("producing to %s interrupted: %d produced samples not acknowledged", topic, left)
+        raise
     remaining = producer.flush(60)
     if remaining or errors:
         raise StackError(

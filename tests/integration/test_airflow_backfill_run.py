@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -34,8 +34,7 @@ DAYS = [FIRST + timedelta(days=i) for i in range(3)]
 @pytest.fixture
 def scheduler_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Settings, dict[str, str]]]:
     """The stack's Airflow components on 127.0.0.1 (stopped by PID afterwards) and the CLI env."""
-    from slipstream.dev import stack
-    from slipstream.dev import ui
+    from slipstream.dev import stack, ui
     from slipstream.dev.stack import free_port
 
     port = free_port()

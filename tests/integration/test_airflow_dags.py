@@ -22,17 +22,17 @@ bag = DagBag(dag_folder=sys.argv[1])
 out = {"dags": {}, "errors": {k: v[-1500:] for k, v in bag.import_errors.items()},
        "heavy": [m for m in sys.argv[2].split(",") if m in sys.modules]}
 for dag_id, dag in bag.dags.items():
-    out["dags"][dag_id] = {"tasks": sorted(dag.task_ids), "params": sorted(dag.params.keys()),
+    out["dags"][dag_id] = {"tasks": sorted(dag.task_ids), "params": sorted(dag.params.keys()), "tags": sorted(dag.tags),
                            "timetable": type(dag.timetable).__name__,
                            "edges": sorted([t.task_id, d] for t in dag.tasks for d in t.downstream_task_ids)}
 print("PARSED " + json.dumps(out))
 """
 
 
-def _parse(home: Path, backend: str) -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "AIRFLOW_HOME": str(home / "airflow"), "SLIPSTREAM_HOME": str(home),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "SLIPSTREAM_TRAINING_BACKEND": backend}
+def _parse(home: Path, backend: str, **extra: str) -> dict:  # type: ignore[type-arg]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}, "AIRFLOW_HOME": str(home / "airflow"),
+           "SLIPSTREAM_HOME": str(home), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "SLIPSTREAM_TRAINING_BACKEND": backend, **extra}
     out = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags"), ",".join(HEAVY)],
                          env=env, capture_output=True, text=True, timeout=180)
     line = next((l for l in out.stdout.splitlines() if l.startswith("PARSED ")), None)
@@ -87,3 +87,22 @@ def test_other_dags(parsed: dict) -> None:  # type: ignore[type-arg]
     assert parsed["dags"]["preprocess_samples"]["edges"] == [["preprocess", "quality_gate"], ["raw_day_ready", "preprocess"]]
     assert parsed["dags"]["cache_warmup"]["timetable"] == "AssetOrTimeSchedule"
     assert parsed["dags"]["stream_train"]["tasks"] == ["render_job", "train"]
+
+
+def test_one_set_of_dags_per_spec_file(tmp_path: Path) -> None:
+    """SLIPSTREAM_SPECS_DIR: each spec file gets its own four DAGs, tagged with its data set; the
+    DAG files still read no spec at parse time."""
+    import shutil
+
+    from slipstream.samples.spec import SPECS_DIR
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("criteo", "ratings"):
+        shutil.copy(SPECS_DIR / f"{name}.yaml", specs / f"{name}.yaml")
+    parsed = _parse(tmp_path, "local", SLIPSTREAM_SPECS_DIR=str(specs))
+    assert parsed["errors"] == {} and parsed["heavy"] == []
+    assert set(parsed["dags"]) == {f"{dag}__{ds}" for dag in ("daily_retrain", "preprocess_samples", "cache_warmup",
+                                                               "stream_train") for ds in ("criteo", "ratings")}
+    assert "dataset:ratings" in parsed["dags"]["daily_retrain__ratings"]["tags"]
+    assert parsed["dags"]["daily_retrain__criteo"]["tasks"] == parsed["dags"]["daily_retrain__ratings"]["tasks"]

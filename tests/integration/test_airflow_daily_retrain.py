@@ -39,6 +39,27 @@ def test_daily_retrain_runs_end_to_end(settings: Settings, kafka_bootstrap: str,
     assert "state=success" in out.stdout + out.stderr
 
     (run,) = [p for p in Path(settings.runs_dir).iterdir() if p.name.startswith(f"daily-{t_day:%Y%m%d}-")]
+    _check_first_run(settings, run)
+
+    # Clear of train_local (or its retry) with nothing changed: the attempt goes on. The launch of
+    # the same plan in the same folder resumes the finished run, which the trainer does not train
+    # again: same metrics, no second attempt.
+    from slipstream.pipeline.cluster import ClusterSettings
+    from slipstream.pipeline.jobspec import build_train_spec
+    from slipstream.pipeline.runplan import read_plan
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
+
+    info = json.loads((run / "run.json").read_text())
+    assert (info["dag_id"], info["attempt"]) == ("daily_retrain", 1)
+    before = (run / "metrics.json").read_bytes()
+    here = Settings.from_env(env)
+    cluster = ClusterSettings.from_env(env)
+    lineage = LocalTorchrunOperator(task_id="train_local").run_spec(build_train_spec(here, cluster, read_plan(run / "plan.json")))
+    assert lineage["run_id"] == run.name and (run / "metrics.json").read_bytes() == before
+    assert sorted(p.name for p in run.parent.iterdir()) == [run.name]
+
+
+def _check_first_run(settings: Settings, run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["preprocess"]["days"]) == {"2025-01-01", "2025-01-02"}
     assert summary["train"]["snapshot_id"] == summary["preprocess"]["snapshot_id"]

@@ -18,7 +18,7 @@ from slipstream.pipeline.jobspec import build_train_spec
 from slipstream.pipeline.registry import ModelRegistry
 from slipstream.pipeline.request import TrainRequest
 from slipstream.settings import Settings
-from tests.airflow_fixtures import STANDIN_TRAINER, plan_for
+from tests.airflow_fixtures import STANDIN_TRAINER, SocketWatch, plan_for
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,12 @@ def test_killing_the_task_stops_every_trainer_process(settings: Settings) -> Non
         time.sleep(0.2)
     tree = [root, *descendants(root)]
     assert len(tree) >= 3, "torchrun did not start its workers"
+    # while the workers wait (after their rendezvous and all_reduce setup), every socket of the
+    # training run is on loopback: torchrun's stores and the workers' gloo pairs alike
+    with SocketWatch(lambda: [root]) as watch:
+        time.sleep(3)
+    assert watch.listeners(), "no listener seen: the watch did not look at the training run"
+    assert watch.off_loopback() == [], watch.off_loopback()
     started = time.monotonic()
     op.on_kill()
     worker.join(timeout=30)

@@ -54,11 +54,16 @@ class _TaskInstance:
 
 
 def _render(params: dict[str, object]) -> tuple[dict[str, object], object]:
+    from types import SimpleNamespace
+
     from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob
     from slipstream_airflow.stream_tasks import render_stream_job
 
+    from slipstream.pipeline.datasets import DatasetRef
+
     ti = _TaskInstance()
-    out = render_stream_job({"ti": ti}, params)
+    context = {"ti": ti, "dag": SimpleNamespace(dag_id="stream_train"), "dag_run": SimpleNamespace(run_id="manual__1")}
+    out = render_stream_job(context, params, DatasetRef("synthetic", "synthetic"))
     return out, RenderedJob.from_xcom(ti.pushed[JOB_XCOM_KEY])  # type: ignore[arg-type]
 
 
@@ -81,11 +86,19 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     import threading
     import time
 
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
+
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
     from slipstream.stream.kafka import create_topic, produce_samples
-    from slipstream_airflow.local_launch import LocalTorchrunOperator
-    from tests.trainer_fixtures import (assert_trained_once, checkpoint_meta, generated, in_stream_with_progress,
-                                        make_samples, stream_ids, training_ids)
+    from tests.trainer_fixtures import (
+        assert_trained_once,
+        checkpoint_meta,
+        generated,
+        in_stream_with_progress,
+        make_samples,
+        stream_ids,
+        training_ids,
+    )
     from trainers.observe.sample_audit import read_audit
 
     fx = make_samples(settings.home, days=1, per_day=1500, row_group_rows=500, stream_minutes=240.0)

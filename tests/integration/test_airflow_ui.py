@@ -1,6 +1,7 @@
 """`slipstream ui up` + a headless Chromium: log in, trigger daily_retrain with params from the
-trigger form, see a bad value refused, see the good run created (and succeed, once the other
-teams' modules are merged). Needs Debian's `chromium` and `chromium-driver`."""
+trigger form, see a bad value refused, see the good run created with the form's values. Needs
+Debian's `chromium` and `chromium-driver`. (A run through the scheduler to success, its report
+tab and a re-run: `test_airflow_datasets_rerun`.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,8 +28,7 @@ DRIVER = shutil.which("chromedriver")
 
 @pytest.fixture
 def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from slipstream.dev import stack
-    from slipstream.dev import ui
+    from slipstream.dev import stack, ui
     from slipstream.dev.stack import free_port
 
     port = free_port()
@@ -40,21 +42,6 @@ def airflow_ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     finally:
         ui.down(settings)
         stack.down(settings)
-
-
-def _generate_recent_days(settings: Settings, days: int) -> None:
-    from datetime import datetime, timedelta, timezone
-
-    from slipstream.dev.datagen import GeneratorConfig, generate, write_manifest
-    from slipstream.stream.kafka import create_topic, produce_samples
-
-    today = datetime.now(timezone.utc).date()
-    cfg = GeneratorConfig(start_day=today - timedelta(days=days), days=days, impressions_per_day=2000,
-                          users=300, items=80, stream_minutes=10)
-    data = generate(cfg, settings.raw_dir)
-    write_manifest(data, settings.home / "generator" / "manifest.json")
-    create_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
-    produce_samples(settings.kafka_bootstrap, settings.topic, data.stream)
 
 
 def _api(info: Any, path: str, token: str, body: dict | None = None, method: str | None = None) -> Any:  # type: ignore[type-arg]
@@ -148,7 +135,6 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     from selenium.webdriver.support import expected_conditions as ec
 
     info = airflow_ui
-    _generate_recent_days(Settings.from_env(), days=3)  # the three days before today (the form's logical date is now)
     token = _token(info)  # the login `ui up` printed works
     _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
 
@@ -192,16 +178,6 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
     assert len(manual) == 1, runs  # the refused trigger created nothing
     conf = manual[0]["conf"]
     assert conf["window_days"] == 3 and conf["epochs"] == 2 and conf["stream_stop"] == "20"
-    run_id = manual[0]["dag_run_id"]
-    for other in runs:  # unpausing also scheduled the latest interval: it would queue ours behind it
-        if other["run_type"] == "scheduled":
-            _api(info, f"/api/v2/dags/daily_retrain/dagRuns/{other['dag_run_id']}", token, {"state": "failed"}, "PATCH")
-    state = _wait("the triggered run to finish", lambda: (s := _api(
-        info, f"/api/v2/dags/daily_retrain/dagRuns/{run_id}", token)["state"]) in ("success", "failed") and s, 540)
-    assert state == "success"
-    # the run's own report, through the UI plugin's link of this DAG run
-    status, final, body = _get(f"{info.url}/slipstream/dag_runs/daily_retrain/{urllib.parse.quote(run_id, safe='')}/report", token)
-    assert status == 200 and final.endswith("/report.html") and "Training-data insight — run daily-" in body
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, str, str]:
@@ -217,7 +193,7 @@ def _get(url: str, token: str | None = None) -> tuple[int, str, str]:
 def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Path) -> None:
     """The UI plugin: an "Insight report" tab on a DAG run shows the run folder's report.html,
     behind Airflow's login; the browser part runs where headless Chromium is installed."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from slipstream.pipeline.runlayout import make_run_id
 
@@ -227,12 +203,16 @@ def test_each_dag_run_links_to_its_insight_report(airflow_ui: Any, tmp_path: Pat
     ours = [p for p in plugins if p["name"] == "slipstream"]
     assert ours and {v["destination"] for v in ours[0]["external_views"]} == {"dag_run", "nav"}, plugins
     _wait("the dag-processor to publish daily_retrain", lambda: _api(info, "/api/v2/dags/daily_retrain", token), 150)
-    logical = datetime(2026, 11, 3, tzinfo=timezone.utc)
+    # what the trigger form is built from: titles in words, sections, bounds and defaults in each description
+    params = _api(info, "/api/v2/dags/daily_retrain/details", token)["params"]
+    assert params["lr"]["schema"]["title"] == "Learning rate" and params["lr"]["schema"]["section"] == "Training"
+    assert params["window_days"]["description"].endswith("A whole number of days from 1 to 3650. Default: 7.")
+    logical = datetime(2026, 11, 3, tzinfo=UTC)
     run = _api(info, "/api/v2/dags/daily_retrain/dagRuns", token,
                {"logical_date": logical.isoformat(), "conf": {}})  # the DAG is paused: the run waits, untouched
     dag_run_id = run["dag_run_id"]
     # what the `report` task of that run would write into its run folder
-    folder = Path(Settings.from_env().runs_dir) / make_run_id("daily", datetime(2026, 11, 4, tzinfo=timezone.utc), dag_run_id)
+    folder = Path(Settings.from_env().runs_dir) / make_run_id("daily", datetime(2026, 11, 4, tzinfo=UTC), dag_run_id)
     folder.mkdir(parents=True)
     (folder / "report.html").write_text(f"<html><body><h1>Training-data insight — run {folder.name}</h1></body></html>")
 

@@ -56,3 +56,11 @@ def test_demo_runs_another_specs_data_end_to_end(tmp_path: Path, spec_name: str)
     assert summary["baseline_auc"] is not None and summary["publish"]["reason"]
     assert summary["quality_passed"] is True
     assert "exactly once: 0 lost, 0 duplicated" in Path(summary["report"]).read_text()
+    if spec_name == "ratings":  # users and items on managed tables: every admitted id has a row of its own
+        tables = json.loads(Path(summary["metrics"]).read_text())["id_tables"]
+        assert set(tables) == {"user_id", "item_id"}, tables
+        for t in tables.values():
+            assert t["table"] == "managed" and 0 < t["rows_in_use"] <= t["rows"] - 1
+            assert t["admitted"] == t["rows_in_use"] + t["evicted"] + t["expired"]
+            assert t["eval_rows_after_t"] > 0 and 0 <= t["new_at_t_share"] <= 1
+        assert "Managed tables and the stream" in Path(summary["report"]).read_text()

@@ -66,7 +66,8 @@ def test_joined_samples_equal_the_batch_path_and_bad_input_goes_to_dlq(kafka_boo
     p.flush(10)
     far = dict(imps[0], impression_id="far-future", ts=int((time.time() + 2 * 86400) * US))
     dup = dict(imps[100])
-    produce_events(kafka_bootstrap, imp_t, [far, dup], [far["user_id"], dup["user_id"]], "ts")
+    ancient = dict(imps[1], impression_id="in-1971", ts=31_536_000 * US)  # a time no joiner should believe
+    produce_events(kafka_bootstrap, imp_t, [far, dup, ancient], [far["user_id"], dup["user_id"], ancient["user_id"]], "ts")
     orphan = {"impression_id": "never-shown", "ts": START_US + 60 * US}
     produce_events(kafka_bootstrap, clk_t, [orphan], [0], "ts")
 
@@ -76,7 +77,7 @@ def test_joined_samples_equal_the_batch_path_and_bad_input_goes_to_dlq(kafka_boo
         msgs = read_topic(kafka_bootstrap, out_t, len(imps), timeout_s=120)
         late = {"impression_id": late_target["impression_id"], "ts": late_target["ts"] + 5 * US}
         produce_events(kafka_bootstrap, clk_t, [late], [late_target["user_id"]], "ts")
-        dlq = read_topic(kafka_bootstrap, f"{imp_t}.dlq", 4, timeout_s=30, idle_s=1)
+        dlq = read_topic(kafka_bootstrap, f"{imp_t}.dlq", 5, timeout_s=30, idle_s=1)
         dlq += read_topic(kafka_bootstrap, f"{clk_t}.dlq", 2, timeout_s=30, idle_s=1)
     finally:
         assert _stop(proc) == 0, (tmp_path / "joiner.log").read_text()[-3000:]
@@ -88,10 +89,12 @@ def test_joined_samples_equal_the_batch_path_and_bad_input_goes_to_dlq(kafka_boo
     for m, r in zip(msgs, decoded.table.to_pylist()):  # keyed by user, timestamped by event time
         assert m.key() == str(r["user_id"]).encode()
         assert m.timestamp()[1] == int(r["event_time"].timestamp() * 1000)
-    kinds = ("not JSON", "missing field user_id", "impression time is", "duplicate impression id",
+    kinds = ("not JSON", "missing field user_id", "event time out of range", "duplicate impression id",
              "click without impression", "late click")
     found = Counter(next((k for k in kinds if headers_of(m)["reason"].startswith(k)), headers_of(m)["reason"]) for m in dlq)
-    assert found == Counter(kinds), found
+    assert found == Counter(kinds) + Counter(["event time out of range"]), found  # 2100-ish and 1971
+    reasons = " | ".join(headers_of(m)["reason"] for m in dlq)
+    assert "impression time 1971-01-01T00:00:00Z is" in reasons and "days before this machine's clock" in reasons
 
 
 def test_kill_9_mid_stream_then_restart_gives_each_sample_exactly_once(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from datetime import date
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 from joiner_fixtures import read_topic
+
 from slipstream.dev import stack
 from slipstream.dev.datagen import GeneratorConfig, generate
-from slipstream.dev.demo import wait_for_joiner
+from slipstream.dev.joiner_wait import wait_for_joiner
 from slipstream.dev.raw_stream import produce_raw_stream
 from slipstream.samples.codec import decode_samples
 from slipstream.samples.spec import load_spec
@@ -34,7 +34,8 @@ def test_stack_joiner_turns_the_generated_raw_stream_into_the_generators_samples
         joiner = state.services["joiner"]
         bootstrap = state.services["kafka"].address
         produce_raw_stream(bootstrap, spec, data.stream_events, 4)
-        assert wait_for_joiner(joiner.address, data.stream.num_rows, timeout_s=180) == data.stream.num_rows
+        outcome = wait_for_joiner(joiner.address, data.stream.num_rows, deadline_s=180)
+        assert outcome.committed == data.stream.num_rows and outcome.ended_by == "done", outcome.explain()
         msgs = read_topic(bootstrap, settings.topic, data.stream.num_rows, idle_s=1)
     finally:
         stopped = stack.down(settings)

@@ -110,7 +110,12 @@ def test_snapshot_summary_and_rejects_table(prepared: Prepared) -> None:
     snap = table.snapshot_by_id(res.snapshot_id)
     assert snap is not None
     props = snap.summary.additional_properties
-    assert (props["day"], props["run_id"], props["rows"], props["rejects"]) == (str(day), "run-a", str(res.rows), str(res.rejects))
+    # the days of one run are one range job: one snapshot whose summary names the range and its totals
+    results = sorted(prepared.results.values(), key=lambda r: r.day)
+    assert {r.snapshot_id for r in results} == {res.snapshot_id}
+    assert (props["days"], props["day_count"], props["run_id"]) == (f"{results[0].day}..{results[-1].day}", str(len(results)),
+                                                                     "run-a")
+    assert (props["rows"], props["rejects"]) == (str(sum(r.rows for r in results)), str(sum(r.rejects for r in results)))
 
     rejects = rejects_table(catalog, prepared.settings.namespace).scan(row_filter=f"day = '{day}'").to_arrow().to_pylist()
     assert res.rejects == len(rejects) >= 24 * 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,3 +53,45 @@ def test_audit_checks_the_kafka_range(settings: Settings, kafka_bootstrap: str, 
         assert "NOT exactly once" in text and lost_ids.count("imp-") == 2
     else:
         assert "exactly once: 0 lost, 0 duplicated" in text
+
+
+def test_records_committed_after_an_abort_that_the_run_never_trained_are_lost_by_partition_and_offset(
+        settings: Settings, kafka_bootstrap: str) -> None:
+    """The run read up to an aborted transaction, passed what followed without training it, and
+    stopped "caught up": its final position is before the abort. Counted against what was
+    committed up to the stop (a fresh reader through the abort), the records after it are lost,
+    named by partition and offsets (audited up to the final position, as before, it said 0 lost)."""
+    import json
+
+    from stream_fixtures import write_transactions
+
+    from slipstream.samples.codec import encode_samples
+
+    topic = "audit-after-abort"
+    settings = dataclasses.replace(settings, kafka_bootstrap=kafka_bootstrap, topic=topic)
+    days = reference_days()
+    last = str(day_of(DAYS - 1))
+    window = {k: v for k, v in days.items() if k != last}
+    snap = fill_samples(get_catalog(settings), settings.namespace, window)
+    d = day_of(DAYS - 1)
+    t_handoff = datetime(d.year, d.month, d.day, tzinfo=UTC)
+    trained, passed = days[last].slice(0, 300), days[last].slice(300, 100)
+    encode = lambda t: encode_samples(t, "json")  # noqa: E731
+    layout = write_transactions(kafka_bootstrap, topic, [(True, encode(trained)), (False, encode(trained.slice(0, 50))),
+                                                         (True, encode(passed))], txn_id="audit-joiner")
+    (first_aborted, marker), = layout.aborted
+    run = write_fake_run(Path(settings.runs_dir), "run-abort", window, snapshot_id=snap, t_handoff=t_handoff,
+                         stream=trained, handoff_offsets={0: 0}, final_offsets={0: first_aborted})
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics.update(stop_offsets={"0": layout.end}, kafka_lag_at_stop=0, topic=topic)
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    text = render_report(settings, "run-abort").read_text()
+    expected, got, lost, dup, unexpected, _ = _kafka_row(text)
+    from slipstream.samples.schema import is_holdout
+
+    n_passed = int((~is_holdout(passed.column("sample_id"))).sum())
+    assert int(lost) == n_passed > 80 and (dup, unexpected) == ("0", "0")
+    assert "NOT exactly once" in text
+    assert f"partition 0 offsets {marker + 1}..{layout.end - 2}" in text  # where the lost records lie
+    assert f"yet {n_passed} committed records it should have trained lay beyond its final position" in text
+    assert "Lag at the stop, from committed records" in text and "partition 0: 100" in text

@@ -72,7 +72,7 @@ def test_a_source_refuses_a_broker_that_lost_what_it_read(tmp_path: Path) -> Non
                 src.poll()
                 src.lag(refresh=src.idle)
         assert f"s[0] on {broker.bootstrap}" in str(e.value) and f"next offset is {n - 20}" in str(e.value)
-        src.consumer.close()
+        src.close()
         # and a resume from the checkpointed position is refused before it reads anything
         with pytest.raises(StreamDataLost, match=rf"s\[0\].*next offset is {n - 20} but its high watermark is 20"):
             _source(broker.bootstrap, "s", {0: n - 20})
@@ -97,7 +97,7 @@ def test_the_trainer_stops_naming_the_partition(tmp_path: Path) -> None:
         cfg_path.write_text(json.dumps(cfg))
         run_dir = tmp_path / "runs" / "loss"
         with open(tmp_path / "run.log", "w") as log:
-            proc = subprocess.Popen(torchrun_command(cfg_path, 1), env=trainer_env(tmp_path), cwd=REPO, stdout=log,
+            proc = subprocess.Popen(torchrun_command(cfg_path, 2), env=trainer_env(tmp_path), cwd=REPO, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 deadline = time.monotonic() + 180
@@ -119,5 +119,11 @@ def test_the_trainer_stops_naming_the_partition(tmp_path: Path) -> None:
         assert rc != 0, out[-3000:]
         assert "StreamDataLost" in out or "lost records this run already read" in out
         assert f"{topic}[0]" in out or f"{topic}[1]" in out, out[-3000:]
+        # each rank says one line: its own error, or that it stopped because another rank failed
+        said = [line for line in out.splitlines() if line.startswith("trainers.train: rank ")]
+        assert sorted(line[:len("trainers.train: rank 0")] for line in said) == ["trainers.train: rank 0",
+                                                                                 "trainers.train: rank 1"], out[-3000:]
+        assert all("lost records this run already read" in line or "stopped because rank" in line for line in said), said
+        assert "Connection closed" not in out and "ProcessGroupGloo" not in out, out[-3000:]
     finally:
         broker.stop()

@@ -41,7 +41,7 @@ def test_a_transactional_topic_read_to_its_end_is_caught_up(kafka_bootstrap: str
             break
     assert src.lag(refresh=True) == 0  # without counting the markers: 1 per transaction's partition, forever
     assert 0 < rows <= len(values)  # every record read (the held-out ones are kept out of training rows)
-    assert src.positions[0] == len(values) + 2  # 30 records and the two markers between them
+    assert src.positions[0] == len(values) + 3  # 30 records and three commit markers: the committed end
 
 
 def test_a_reader_polling_through_an_aborted_transaction_reads_the_next_committed_one(kafka_bootstrap: str) -> None:

@@ -78,9 +78,25 @@ def test_the_joiner_service_runs_the_joiner_command_on_the_trainer_image(compose
     assert Settings.from_env(env_of(compose, "joiner")).kafka_bootstrap == "kafka:9092"
 
 
+def test_preprocessing_submits_to_the_warm_spark_connect_service(compose: dict[str, Any]) -> None:
+    from slipstream.pipeline.spark_settings import SparkSettings
+
+    spark = SparkSettings.from_env(env_of(compose, "airflow-scheduler"))
+    assert spark.remote == "sc://spark-connect:15002" and not spark.uses_submit
+    server = compose["services"]["spark-connect"]
+    assert server["image"] == compose["services"]["airflow-scheduler"]["image"]  # Java and pyspark are there
+    command = " ".join(server["command"])
+    assert "SparkConnectServer" in command and "spark.connect.grpc.binding.port=15002" in command
+    assert "ports" not in server  # reached on the compose network only
+    assert any(v.startswith("slipstream-raw:") for v in server["volumes"])
+
+
 def test_every_setting_is_read_by_the_code_and_parses(compose: dict[str, Any]) -> None:
     env = env_of(compose, "airflow-scheduler")
-    known = {f"SLIPSTREAM_{f.name.upper()}" for f in fields(Settings)} | set(cluster_env_names()) | OTHER_SETTINGS
+    from slipstream.pipeline.spark_settings import SparkSettings
+
+    known = ({f"SLIPSTREAM_{f.name.upper()}" for f in fields(Settings)} | set(cluster_env_names()) | OTHER_SETTINGS
+             | {f"SLIPSTREAM_SPARK_{f.name.upper()}" for f in fields(SparkSettings)})
     unknown = {k for k in env if k.startswith("SLIPSTREAM_")} - known
     assert not unknown, f"compose sets settings no code reads: {unknown}"
     settings = Settings.from_env(env)

@@ -40,7 +40,6 @@ def trainer_config(settings: Settings, args: list[str]):  # type: ignore[no-unty
 
 def render_pod(spec) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from kubernetes.client import ApiClient
-
     from slipstream_airflow.training import TrainPodOperator
 
     op = TrainPodOperator(task_id="train_pod", cluster=CLUSTER, spec=spec)
@@ -66,8 +65,12 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     ]
     args = base["args"]
     assert isinstance(args, list) and all(isinstance(a, str) for a in args)
-    assert args[:6] == ["torchrun", "--nnodes", "1", "--nproc-per-node", "4", "--standalone"]
-    assert args[6:8] == ["-m", "trainers.train"]
+    # one node: a c10d rendezvous on the pod's loopback, never --standalone (listeners on every interface)
+    assert args[:13] == ["torchrun", "--nnodes", "1", "--nproc-per-node", "4", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"127.0.0.1:{CLUSTER.rdzv_port}", "--rdzv-id", "daily-20250103-abcd1234",
+                         "--local-addr", "127.0.0.1"]
+    assert "--standalone" not in args
+    assert args[13:15] == ["-m", "trainers.train"]
     cfg = trainer_config(settings, args)  # the run's ids, data and knobs come from its plan
     assert cfg.data.snapshot_id == 987
     assert cfg.data.window_days == 3 and cfg.data.epochs == 2
@@ -94,7 +97,10 @@ def test_training_pod_has_every_field(settings: Settings, kubeconfig: Path) -> N
     assert exprs["pool"]["values"] == ["gpu-a100"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in podspec["tolerations"]
 
+    names = [e["name"] for e in base["env"]]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)  # one value per name
     env = {e["name"]: e for e in base["env"]}
+    assert env["SLIPSTREAM_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-s3", "key": "access-key-id"}
     assert env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-kafka", "key": "password"}
     assert env["SLIPSTREAM_S3_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "slipstream-s3", "key": "secret-access-key"}
     assert "value" not in env["SLIPSTREAM_KAFKA_SASL_PASSWORD"]  # never a literal credential
@@ -138,10 +144,9 @@ def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) 
 
 def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
     from kubernetes.client import ApiClient
-
-    from slipstream.pipeline.jobspec import warmup_args
     from slipstream_airflow.training import WarmupPodOperator
 
+    from slipstream.pipeline.jobspec import warmup_args
     from slipstream.pipeline.runplan import read_plan
 
     spec = spec_for(settings, gpus=2)
@@ -188,6 +193,8 @@ def test_pytorchjob_manifest(settings: Settings) -> None:
         assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["affinity"]["nodeAffinity"]
+        names = [e["name"] for e in c["env"]]
+        assert len(names) == len(set(names))
         env = {e["name"]: e for e in c["env"]}
         assert env["SLIPSTREAM_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "slipstream-s3"
 
@@ -230,3 +237,57 @@ def test_placement_matches_the_cache_teams(settings: Settings, monkeypatch: pyte
             assert vol["hostPath"]["path"] == source.source
         else:
             assert vol["persistentVolumeClaim"]["claimName"] == source.source
+
+
+def test_a_kubernetes_render_warns_of_every_worker_local_value(settings: Settings) -> None:
+    """The embedded stack's values (a file:// warehouse, a 127.0.0.1 broker, the SQLite catalog, a
+    local registry, the plan's local data files) mean nothing in a pod: each is named with its fix."""
+    from slipstream.pipeline.jobspec import worker_local_values
+    from slipstream.pipeline.runplan import read_plan
+
+    spec = spec_for(settings, gpus=1)
+    plan = read_plan(Path(settings.runs_dir) / spec.run_id / "plan.json")
+    warnings = worker_local_values(spec, plan)
+    text = "\n".join(warnings)
+    for needle in ("SLIPSTREAM_WAREHOUSE=file://", "SLIPSTREAM_KAFKA_BOOTSTRAP=127.0.0.1", "SLIPSTREAM_CATALOG=local",
+                   "SLIPSTREAM_REGISTRY=", "the plan's Kafka bootstrap 127.0.0.1", "data files are on this worker's disk"):
+        assert needle in text, (needle, warnings)
+    remote = TrainJobSpecFrom(spec, {"SLIPSTREAM_WAREHOUSE": "s3://lake/wh", "SLIPSTREAM_KAFKA_BOOTSTRAP": "kafka:9092",
+                                     "SLIPSTREAM_CATALOG": "prod", "SLIPSTREAM_REGISTRY": "s3://models/ctr"})
+    assert worker_local_values(remote) == []
+
+
+def TrainJobSpecFrom(spec, env):  # type: ignore[no-untyped-def]
+    from slipstream.pipeline.jobspec import TrainJobSpec
+
+    return TrainJobSpec.from_dict({**spec.to_dict(), "env": {**spec.env, **env}})
+
+
+def test_a_dry_run_renders_the_exact_pod_into_log_and_xcom(settings: Settings, kubeconfig: Path,  # noqa: F811
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`dry_run`: the training task renders the pod it would submit (image, args, env) into its log
+    as YAML and into its XCom, with the worker-local warnings, and starts nothing."""
+    from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob
+    from slipstream_airflow.training import TrainPodOperator
+
+    spec = spec_for(settings, gpus=2, dry_run=True)
+    job = RenderedJob(spec, "pod", True, [])
+
+    class TI:
+        dag_id, task_id, try_number, map_index = "daily_retrain", "train_pod", 1, -1
+
+        def xcom_pull(self, task_ids: str, key: str) -> Any:
+            assert key == JOB_XCOM_KEY
+            return job.to_xcom()
+
+    op = TrainPodOperator(task_id="train_pod", cluster=CLUSTER)
+    assert op.image == CLUSTER.trainer_image  # known at parse time: `airflow tasks render` shows it
+    out = op.execute({"ti": TI(), "run_id": "manual__2025-01-03", "dag": None})
+    assert out["dry_run"] is True and out["rendered"] == "trainer pod"
+    base = next(c for c in out["manifest"]["spec"]["containers"] if c["name"] == "base")
+    assert base["image"] == CLUSTER.trainer_image and base["args"] == spec.torchrun_args()
+    assert out["manifest"]["metadata"]["labels"]["run_id"] == "manual__2025-01-03"  # this try's labels too
+    assert any("SLIPSTREAM_KAFKA_BOOTSTRAP=127.0.0.1" in w for w in out["warnings"])
+    text = capsys.readouterr().out  # the task log (Airflow's task logger writes to the console here)
+    assert "would start this trainer pod" in text and "image: registry.example/slipstream-trainer:1.2.3" in text
+    assert "worker-local value in a Kubernetes launch" in text

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import numpy as np
+import pytest
 
 from slipstream.pipeline.registry import ModelRegistry, decide_promotion
 from slipstream.pipeline.run_metrics import AucScore, EvalSet
-from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, update_summary, read_summary
+from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, read_summary, update_summary
+from slipstream.settings import Settings
 from tests.airflow_fixtures import T_HANDOFF, write_run
 from tests.metrics_fixtures import run_metrics, scored_set
 
@@ -183,10 +183,27 @@ def test_latest_run_dir_finds_the_newest_run_of_a_day(settings) -> None:  # type
 def test_the_promotion_rule_is_a_setting(tmp_path: Path) -> None:
     from slipstream.errors import ConfigError
     from slipstream.pipeline.registry import RegistryConfig
-    from slipstream.settings import Settings
 
     settings = Settings(home=tmp_path)
     assert RegistryConfig.from_env(settings, {}).rule == "significant"
     assert RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "point"}).rule == "point"
     with pytest.raises(ConfigError, match="SLIPSTREAM_PROMOTION_RULE must be one of significant, point"):
         RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "optimistic"})
+
+
+def test_each_data_set_has_its_own_registry_and_champion(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    """Publishing a criteo run never meets synthetic's champion ("the champion was trained on spec ...")."""
+    from slipstream.cli import main
+    from slipstream.pipeline.registry import RegistryConfig
+
+    criteo = settings.for_dataset("criteo", env={})
+    own = {s.dataset: RegistryConfig.from_env(s).location for s in (settings, criteo)}
+    assert own == {"synthetic": str(Path(settings.home) / "registry" / "synthetic"),
+                   "criteo": str(Path(settings.home) / "registry" / "criteo")}
+    runs = Path(settings.runs_dir)
+    ModelRegistry(own["synthetic"]).publish(write_run(runs, "daily-20250104-aaaaaaaa", 0.70))
+    first = ModelRegistry(own["criteo"]).publish(write_run(runs, "daily-criteo-20250104-bbbbbbbb", 0.65))
+    assert first["decision"]["promoted"] and first["decision"]["reason"].startswith("no champion yet")
+    assert main(["models", "--spec", "criteo", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "daily-criteo-20250104-bbbbbbbb" in out and "daily-20250104-aaaaaaaa" not in out

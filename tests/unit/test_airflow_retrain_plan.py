@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pytest
 
@@ -11,7 +11,7 @@ from slipstream.lake.retrain_plan import days_present, days_to_preprocess, plan_
 
 
 def test_window_days_end_exclusive() -> None:
-    end = datetime(2025, 1, 4, tzinfo=timezone.utc)
+    end = datetime(2025, 1, 4, tzinfo=UTC)
     assert window_days(end, 3) == [date(2025, 1, 1), date(2025, 1, 2), date(2025, 1, 3)]
     with pytest.raises(ConfigError, match="window_days must be >= 1"):
         window_days(end, 0)
@@ -33,5 +33,5 @@ def test_plan_reads_day_partitions_of_a_real_table(catalog, settings) -> None:  
         table.append(tbl)
     table = table.refresh()
     assert days_present(table) == {date(2025, 1, 1), date(2025, 1, 2)}
-    start, end = datetime(2025, 1, 3, tzinfo=timezone.utc), datetime(2025, 1, 4, tzinfo=timezone.utc)
+    start, end = datetime(2025, 1, 3, tzinfo=UTC), datetime(2025, 1, 4, tzinfo=UTC)
     assert plan_days(table, start, end, 4) == [date(2024, 12, 31), date(2025, 1, 3)]

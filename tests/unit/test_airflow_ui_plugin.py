@@ -4,7 +4,7 @@ required, third-party HTML sandboxed."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ BUSY_RUN = "manual__2026-11-05T09:30:00+00:00"
 
 
 def _run(settings: Settings, dag_run_id: str, day: int, stages: dict[str, Any], files: dict[str, str]) -> Path:
-    path = Path(settings.runs_dir) / make_run_id("daily", datetime(2026, 11, day, tzinfo=timezone.utc), dag_run_id)
+    path = Path(settings.runs_dir) / make_run_id("daily", datetime(2026, 11, day, tzinfo=UTC), dag_run_id)
     path.mkdir(parents=True)
     (path / "summary.json").write_text(json.dumps(stages))
     for name, text in files.items():
@@ -153,3 +153,28 @@ def test_run_files_are_served_sandboxed(runs: tuple[Settings, Path, Path]) -> No
         resp = client.get(path)
         assert resp.status_code == 200 and resp.headers["content-security-policy"] == "sandbox", path
         assert resp.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_re_run_dag_run_shows_its_latest_attempt_and_lists_the_earlier(runs: tuple[Settings, Path, Path]) -> None:
+    """A DAG run cleared after its data changed trained twice: its tab shows attempt 2's report and
+    lists attempt 1 (its report marked superseded), never attempt 1's report as if it were current."""
+    from slipstream.pipeline.runlayout import RunInfo, write_run_info
+
+    settings, done, _ = runs
+    write_run_info(done, RunInfo(dag_id="daily_retrain", dag_run_id=DONE_RUN, dataset="synthetic"))
+    second = done.parent / f"{done.name}-a2"
+    second.mkdir()
+    (second / "summary.json").write_text(json.dumps({"attempt": {}, "preprocess": {}, "train": {}, "report": {}}))
+    (second / "report.html").write_text("<h1>Training-data insight — attempt 2</h1>")
+    write_run_info(second, RunInfo(dag_id="daily_retrain", dag_run_id=DONE_RUN, dataset="synthetic", attempt=2,
+                                   reason="the plan changed since attempt 1: files, snapshot_id"))
+    client = _client(settings)
+    page = client.get(f"/dag_runs/daily_retrain/{DONE_RUN}/report", follow_redirects=False)
+    assert page.status_code == 200
+    text = page.text
+    assert "<b>Attempt 2</b>" in text and "the plan changed since attempt 1: files, snapshot_id" in text
+    assert f"/runs/{second.name}/report.html" in text.split("Earlier attempts")[0]  # the latest, shown first
+    earlier = text.split("Earlier attempts")[1]
+    assert f"/runs/{done.name}/report.html" in earlier and "superseded by attempt 2" in earlier
+    listing = client.get("/runs").text
+    assert "(attempt 2)" in listing and "superseded by a later attempt" in listing

@@ -13,7 +13,7 @@ from slipstream.cache.s3get import RequestRefused
 from slipstream.cache.transfer import Stopped, with_retries
 
 
-def _settle(rate_at: "callable", start: int = AUTO_BASE, shortest_s: float = 0.051, cap: int = 1024,
+def _settle(rate_at: callable, start: int = AUTO_BASE, shortest_s: float = 0.051, cap: int = 1024,
             steps: int = 12) -> list[int]:
     climb, seen = Climb(start, start), []
     for _ in range(steps):
@@ -108,7 +108,7 @@ class FakeTime:
         return False
 
 
-def _down_until(t: FakeTime, back_at: float, error: OSError) -> "callable":
+def _down_until(t: FakeTime, back_at: float, error: OSError) -> callable:
     def fetch() -> str:
         if t.now < back_at:
             raise error

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cache_fixtures import append_days, day_tables, window_end  # noqa: F401 - fixture
 from slipstream.cache.index import CacheIndex, CacheLayout, cache_lock
 from slipstream.cache.reader import CacheReader
 from slipstream.cache.warm import warm_window
 from slipstream.errors import CacheBusy
 from slipstream.settings import Settings
+from tests.cache_fixtures import append_days, day_tables, window_end  # noqa: F401 - fixture
 
 
 def _data_files(cache_dir: str) -> set[str]:
@@ -78,7 +78,7 @@ def test_budget_evicts_least_recently_used_first(settings: Settings, day_tables,
     assert rb.evicted_lru == len(a_entries) - 1 and rb.evicted_out_of_window == 0
     with CacheIndex(layout) as index:
         entries = index.entries()
-    assert [e.key for e in entries if e.table_name == "slipstream.a"] == [a_data[1].key]
+    assert [e.key for e in entries if e.table_name == f"{settings.namespace}.a"] == [a_data[1].key]
     assert sum(e.size for e in entries) == rb.cache_bytes
     on_disk = {str(p.relative_to(layout.files)): p.stat().st_size for p in layout.files.rglob("*") if p.is_file()}
     assert on_disk == {e.key: e.size for e in entries}

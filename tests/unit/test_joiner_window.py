@@ -165,3 +165,33 @@ def test_pending_rows_close_exactly_the_rows_the_watermark_passes_in_any_arrival
             assert got == {(s, t) for s, t in waiting if t <= cut}
             waiting -= got
     assert len(pending) == len(waiting) and len(pending.chunks) <= 2 * int(np.log2(len(waiting) + 1)) + 2
+
+
+def _restored(log: list) -> TaskState:  # type: ignore[type-arg]
+    r = TaskState(W)
+    for rows, delta in log:
+        if rows is not None:
+            r.apply_rows(rows)
+        r.apply(json.loads(json.dumps(delta)))
+    return r
+
+
+def test_a_sample_id_is_emitted_once_for_duplicates_up_to_two_windows_later_also_after_a_restore() -> None:
+    """What the joiner guarantees per sample id: a duplicate impression whose event time is at most
+    two attribution windows after the first one's is rejected (as a duplicate while the id is
+    remembered, as late after), whether the first is waiting or emitted, before or after a
+    restart; one more than two windows later can be emitted again (the documented horizon)."""
+    s = TaskState(W)
+    _take(s, ["a"], [0])
+    log = [s.changes()]
+    for state in (s, _restored(log)):  # waiting
+        assert _take(state, ["a"], [W])[0][1].startswith("duplicate impression id a")
+    closed, _ = s.advance(W)
+    assert closed is not None and closed.ids == ["a"]
+    log.append(s.changes())
+    for state in (s, _restored(log)):  # emitted
+        for t in (0, W, 2 * W):
+            assert _take(state, ["a"], [t])[0][1].startswith("duplicate impression id a"), t
+    s.advance(KEEP_DONE_WINDOWS * W)  # "a" is forgotten; a re-send within two windows is late by now
+    assert _take(s, ["a"], [2 * W])[0][1].startswith("late impression")
+    assert _take(s, ["a"], [2 * W + 1]) == []  # beyond the horizon: a new impression as far as the join knows

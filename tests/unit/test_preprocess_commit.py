@@ -96,3 +96,37 @@ def test_a_reader_at_any_snapshot_sees_a_re_run_day_whole(catalog, days) -> None
         n = table.scan(row_filter=day_predicate(table, D1), snapshot_id=snap.snapshot_id).to_arrow().num_rows
         seen.append(n)
     assert seen == [days[D1].num_rows, days[D1].num_rows, 100]
+
+
+def test_a_range_commit_replaces_its_days_in_one_snapshot_and_leaves_the_others(catalog, days) -> None:  # type: ignore[no-untyped-def]
+    """Days 1 and 2 replaced together: one new snapshot; the snapshot before still shows both old
+    days whole (a reader never sees one day new and the other old), a third day is untouched."""
+    from slipstream.lake.iceberg import commit_days_overwrite
+
+    table = samples_table(catalog, NAMESPACE)
+    d3 = date(2026, 11, 3)
+    shifted = days[D2].set_column(1, "event_time", pa.compute.add(days[D2].column("event_time"), pa.scalar(86_400_000_000, pa.duration("us"))))
+    commit_days_overwrite(table, {D1: _files(table, "a", days[D1], D1), D2: _files(table, "a", days[D2], D2),
+                                  d3: _files(table, "a", shifted, d3)})
+    before = table.current_snapshot().snapshot_id
+    d3_sum = content_checksum(day_rows(table, d3))
+    snap = commit_days_overwrite(table, {D1: _files(table, "b", days[D1], D1, parts=1), D2: []},
+                                 snapshot_properties={"run_id": "b"})
+    table.refresh()
+    assert [s.snapshot_id for s in table.snapshots()][-2:] == [before, snap]
+    assert day_rows(table, D2).num_rows == 0  # a day with no files is emptied
+    assert content_checksum(day_rows(table, D1)) == content_checksum(days[D1])
+    assert content_checksum(day_rows(table, d3)) == d3_sum
+    live = {f.file.file_path for f in table.scan().plan_files()}
+    assert not any("/a-" in p and "event_time_day=2026-11-0" + n in p for p in live for n in "12")
+    old = table.scan(snapshot_id=before).to_arrow()
+    assert old.num_rows == days[D1].num_rows + days[D2].num_rows + shifted.num_rows
+
+
+def test_a_range_commit_refuses_a_file_of_a_day_it_does_not_name(catalog, days) -> None:  # type: ignore[no-untyped-def]
+    from slipstream.lake.iceberg import commit_days_overwrite
+
+    table = samples_table(catalog, NAMESPACE)
+    with pytest.raises(ConfigError, match="not 2026-11-01"):
+        commit_days_overwrite(table, {D1: _files(table, "x", days[D2], D2)})
+    assert table.current_snapshot() is None

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 import stat
 import sys
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
 
 from slipstream.errors import ConfigError, PreprocessError, RejectRateExceeded
 from slipstream.pipeline.preprocess_launch import preprocess_command, preprocess_days_command, raw_day_ready, run_preprocess
-from slipstream.settings import Settings
 from slipstream.pipeline.spark_settings import SparkSettings
+from slipstream.settings import Settings
 
 DAY = date(2026, 11, 1)
 
@@ -29,17 +29,17 @@ def _touch(raw: Path, rel: str) -> None:
 @pytest.mark.parametrize(
     ("files", "now", "ready"),
     [
-        ([], datetime(2030, 1, 1, tzinfo=timezone.utc), False),
-        (["impressions/day=2026-11-01/hour=23/part-0.jsonl.gz"], datetime(2026, 11, 2, 0, 20, tzinfo=timezone.utc), False),
+        ([], datetime(2030, 1, 1, tzinfo=UTC), False),
+        (["impressions/day=2026-11-01/hour=23/part-0.jsonl.gz"], datetime(2026, 11, 2, 0, 20, tzinfo=UTC), False),
         (["impressions/day=2026-11-01/hour=23/part-0.jsonl.gz", "clicks/day=2026-11-02/hour=00/part-1.jsonl.gz"],
-         datetime(2026, 11, 2, 1, 5, tzinfo=timezone.utc), True),
+         datetime(2026, 11, 2, 1, 5, tzinfo=UTC), True),
         (["impressions/day=2026-11-01/hour=23/part-0.jsonl.gz", "clicks/day=2026-11-03/hour=05/part-1.parquet"],
-         datetime(2026, 11, 3, 6, tzinfo=timezone.utc), True),
+         datetime(2026, 11, 3, 6, tzinfo=UTC), True),
         (["impressions/day=2026-11-01/hour=23/part-0.jsonl.gz", "clicks/day=2026-11-02/hour=00/_SUCCESS"],
-         datetime(2026, 11, 2, 1, 0, tzinfo=timezone.utc), False),
+         datetime(2026, 11, 2, 1, 0, tzinfo=UTC), False),
         # a quiet last hour and no spill-over clicks: ready once the day is old enough
-        (["impressions/day=2026-11-01/hour=05/part-0.jsonl.gz"], datetime(2026, 11, 2, 1, tzinfo=timezone.utc), False),
-        (["impressions/day=2026-11-01/hour=05/part-0.jsonl.gz"], datetime(2026, 11, 2, 2, tzinfo=timezone.utc), True),
+        (["impressions/day=2026-11-01/hour=05/part-0.jsonl.gz"], datetime(2026, 11, 2, 1, tzinfo=UTC), False),
+        (["impressions/day=2026-11-01/hour=05/part-0.jsonl.gz"], datetime(2026, 11, 2, 2, tzinfo=UTC), True),
     ],
 )
 def test_raw_day_ready(tmp_path: Path, files: list[str], now: datetime, ready: bool) -> None:

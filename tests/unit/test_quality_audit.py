@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import numpy as np
 import pyarrow as pa
 
@@ -55,3 +57,29 @@ def test_a_partial_last_epoch_is_not_loss_but_a_partial_first_epoch_is() -> None
     assert any("epoch 1 is partial" in n for n in res.notes)
     short = audit_run(_audit(train[:-3], np.arange(len(train) - 3)), ids, times, {}, None)
     assert not short.exactly_once and short.sources[0].lost == 3
+
+
+def test_stream_records_after_the_final_position_are_unread_lag_unless_the_run_said_it_caught_up() -> None:
+    from datetime import datetime
+
+    from slipstream.quality.audit import audit_stream
+    from slipstream.samples.schema import is_holdout
+
+    ids = [f"k{i}" for i in range(400)]
+    keep = [i for i, h in enumerate(is_holdout(pa.array(ids))) if not h]
+    t = datetime(2026, 11, 3, tzinfo=UTC)
+    kafka = pa.table({"sample_id": pa.array(ids), "event_time": pa.array([t] * 400, pa.timestamp("us", tz="UTC")),
+                      "partition": pa.array(np.zeros(400, np.int32)), "offset": pa.array(np.arange(400) * 2, pa.int64())})
+    trained = [ids[i] for i in keep if i < 100 or 150 <= i < 200]  # 100-149 passed over, 200+ not reached
+    n = len(trained)
+    audit = pa.table({"sample_id": pa.array(trained), "source": pa.array(["kafka"] * n),
+                      "epoch": pa.array(np.zeros(n, np.int32)), "partition": pa.array(np.zeros(n, np.int32)),
+                      "offset": pa.array(np.zeros(n, np.int64)), "step": pa.array(np.arange(n), pa.int64())})
+    metrics = {"t_handoff": t.isoformat(), "final_offsets": {"0": 400}, "kafka_lag_at_stop": 7}
+    res, notes, lag = audit_stream(audit, kafka, metrics)
+    skipped = sum(1 for i in keep if 100 <= i < 150)
+    assert res.lost == skipped and res.lost_where == [f"partition 0 offsets 200..298 ({skipped})"]
+    assert res.unread == sum(1 for i in keep if i >= 200) and lag == {0: 200}
+    caught_up, notes, _ = audit_stream(audit, kafka, {**metrics, "kafka_lag_at_stop": 0})
+    assert caught_up.lost == skipped + res.unread and caught_up.unread == 0
+    assert any("stopped as caught up (lag 0)" in n for n in notes)

@@ -1,6 +1,6 @@
 """The gate's fast paths give exactly what the plain per-row computation gives: quantile
-buckets per cell of float32 bit patterns and per distinct integer, strings hashed from a padded copy, duplicate ids, distinct values
-and counts of ids and categories, CTR per hour."""
+buckets per cell of float32 bit patterns and per distinct integer, strings hashed from a padded
+copy, duplicate ids, distinct values and counts of ids and categories, CTR per hour."""
 
 from __future__ import annotations
 
@@ -183,7 +183,8 @@ def test_category_counts_with_slot_collisions_match_arrow(distinct: int) -> None
     values, counts = column_kernels.value_counts(col)
     vc = pc.value_counts(col)
     assert values.type == pa.int64()
-    assert sorted(zip(values.to_pylist(), counts.tolist())) == sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+    expected = sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+    assert sorted(zip(values.to_pylist(), counts.tolist())) == expected
 
 
 @pytest.mark.parametrize("n", [1, 3, 5_000, 300_000])

@@ -3,9 +3,9 @@ or warn as configured and are named with their observed values."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -65,8 +65,8 @@ def _duplicates(t: pa.Table) -> pa.Table:
     return pa.concat_tables([t, t.slice(100, 7)])
 
 
-def _half(t: pa.Table) -> pa.Table:
-    return t.slice(0, t.num_rows // 2)
+def _tenth(t: pa.Table) -> pa.Table:
+    return t.slice(0, t.num_rows // 10)
 
 
 def _ctr_collapse(t: pa.Table) -> pa.Table:
@@ -77,7 +77,7 @@ FAULTS: list[tuple[str, Callable[[pa.Table], pa.Table], str, str]] = [
     ("nulls", _nulls, "not_null.label", "observed 50"),
     ("out_of_range", _out_of_range, "range.max.price_log", "observed 3.5"),
     ("duplicate_ids", _duplicates, "unique.sample_id", "observed 7 (e.g. imp-"),
-    ("half_day", _half, "row_count.vs_trailing_mean", "observed 0.5 (2,000 rows vs trailing mean 4,000"),
+    ("tenth_of_a_day", _tenth, "row_count.vs_expected", "observed 0.1 (400 rows vs 4,000 expected: the median of 7 days)"),
     ("ctr_collapse", _ctr_collapse, "ctr", "observed 0,"),
 ]
 
@@ -88,8 +88,8 @@ def test_good_day_passes_and_persists(settings: Settings) -> None:
     assert res.passed and res.warnings == []
     assert res.rows == 4000
     names = {r.name for r in res.results}
-    assert {"schema", "unique.sample_id", "ctr", "row_count.vs_trailing_mean", "label.binary"} <= names
-    assert next(r for r in res.results if r.name == "row_count.vs_trailing_mean").observed.startswith("1 ")
+    assert {"schema", "unique.sample_id", "ctr", "row_count.vs_expected", "label.binary"} <= names
+    assert next(r for r in res.results if r.name == "row_count.vs_expected").observed.startswith("1 ")
     catalog = get_catalog(settings)
     stored = read_results(catalog, settings.namespace, "run-good")
     assert stored.num_rows == len(res.results)
@@ -128,8 +128,9 @@ def test_planted_fault_fails_naming_expectation_and_value(
 def test_event_time_outside_day_is_caught(settings: Settings) -> None:
     # A file that sits in the day's partition but holds a row of the next day (a bad add_files).
     snap = _setup(settings)
-    from slipstream.lake.iceberg import samples_table
     import pyarrow.parquet as pq
+
+    from slipstream.lake.iceberg import samples_table
 
     table = samples_table(get_catalog(settings), settings.namespace)
     task = next(x for x in table.scan(snapshot_id=snap).plan_files() if x.file.partition[0] == (LAST - date(1970, 1, 1)).days)
@@ -144,7 +145,8 @@ def test_event_time_outside_day_is_caught(settings: Settings) -> None:
 
 def test_ctr_bound_as_warning_lets_training_go_on(settings: Settings) -> None:
     snap = _setup(settings, _ctr_collapse(_last()))
-    res = run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"ctr": "warning"}, data_docs=False))
+    res = run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r",
+                   config=GateConfig(severity={"ctr": "warning"}, data_docs=False))
     assert res.passed
     assert [w.name for w in res.warnings] == ["ctr"]
     assert res.warnings[0].observed == "0"
@@ -168,12 +170,13 @@ def test_drifted_feature_warns(settings: Settings) -> None:
 def test_drift_configured_critical_fails(settings: Settings) -> None:
     snap = _setup(settings, _drifted(_last()), with_profiles=True)
     with pytest.raises(QualityGateFailed, match=r"drift.price_log \[critical\]: observed \d"):
-        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r", config=GateConfig(severity={"drift.": "critical"}, data_docs=False))
+        run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=snap, run_id="r",
+                 config=GateConfig(severity={"drift.": "critical"}, data_docs=False))
 
 
 def test_window_mode_and_snapshot_pinning(settings: Settings) -> None:
     snap = _setup(settings)
-    start = datetime(day_of(1).year, day_of(1).month, day_of(1).day, tzinfo=timezone.utc)
+    start = datetime(day_of(1).year, day_of(1).month, day_of(1).day, tzinfo=UTC)
     window = (start, start + timedelta(days=DAYS - 1))
     res = run_gate(settings, spec=SPEC, day=None, window=window, snapshot_id=snap, run_id="w", config=FAST)
     assert res.passed and res.rows == 4000 * (DAYS - 1)
@@ -189,7 +192,7 @@ def test_window_mode_and_snapshot_pinning(settings: Settings) -> None:
 def test_bad_arguments_are_named(settings: Settings) -> None:
     snap = _setup(settings)
     with pytest.raises(ConfigError, match="exactly one of day"):
-        run_gate(settings, spec=SPEC, day=LAST, window=(datetime.now(timezone.utc),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
+        run_gate(settings, spec=SPEC, day=LAST, window=(datetime.now(UTC),) * 2, snapshot_id=snap, run_id="x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="snapshot 123 does not exist"):
         run_gate(settings, spec=SPEC, day=LAST, window=None, snapshot_id=123, run_id="x", config=FAST)
 
@@ -217,7 +220,7 @@ def test_aggregates_from_profile_match_row_level_counts() -> None:
     # min/max already bound them; planted bad rows must still be counted exactly.
     from slipstream.quality.metrics import compute_aggregates
 
-    start = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc)
+    start = datetime(LAST.year, LAST.month, LAST.day, tzinfo=UTC)
     end = start + timedelta(days=1)
     good = _last()
     agg = compute_aggregates(good, profile_table(good, SPEC), start, end, SPEC)
@@ -226,8 +229,8 @@ def test_aggregates_from_profile_match_row_level_counts() -> None:
     lab = good.column("label").to_numpy().copy()
     lab[:3] = 2
     ts = pc.cast(good.column("event_time"), pa.int64()).to_numpy().copy()
-    ts[5] = int((start - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 - 1  # the day before's last µs
-    ts[6] = int((end - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000  # end is exclusive
+    ts[5] = int((start - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000 - 1  # the day before's last µs
+    ts[6] = int((end - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000  # end is exclusive
     bad = replace_column(replace_column(good, "label", pa.array(lab, pa.int32())), "event_time",
                          pa.array(ts, pa.timestamp("us", tz="UTC")))
     agg = compute_aggregates(bad, profile_table(bad, SPEC), start, end, SPEC)

@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 import pytest
 
 from slipstream.quality.drift import compare_profiles, js_divergence, psi
+from slipstream.quality.hashing import hash_numbers
 from slipstream.quality.profiles import FeatureProfile, merge_profiles, profile_table
 from slipstream.quality.sketches import HyperLogLog, LogHistogram
-from slipstream.quality.hashing import hash_numbers
 from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from tests.quality_fixtures import reference_days, replace_column
 
@@ -36,7 +36,8 @@ def test_merged_profiles_equal_profile_of_union() -> None:
     assert merged.ctr_by_hour == union.ctr_by_hour
     for name, u in union.columns.items():
         m = merged.columns[name]
-        assert (m.rows, m.nulls, m.nonfinite, m.count, m.min, m.max) == (u.rows, u.nulls, u.nonfinite, u.count, u.min, u.max), name
+        got = (m.rows, m.nulls, m.nonfinite, m.count, m.min, m.max)
+        assert got == (u.rows, u.nulls, u.nonfinite, u.count, u.min, u.max), name
         assert m.mean == pytest.approx(u.mean, rel=1e-9, abs=1e-12), name
         assert m.m2 == pytest.approx(u.m2, rel=1e-9, abs=1e-9), name
         assert m.lengths == u.lengths

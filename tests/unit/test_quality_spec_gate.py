@@ -21,6 +21,7 @@ from slipstream.quality.gate import run_gate
 from slipstream.quality.profiles import profile_table
 from slipstream.quality.store import read_results, write_profile
 from slipstream.samples.spec import Spec, load_spec
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream.settings import Settings
 
 START = date(2026, 11, 1)
@@ -43,6 +44,11 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, p
 def _spec_settings(settings: Settings, name: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("SLIPSTREAM_SPEC", name)
     return Settings.from_env()
+
+
+def _dataset() -> DatasetRef:
+    """The data set SLIPSTREAM_SPEC names (what a DAG file of it passes its tasks)."""
+    return dataset_refs()[0]
 
 
 def _fill(settings: Settings, spec: Spec, days: dict[str, pa.Table], profiles_until: date | None = LAST) -> int:
@@ -127,12 +133,12 @@ def test_dag_param_stops_a_window_the_learned_bounds_let_pass(
     snap = _fill(settings, load_spec("criteo"), generated["criteo"])
     assert snap
     t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc) + timedelta(days=1)
-    out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": 1}), "daily-learned", t))
+    out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": 1}), "daily-learned", t), _dataset())
     assert out["passed"] is True
     # the same window, with the DAG param gate_ctr_max under its CTR (~0.24): the run stops
     xcom = _plan(settings, TrainRequest.from_params({"window_days": 1, "gate_ctr_max": 0.2}), "daily-param", t)
     with pytest.raises(QualityGateFailed) as exc:
-        tasks.quality_gate(xcom)
+        tasks.quality_gate(xcom, _dataset())
     line = next(ln.strip() for ln in str(exc.value).splitlines() if ln.strip().startswith("ctr "))
     assert line.startswith("ctr [critical]: observed 0.2"), line
     assert "0.2] (min: learned from 9 days, max: param gate_ctr_max)" in line, line
@@ -151,7 +157,7 @@ def test_empty_day_in_the_window_is_a_warning_the_report_shows(
     assert str(empty) not in days and len(days) == DAYS - 1
     _fill(settings, load_spec("ratings"), days, profiles_until=None)
     t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc) + timedelta(days=1)
-    out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": DAYS}), "daily-gap", t))
+    out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": DAYS}), "daily-gap", t), _dataset())
     assert out["passed"] is True
     results = {r["expectation"]: r for r in read_results(get_catalog(settings), settings.namespace, "daily-gap").to_pylist()}
     gap = results["days.nonempty"]
@@ -175,12 +181,13 @@ def test_day_gate_takes_its_dag_params_and_skips_a_day_without_data(
     settings = _spec_settings(settings, "criteo", monkeypatch)
     snap = _fill(settings, load_spec("criteo"), generated["criteo"])
     pre = {"day": str(LAST), "snapshot_id": snap, "rows": 2000, "rejects": 0, "empty": False}
-    out = data_tasks.gate_day(LAST, pre, {"attribution_s": 3600, "gate_ctr_max": None})
+    out = data_tasks.gate_day(LAST, pre, _dataset(), {"attribution_s": 3600, "gate_ctr_max": None})
     assert out["passed"] and out["bounds"]["ctr"]["max_from"] == "learned from 9 days"
     with pytest.raises(QualityGateFailed, match=r"ctr \[critical\]: .*\(min: learned from 9 days, max: param gate_ctr_max\)"):
-        data_tasks.gate_day(LAST, pre, {"gate_ctr_max": 0.2})
+        data_tasks.gate_day(LAST, pre, _dataset(), {"gate_ctr_max": 0.2})
     with pytest.raises(AirflowSkipException, match="2026-11-11 had no raw events"):
-        data_tasks.gate_day(LAST + timedelta(days=1), {"day": "2026-11-11", "snapshot_id": None, "rows": 0, "empty": True})
+        data_tasks.gate_day(LAST + timedelta(days=1), {"day": "2026-11-11", "snapshot_id": None, "rows": 0, "empty": True},
+                           _dataset())
 
 
 def test_a_feature_added_to_the_spec_does_not_fail_the_older_days(settings: Settings) -> None:

@@ -14,9 +14,9 @@ from slipstream.quality.bounds import (
     GateBounds,
     GateOverrides,
     Learned,
+    expected_rows,
     learn_bounds,
     resolve_bounds,
-    trailing_ratios,
 )
 from slipstream.quality.config import GateConfig
 from slipstream.quality.drift import drift_features
@@ -62,7 +62,7 @@ def test_synthetic_suite_keeps_its_named_bounds_and_severities() -> None:
     assert checks["distinct.device_hash"].max_value == 64  # quality.max_distinct
     assert checks["distinct.device_hash"].severity == "warning"
     assert (checks["ctr"].min_value, checks["ctr"].max_value) == (0.005, 0.6)
-    assert (checks["row_count.vs_trailing_mean"].min_value, checks["row_count.vs_trailing_mean"].max_value) == (0.7, 1.3)
+    assert (checks["row_count.vs_expected"].min_value, checks["row_count.vs_expected"].max_value) == (0.15, 10.0)
     assert checks["ctr"].bounds_from == "spec"
 
 
@@ -76,12 +76,15 @@ def test_string_ids_are_hashed_so_they_get_no_sign_check() -> None:
     assert "range.min.item_id" in checks and "range.min.user_id" not in checks
 
 
-def test_drift_checks_score_by_the_feature_kind() -> None:
-    metrics = {"drift.year": 0.1, "drift.gender": 0.05, "drift.hist_items": 0.01, "drift.label": 0.0}
+def test_drift_checks_score_by_the_feature_kind_within_the_day_s_own_limit() -> None:
+    metrics = {"drift.year": 0.1, "drift.gender": 0.05, "drift.hist_items": 0.01, "drift.label": 0.0,
+               "drift_limit.year": 0.31, "drift_limit.gender": 0.07, "drift_limit.hist_items": 0.02, "drift_limit.label": 0.05}
     checks = _checks("ratings", metrics=metrics)
-    assert checks["drift.year"].max_value == 0.2 and "PSI" in checks["drift.year"].description
-    assert checks["drift.gender"].max_value == 0.1 and "Jensen" in checks["drift.gender"].description
-    assert checks["drift.hist_items"].max_value == 0.1
+    assert checks["drift.year"].max_value == 0.31 and "PSI" in checks["drift.year"].description
+    assert checks["drift.gender"].max_value == 0.07 and "Jensen" in checks["drift.gender"].description
+    assert checks["drift.hist_items"].max_value == 0.02
+    assert "usual day-to-day movement" in checks["drift.year"].description
+    assert not [n for n in checks if n.startswith("drift_limit")]
     assert drift_features(load_spec("ratings")) == ("gender", "age", "occupation", "genres", "year", "hist_items", "label")
 
 
@@ -97,7 +100,8 @@ def test_profile_kinds_come_from_the_spec() -> None:
     assert prof.columns["user_id"].kind == "id" and prof.columns["user_id"].topk is None
     assert prof.columns["age"].kind == "categorical" and prof.columns["age"].distinct() == 2
     assert prof.ctr == pytest.approx(2 / 3)
-    crit = profile_table(pa.table({"c3": pa.array([1, 2], pa.int64()), "i3": pa.array([0.5, 0.25], pa.float32())}), load_spec("criteo"))
+    crit = profile_table(pa.table({"c3": pa.array([1, 2], pa.int64()), "i3": pa.array([0.5, 0.25], pa.float32())}),
+                         load_spec("criteo"))
     assert crit.columns["c3"].kind == "categorical" and crit.columns["i3"].kind == "numeric"
 
 
@@ -106,7 +110,8 @@ def test_profile_kinds_come_from_the_spec() -> None:
 DAY = date(2026, 12, 1)
 
 
-def _history(days: int, rows: list[int] | None = None, ctrs: list[float] | None = None) -> tuple[dict[date, int], dict[date, float]]:
+def _history(days: int, rows: list[int] | None = None,
+             ctrs: list[float] | None = None) -> tuple[dict[date, int], dict[date, float]]:
     """`days` days before DAY: rows and CTRs cycling through the given values."""
     rows = rows or [1000]
     ctrs = ctrs or [0.1]
@@ -115,26 +120,63 @@ def _history(days: int, rows: list[int] | None = None, ctrs: list[float] | None 
     return counts, rates
 
 
-def test_trailing_ratios_skip_days_without_data() -> None:
-    counts = {date(2026, 11, 1): 100, date(2026, 11, 2): 300, date(2026, 11, 4): 400}  # the 3rd has no data
-    ratios = trailing_ratios(counts, history_days=7)
-    assert ratios == {date(2026, 11, 2): 3.0, date(2026, 11, 4): 2.0}
+def test_expected_rows_skip_days_without_data_and_fall_back_to_the_trailing_median() -> None:
+    q = QualitySpec(learn_from_days=28, history_days=7)
+    counts = {DAY - timedelta(days=k): n for k, n in ((1, 100), (2, 300), (4, 400), (9, 9))}
+    exp = expected_rows(q, GateConfig(), counts, DAY)  # 4 days: too few to learn from
+    assert exp is not None and exp.rows == 300 and exp.log_spread is None
+    assert "median of the 3 trailing days" in exp.how
+    assert expected_rows(q, GateConfig(), {}, DAY) is None
 
 
-def test_learned_bounds_are_widened_quantiles_of_the_history() -> None:
-    q = QualitySpec(ctr_min=0.001, ctr_max=0.9, row_count_ratio_min=0.1, row_count_ratio_max=10.0, learn_from_days=28, history_days=7)
-    counts, rates = _history(40, rows=[900, 1000, 1100], ctrs=[0.08, 0.1, 0.12])
+def test_learned_row_bounds_let_bursty_days_pass_and_stop_an_outage() -> None:
+    from slipstream.dev.traffic import Traffic
+
+    # bursty volume as the generator draws it: ±35 % from day to day, quiet weekends, spike days
+    traffic = Traffic.bursty()
+    q = QualitySpec(row_count_ratio_min=0.15, row_count_ratio_max=10.0, learn_from_days=28)
     cfg = GateConfig()
-    learned = learn_bounds(q, cfg, counts, rates, DAY)
-    ctrs = [rates[DAY - timedelta(days=k)] for k in range(1, 29)]
-    lo, hi = np.quantile(ctrs, cfg.learn_quantiles)
-    assert learned.ctr == pytest.approx((lo * 0.75, hi * 1.25, 28))
-    ratios = trailing_ratios(counts, 7)
-    recent = [r for d, r in ratios.items() if d >= DAY - timedelta(days=28)]
-    assert len(recent) == 28  # the first learned days' trailing means reach further back
-    rlo, rhi = np.quantile(recent, cfg.learn_quantiles)
-    assert learned.row_count_ratio == pytest.approx((rlo * 0.75, rhi * 1.25, 28))
-    assert 0.6 < learned.row_count_ratio[0] < 0.8 and 1.2 < learned.row_count_ratio[1] < 1.6  # type: ignore[index]
+    blocked = outages_missed = days = 0
+    for seed in range(20):
+        counts = {DAY - timedelta(days=k): traffic.volume(DAY - timedelta(days=k), 4000, seed) for k in range(0, 50)}
+        for d in sorted(counts)[28:]:  # four weeks of history before each
+            exp = expected_rows(q, cfg, counts, d)
+            learned = learn_bounds(q, cfg, counts, {}, d)
+            assert exp is not None and learned.row_count_ratio is not None
+            b = resolve_bounds(q, learned, GateOverrides()).row_count_ratio
+            assert b.lo is not None and b.hi is not None
+            days += 1
+            blocked += not b.lo <= counts[d] / exp.rows <= b.hi
+            outage = 0.1 * 4000 * traffic.weekly[d.weekday()]
+            outages_missed += outage / exp.rows >= b.lo
+    assert days == 440
+    assert blocked / days <= 0.01  # bursty days pass
+    assert outages_missed == 0  # a day at 10 % of its weekday's normal volume never does
+
+
+def test_learned_label_rate_bounds_widen_for_small_days_and_catch_a_doubled_rate() -> None:
+    rng = np.random.default_rng(5)
+    counts = {DAY - timedelta(days=k): 4000 for k in range(1, 29)}
+    rates = {d: float(rng.binomial(n, 0.1) / n) for d, n in counts.items()}
+    q = QualitySpec(ctr_min=0.001, ctr_max=0.9, learn_from_days=28)
+    big = learn_bounds(q, GateConfig(), counts, rates, DAY, rows=4000).ctr
+    small = learn_bounds(q, GateConfig(), counts, rates, DAY, rows=100).ctr
+    assert big is not None and small is not None and big[2] == 28
+    assert big[0] < 0.1 < big[1] and big[1] < 0.2  # twice the label rate fails
+    assert small[1] - small[0] > big[1] - big[0]  # 100 rows: a wider interval, not an alarm
+
+
+def test_weekday_levels_are_learned_when_the_history_shows_them() -> None:
+    weekly = [1.0, 1.0, 1.0, 1.0, 1.0, 0.4, 0.4]  # quiet weekends
+    counts = {DAY - timedelta(days=k): int(4000 * weekly[(DAY - timedelta(days=k)).weekday()] * (1 + 0.02 * (k % 3)))
+              for k in range(1, 29)}
+    q = QualitySpec(learn_from_days=28)
+    saturday = next(DAY + timedelta(days=k) for k in range(7) if (DAY + timedelta(days=k)).weekday() == 5)
+    monday = next(DAY + timedelta(days=k) for k in range(7) if (DAY + timedelta(days=k)).weekday() == 0)
+    sat = expected_rows(q, GateConfig(), counts, saturday)
+    mon = expected_rows(q, GateConfig(), counts, monday)
+    assert sat is not None and mon is not None
+    assert sat.rows < 0.5 * mon.rows and "Saturdays" in sat.how
 
 
 def test_too_short_a_history_learns_nothing_and_the_spec_holds() -> None:
@@ -167,7 +209,8 @@ def test_precedence_param_over_learned_over_spec() -> None:
 
 def test_crossed_bounds_and_bad_overrides_are_named() -> None:
     q = QualitySpec(ctr_min=0.01, ctr_max=0.6)
-    with pytest.raises(ConfigError, match=r"ctr bounds cross: min 0.07 \(learned from 21 days\) > max 0.05 \(param gate_ctr_max\)"):
+    crossed = r"ctr bounds cross: min 0.07 \(learned from 21 days\) > max 0.05 \(param gate_ctr_max\)"
+    with pytest.raises(ConfigError, match=crossed):
         resolve_bounds(q, Learned(ctr=(0.07, 0.15, 21)), GateOverrides(ctr_max=0.05))
     with pytest.raises(ConfigError, match="gate_ctr_min must be < gate_ctr_max"):
         GateOverrides(ctr_min=0.3, ctr_max=0.2)

@@ -51,7 +51,8 @@ def test_profiles_are_compacted_and_all_days_read_back(settings: Settings, monke
     catalog = get_catalog(settings)
     days = [date(2026, 10, 1) + timedelta(days=i) for i in range(9)]
     for i, d in enumerate(days):
-        store.write_profile(catalog, settings.namespace, day=d, snapshot_id=i, run_id=f"p-{i}", profile=FeatureProfile(rows=100 + i))
+        store.write_profile(catalog, settings.namespace, day=d, snapshot_id=i, run_id=f"p-{i}",
+                            profile=FeatureProfile(rows=100 + i))
     table = store.profiles_table(catalog, settings.namespace)
     assert _files(table) <= 4
     assert len(table.snapshots()) > 9  # kept: none is older than 7 days
@@ -65,3 +66,24 @@ def test_small_tables_are_left_alone(settings: Settings) -> None:
     table = store.results_table(catalog, settings.namespace)
     assert not store.compact(table)
     assert _files(table) == 1 and len(table.snapshots()) == 1
+
+
+def test_a_range_of_profiles_is_one_write_and_replaces_only_its_days(settings: Settings) -> None:
+    catalog = get_catalog(settings)
+    days = [date(2026, 1, 1) + timedelta(days=i) for i in range(200)]
+    store.write_profile(catalog, settings.namespace, day=days[0] - timedelta(days=1), snapshot_id=1, run_id="old",
+                        profile=FeatureProfile(rows=7))
+    table = store.profiles_table(catalog, settings.namespace)
+    before = len(table.snapshots())
+    assert store.write_profiles(catalog, settings.namespace, {d: FeatureProfile(rows=i) for i, d in enumerate(days)},
+                                snapshot_id=2, run_id="range") == 200
+    table.refresh()
+    assert len(table.snapshots()) == before + 1
+    # a re-run of part of the range replaces those days only
+    store.write_profiles(catalog, settings.namespace, {d: FeatureProfile(rows=1000) for d in days[:5]}, snapshot_id=3,
+                         run_id="again")
+    got = store.read_profiles(catalog, settings.namespace, days[0] - timedelta(days=1), days[-1] + timedelta(days=1))
+    assert len(got) == 201
+    assert got[days[0] - timedelta(days=1)].rows == 7
+    assert [got[d].rows for d in days[:6]] == [1000] * 5 + [5]
+    assert got[days[-1]].rows == 199

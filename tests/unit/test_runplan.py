@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,13 @@ from slipstream.lake.planning import WindowFile, plan_window_files
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runplan import (
-    PLAN_FILE, RunPlan, build_run_plan, check_plan_files, plan_request, read_plan, write_plan,
+    PLAN_FILE,
+    RunPlan,
+    build_run_plan,
+    check_plan_files,
+    plan_request,
+    read_plan,
+    write_plan,
 )
 from slipstream.settings import Settings
 from tests.trainer_fixtures import SamplesFixture, make_samples
@@ -36,7 +42,7 @@ def test_the_plan_holds_the_window_and_its_files_once(fx: SamplesFixture) -> Non
     plan = _plan(fx)
     t = fx.t_handoff
     assert plan.t_handoff == t and plan.window_start == t - timedelta(days=2)
-    assert plan.window_start.tzinfo == timezone.utc and plan.window_days == 2
+    assert plan.window_start.tzinfo == UTC and plan.window_days == 2
     assert plan.files == plan_window_files(fx.table, fx.snapshot_id, t - timedelta(days=2), t).files
     assert plan.rows == 2 * 400 and len(plan.files) >= 2
     assert plan.topic == fx.settings.topic and plan.bootstrap == fx.settings.kafka_bootstrap
@@ -106,7 +112,7 @@ def test_a_plan_whose_files_differ_from_its_snapshot_is_refused(fx: SamplesFixtu
 
 
 def test_request_and_window_must_agree() -> None:
-    t = datetime(2026, 11, 4, tzinfo=timezone.utc)
+    t = datetime(2026, 11, 4, tzinfo=UTC)
     with pytest.raises(PlanError, match="window spans 1 days but its request says window_days=2"):
         RunPlan(run_id="r", table="ns.samples", snapshot_id=1, window_start=t - timedelta(days=1), t_handoff=t, topic="s",
                 bootstrap="b", max_lateness_s=120, cache_dir="", run_dir="/runs/r", files=(), request=TrainRequest(window_days=2))
@@ -160,7 +166,7 @@ def test_the_window_is_computed_by_one_function(fx: SamplesFixture) -> None:
 
 def test_settings_are_not_read_by_the_plan(tmp_path: Path) -> None:
     """A plan read on another machine (a pod) keeps the render step's facts, whatever its env says."""
-    t = datetime(2026, 11, 4, tzinfo=timezone.utc)
+    t = datetime(2026, 11, 4, tzinfo=UTC)
     plan = RunPlan(run_id="r1", table="ns.samples", snapshot_id=5, window_start=t - timedelta(days=1), t_handoff=t,
                    topic="events", bootstrap="kafka:9092", max_lateness_s=30, cache_dir="/cache", run_dir="/runs/r1",
                    files=(WindowFile("s3://w/a.parquet", 10, 2, ("s3://w/d.parquet",)),))

@@ -82,10 +82,48 @@ def test_each_setting_reads_its_own_variable(tmp_path: Path) -> None:
     spark = SparkSettings.from_env({"SLIPSTREAM_SPARK_CONF": '{"spark.executor.memory": "8g", "spark.x": 3}'})
     assert spark.conf == {"spark.executor.memory": "8g", "spark.x": "3"}
     registry = RegistryConfig.from_env(Settings(home=tmp_path), {"SLIPSTREAM_PROMOTION_AUC_TOLERANCE": "0.01"})
-    assert (registry.location, registry.tolerance) == (str(tmp_path / "registry"), 0.01)
+    assert (registry.location, registry.tolerance) == (str(tmp_path / "registry" / "synthetic"), 0.01)
     # the cache root is the Settings' (a CLI flag may have set it), never re-read from the environment
     cache = CacheSettings.from_env(Settings(home=tmp_path, cache_dir="/a"), {"SLIPSTREAM_CACHE_DIR": "/b",
                                                                              "SLIPSTREAM_CACHE_BUDGET_BYTES": "2GiB"})
     assert (cache.dir, cache.budget_bytes) == ("/a", 2 << 30)
     s = Settings.from_env({"SLIPSTREAM_HOME": str(tmp_path), "SLIPSTREAM_TOPIC_PARTITIONS": "8"})
     assert (s.home, s.topic_partitions, s.runs_dir) == (tmp_path.resolve(), 8, str(tmp_path.resolve() / "runs"))
+
+
+def test_each_data_set_is_named_from_its_spec(tmp_path: Path) -> None:
+    """Two data sets of one deployment never share a table, a topic, a raw zone or a registry."""
+    home = tmp_path.resolve()
+    synthetic = Settings.from_env({"SLIPSTREAM_HOME": str(home)})
+    assert (synthetic.dataset, synthetic.namespace, synthetic.table) == ("synthetic", "slipstream_synthetic",
+                                                                          "slipstream_synthetic.samples")
+    assert (synthetic.topic, synthetic.dlq_topic) == ("synthetic.samples", "synthetic.samples.dlq")
+    assert (synthetic.raw_dir, synthetic.registry) == (str(home / "raw" / "synthetic"), str(home / "registry" / "synthetic"))
+    avazu = synthetic.for_dataset("/specs/my-avazu.yaml", env={})
+    assert (avazu.dataset, avazu.namespace, avazu.topic, avazu.dlq_topic) == (
+        "my-avazu", "slipstream_my_avazu", "my-avazu.samples", "my-avazu.samples.dlq")
+    assert avazu.raw_dir == str(home / "raw" / "my-avazu") and avazu.registry == str(home / "registry" / "my-avazu")
+    assert avazu.warehouse == synthetic.warehouse and avazu.runs_dir == synthetic.runs_dir  # shared by all data sets
+    on_s3 = Settings.from_env({"SLIPSTREAM_HOME": str(home), "SLIPSTREAM_REGISTRY_ROOT": "s3://models/registry/",
+                               "SLIPSTREAM_RAW_ROOT": "s3://lake/raw"})
+    assert (on_s3.registry, on_s3.for_dataset("criteo", env={}).registry) == ("s3://models/registry/synthetic",
+                                                                            "s3://models/registry/criteo")
+    assert on_s3.for_dataset("criteo", env={}).raw_dir == "s3://lake/raw/criteo"
+    # the child of a run gets its data set's names, and reads them back as they were
+    assert Settings.from_env({**avazu.as_env(), "SLIPSTREAM_HOME": str(home)}).table == avazu.table
+
+
+def test_a_data_set_s_names_can_be_set_and_stay_its_own(tmp_path: Path) -> None:
+    env = {"SLIPSTREAM_HOME": str(tmp_path), "SLIPSTREAM_TOPIC": "ctr-main", "SLIPSTREAM_NAMESPACE": "prod",
+           "SLIPSTREAM_DATASET__CRITEO__TOPIC": "criteo-clicks", "SLIPSTREAM_DATASET__CRITEO__REGISTRY": "s3://models/criteo",
+           "SLIPSTREAM_DATASET__SYNTHETIC__DLQ_TOPIC": "synthetic-rejects"}
+    default = Settings.from_env(env)
+    assert (default.topic, default.dlq_topic, default.namespace) == ("ctr-main", "synthetic-rejects", "prod")
+    # the plain variables name the deployment's own data set only: criteo never gets `prod` or `ctr-main`
+    criteo = default.for_dataset("criteo", env=env)
+    assert (criteo.topic, criteo.dlq_topic, criteo.registry) == ("criteo-clicks", "criteo-clicks.dlq", "s3://models/criteo")
+    assert criteo.namespace == "slipstream_criteo"
+    assert Settings.from_env({**env, "SLIPSTREAM_SPEC": "criteo"}).topic == "criteo-clicks"  # the per-data-set name wins
+    with pytest.raises(ConfigError, match="SLIPSTREAM_DATASET__CRITEO__TABLE: TABLE is not a per-data-set setting; valid: "
+                                          "SLIPSTREAM_DATASET__CRITEO__NAMESPACE"):
+        default.for_dataset("criteo", env={"SLIPSTREAM_DATASET__CRITEO__TABLE": "x"})

@@ -92,10 +92,14 @@ class CheckpointPieces:
                     continue
                 raise ResumeError(f"{source} has no {p.name!r} state: it is damaged, or was written by another "
                                   "Slipstream version; resume with that version, or start a new run.run_id")
-            p.obj.load_state_dict(states[p.name])  # type: ignore[arg-type]  # a meta/model piece is Stateful
+            obj = p.obj
+            assert isinstance(obj, Stateful)  # `add` checked it: a meta or model piece
+            obj.load_state_dict(states[p.name])
 
     def load_data(self, per_rank: Sequence[Mapping[str, Any]]) -> None:
         """Every `data` piece from the states every old rank saved (a piece takes its own share)."""
         for p in self._pieces.values():
             if p.where == "data":
-                p.obj.load_rank_states([s.get(p.name) for s in per_rank])  # type: ignore[union-attr]
+                obj = p.obj
+                assert isinstance(obj, Resharded)  # `add` checked it: a data piece
+                obj.load_rank_states([s.get(p.name) for s in per_rank])

@@ -75,7 +75,7 @@ def encode_state(state: dict[str, Any]) -> tuple[bytes, str]:
         digest.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
         digest.update(np.ascontiguousarray(a).data)
     buf = io.BytesIO()
-    np.savez(buf, **{TREE: np.frombuffer(tree, dtype=np.uint8)}, **arrays)
+    np.savez(buf, allow_pickle=False, **{TREE: np.frombuffer(tree, dtype=np.uint8), **arrays})  # object arrays were refused above
     return buf.getvalue(), digest.hexdigest()
 
 
@@ -87,5 +87,6 @@ def decode_state(source: Path | bytes) -> dict[str, Any]:
         tree = json.loads(bytes(z[TREE]).decode())
     out = _decode(tree, arrays)
     if not isinstance(out, dict):
-        raise ValueError(f"{source}: a data state must be a mapping")
+        where = source if isinstance(source, Path) else "the data state"
+        raise ValueError(f"{where}: a data state must be a mapping")
     return out

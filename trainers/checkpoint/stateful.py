@@ -9,7 +9,8 @@ a state it cannot honour (another version, another world size mid-epoch, other d
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from slipstream.errors import ResumeError
 

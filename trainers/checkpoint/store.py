@@ -18,6 +18,8 @@ folders older than the `keep` newest. The committed checkpoint is never touched 
 successor is committed, so a kill at any moment leaves `latest` naming a complete checkpoint.
 A save whose content equals the committed one (same step, same data state, same metadata but
 for the clock) commits nothing; files that did not change are hard links to the committed ones.
+`.tmp` folders a killed or failed save left are removed when a run starts (rank 0), and a write
+that fails (a full or read-only disk) raises `RunFolderWriteError` naming the file.
 
 Nothing in a checkpoint runs code when loaded: `model.pt` loads with `torch.load(weights_only=True)`,
 the sharded tensors through an allow-listed metadata reader (`trainers.checkpoint.tensors`), and data state
@@ -27,19 +29,23 @@ or a shared volume).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
-from slipstream.errors import ResumeError
-from trainers.checkpoint.tensors import SHARDS, join, load_tensors, refs, save_tensors, split
+from slipstream.errors import ResumeError, RunFolderWriteError
 from trainers.checkpoint.statefile import decode_state, encode_state
+from trainers.checkpoint.tensors import SHARDS, join, load_tensors, refs, save_tensors, split
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +65,36 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_failure(path: Path, e: OSError) -> RunFolderWriteError:
+    """The error of a failed write of `path`, naming it (a full disk's OSError names no file)."""
+    what = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = f"free space on the disk of {path.parent} (`df -h {path.parent}`) or set run.runs_dir to a larger one"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        todo = f"make {path.parent} writable for this user, or set run.runs_dir to a writable folder"
+    else:
+        todo = f"check the disk of {path.parent}"
+    return RunFolderWriteError(f"cannot write {path}: {what}. {todo[0].upper()}{todo[1:]}, then run again with the same "
+                               "run.run_id: it resumes from the last committed checkpoint, which this failure left intact")
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError of the block into a `RunFolderWriteError` naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        raise write_failure(Path(e.filename) if isinstance(e.filename, str) else path, e) from e
+
+
 def _write_synced(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, mode) as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with writing(tmp):
+        with open(tmp, mode) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -142,6 +171,25 @@ class Checkpointer:
         """Digest of this rank's data state in the committed folder, when this process wrote it."""
         self._model_step: int | None = None
         """Step of the model in the committed folder (rank 0)."""
+        if rank == 0:
+            self.remove_leftovers()
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove the `.tmp` folders and files a killed or failed save left (never named by `latest`).
+        Called by rank 0 when a run starts, before any rank writes."""
+        if not self.root.is_dir():
+            return []
+        gone = []
+        for p in sorted(self.root.iterdir()):
+            if p.name.endswith(".tmp") and (p.is_file() or folder_order(p.name.removesuffix(".tmp")) is not None):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                gone.append(p.name)
+        if gone:
+            log.info("removed %s from %s: left by a save that did not finish", ", ".join(gone), self.root)
+        return gone
 
     # --- reading ------------------------------------------------------------------------------
     def latest(self) -> Path | None:
@@ -157,8 +205,9 @@ class Checkpointer:
             advice = (f"point it at the newest complete one, {older[-1]} (`echo {older[-1]} > {pointer}`): the "
                       "resume then drops the audit parts written after it, so nothing is trained twice"
                       if older else "no complete checkpoint is left: start a new run.run_id")
+            state = "missing" if not path.is_dir() else f"incomplete (no {', '.join(missing)})"
             raise ResumeError(
-                f"{pointer} names {name}, which is {'missing' if not path.is_dir() else 'incomplete (no ' + ', '.join(missing) + ')'}: "
+                f"{pointer} names {name}, which is {state}: "
                 f"restore it, or {advice}. Do not delete {pointer}: the run would restart from step 0 while its "
                 "audit keeps the trained parts, and every sample would count twice."
             )
@@ -169,13 +218,16 @@ class Checkpointer:
 
     def _complete_folders(self, before: str | None = None) -> list[str]:
         limit = folder_order(before) if before else None
-        names = [p.name for p in self.root.iterdir() if p.is_dir() and folder_order(p.name) is not None
-                 and not _missing(p)] if self.root.is_dir() else []
-        return sorted((n for n in names if limit is None or folder_order(n) < limit), key=folder_order)  # type: ignore[operator]
+        if not self.root.is_dir():
+            return []
+        found = [(order, p.name) for p in self.root.iterdir()
+                 if p.is_dir() and (order := folder_order(p.name)) is not None and not _missing(p)]
+        return [name for order, name in sorted(found) if limit is None or order < limit]
 
     @staticmethod
     def load_meta(path: Path) -> dict[str, Any]:
-        return json.loads((path / META_FILE).read_text())
+        meta: dict[str, Any] = json.loads((path / META_FILE).read_text())
+        return meta
 
     @staticmethod
     def load_model(path: Path, into: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -216,11 +268,12 @@ class Checkpointer:
         name = self._next_name(step)
         tmp = self.root / (name + ".tmp")
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            for stale in (tmp, self.root / name):  # leftovers of a killed save: never named by `latest`
-                if stale.exists():
-                    shutil.rmtree(stale)
-            tmp.mkdir()
+            with writing(tmp):
+                self.root.mkdir(parents=True, exist_ok=True)
+                for stale in (tmp, self.root / name):  # leftovers of a killed save: never named by `latest`
+                    if stale.exists():
+                        shutil.rmtree(stale)
+                tmp.mkdir()
         self.barrier()
         blob, digest = encode_state(data_state)
         reused = self._reuse(data_file(self.rank), tmp) if digest == self._data_digest else False
@@ -251,7 +304,14 @@ class Checkpointer:
         rest, tensors = split(model_state)
         if self.rank == 0:
             atomic_torch_save(rest, tmp / MODEL_FILE)
-        save_tensors(tensors, tmp / SHARDS)
+        try:
+            with writing(tmp / SHARDS):
+                save_tensors(tensors, tmp / SHARDS)
+        except CheckpointException as e:  # the checkpoint library gathers every rank's error
+            cause = next((x for x, _ in e.failures.values() if isinstance(x, OSError)), None)
+            if cause is None:
+                raise
+            raise write_failure(Path(cause.filename) if isinstance(cause.filename, str) else tmp / SHARDS, cause) from None
 
     def _next_name(self, step: int) -> str:
         """A folder name after the committed one's: `step-N`, or `step-N.rK` when step N is committed."""
@@ -311,9 +371,10 @@ class Checkpointer:
         between a rename and the commit, never named by `latest`) and unfinished `.tmp` folders."""
         top = folder_order(newest)
         assert top is not None
-        folders = sorted((p for p in self.root.iterdir() if p.is_dir() and folder_order(p.name.removesuffix(".tmp"))),
-                         key=lambda p: folder_order(p.name.removesuffix(".tmp")))  # type: ignore[arg-type, return-value]
-        committed = [p for p in folders if not p.name.endswith(".tmp") and folder_order(p.name) <= top]  # type: ignore[operator]
+        ordered = sorted((order, p) for p in self.root.iterdir()
+                         if p.is_dir() and (order := folder_order(p.name.removesuffix(".tmp"))) is not None)
+        folders = [p for _, p in ordered]
+        committed = [p for order, p in ordered if not p.name.endswith(".tmp") and order <= top]
         drop = [p for p in folders if p not in committed] + committed[: max(0, len(committed) - self.keep)]
         for old in drop:
             if old.name != newest:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 SHARDS = "model"
 """The folder of a checkpoint holding the tensors (`.metadata` + one `.distcp` file per writing rank)."""
@@ -122,11 +122,10 @@ class _SafeReader(dcp.FileSystemReader):
             metadata = _Unpickler(fh).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{path} is not a checkpoint's metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage: StorageMeta | None = getattr(metadata, "storage_meta", None)
+        if storage is None:
+            storage = metadata.storage_meta = StorageMeta()
+        storage.load_id = self.load_id
         return metadata
 
 
@@ -143,7 +142,8 @@ class _Unpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), _TORCH_VALUES)):
             return getattr(torch, name)
-        if (module, name) in _SAFE or (module == "builtins" and name in _BUILTINS) or (module, name) == ("collections", "OrderedDict"):
+        if ((module, name) in _SAFE or (module == "builtins" and name in _BUILTINS)
+                or (module, name) == ("collections", "OrderedDict")):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a checkpoint's metadata refers to {module}.{name}, which is not loaded: "
                                      "only the checkpoint library's records are")

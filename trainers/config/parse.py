@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -35,7 +36,7 @@ def parse_time(value: Any, key: str) -> datetime:
         raise ConfigError(f"{key} must be an ISO-8601 time, got {value!r}")
     if value.tzinfo is None:
         raise ConfigError(f"{key} must carry a timezone (e.g. +00:00), got {value.isoformat()!r}")
-    return datetime.fromtimestamp(value.timestamp(), tz=timezone.utc)
+    return datetime.fromtimestamp(value.timestamp(), tz=UTC)
 
 
 def build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
@@ -64,10 +65,12 @@ def build(cls: type, raw: Mapping[str, Any], where: str) -> Any:
 
 
 def coerce(tp: Any, value: Any, where: str) -> Any:
-    """`value` as type `tp` (a nested dataclass, list, bool, int, float, datetime or str)."""
-    if dataclasses.is_dataclass(tp):
+    """`value` as type `tp` (a nested dataclass, list, Literal choice, bool, int, float, datetime or str)."""
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value or {}, where + ".")
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return check_choice(tp, value, where)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {value!r}")
@@ -99,6 +102,23 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+def check_choice(tp: Any, value: Any, where: str) -> Any:
+    """`value` if it is one of the `Literal` type's choices, else a ConfigError listing them."""
+    choices = typing.get_args(tp)
+    if value not in choices:
+        raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
+
+
+def check_choices(obj: Any, section: str) -> None:
+    """Every `Literal` field of dataclass `obj` holds one of its choices (a config built in Python
+    skips `coerce`); `section` is the dotted prefix errors name (`model`, `data.stop`)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if typing.get_origin(hints[f.name]) is typing.Literal:
+            check_choice(hints[f.name], getattr(obj, f.name), f"{section}.{f.metadata.get('key', f.name)}")
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:

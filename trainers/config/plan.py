@@ -1,7 +1,7 @@
 """The trainer's side of the run plan (`slipstream.pipeline.runplan`, `<run_dir>/plan.json`).
 
 `--plan <run_dir>/plan.json`: the plan fixes the run's data — run id and folder, table, snapshot,
-window, T, topic — and sets its request's knobs (batch size, epochs, stream stop ...) and the
+window, T, topic and dead-letter topic — and sets its request's knobs (batch size, epochs, stream stop ...) and the
 broker, lateness and cache folder; a `--config` file supplies everything else, and `--set` may
 change a knob (an experiment) but never a fact. T reaches the trainer as the plan's datetime.
 
@@ -21,8 +21,8 @@ from slipstream.pipeline.request import trainer_overrides
 from slipstream.pipeline.runplan import RunPlan, build_run_plan, plan_path, read_plan, write_plan
 from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
-from trainers.config.schema import TrainConfig, resolve
 from trainers.config.parse import apply_override, load_raw, set_key
+from trainers.config.schema import TrainConfig, resolve
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ def plan_facts(plan: RunPlan, plan_file: Path) -> dict[str, Any]:
     return {
         "data.snapshot_id": plan.snapshot_id, "data.t_handoff": plan.t_handoff, "data.window_days": plan.window_days,
         "data.namespace": plan.namespace, "data.table": plan.table_name, "data.topic": plan.topic,
+        "data.dlq_topic": plan.dlq_topic,
         "run.run_id": plan.run_id, "run.runs_dir": str(plan_file.parent.parent),
     }
 
@@ -54,8 +55,8 @@ def load_plan_config(plan_file: str | Path, config_path: str | Path | None, over
                        ("data.cache_dir", plan.cache_dir)):
         set_key(raw, key, value)
     if plan.request is not None:
-        for key, text in trainer_overrides(plan.request).items():
-            apply_override(raw, f"{key}={text}")
+        for key, value in trainer_overrides(plan.request).items():  # typed values: no text round trip
+            set_key(raw, key, value)
     for o in overrides:
         apply_override(raw, o)
     cfg = resolve(raw, settings)

@@ -13,24 +13,50 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from slipstream.lake.planning import window_bounds
+from slipstream.pipeline.request import TRAINER_KNOBS
 from slipstream.pipeline.runlayout import RUN_ID_PATTERN, run_folder
 from slipstream.pipeline.runplan import DEFAULT_MAX_LATENESS_S
 from slipstream.samples.schema import SAMPLES_TABLE
 from slipstream.settings import Settings
-from trainers.config.parse import apply_override, build, load_raw, parse_time, require
+from trainers.config.parse import apply_override, build, check_choices, load_raw, parse_time, require
 
-STOP_MODES = ("caught_up", "duration", "samples", "continuous")
-MODEL_KINDS = ("dlrm", "dcn_v2", "deepfm", "wide_deep")
+
+def knob(key: str) -> Any:
+    """A field set by a training param (`slipstream.pipeline.request.KNOBS`): its default is the
+    knob's, and `check_knobs` holds it to the knob's bounds, so the DAG's form, the request and
+    the trainer cannot disagree."""
+    return field(default=TRAINER_KNOBS[key].default, metadata={"knob": key})
+
+
+def check_knobs(obj: Any) -> None:
+    """Every knob-set field of dataclass `obj` within its knob's bounds (converted to its type)."""
+    for f in dataclasses.fields(obj):
+        if "knob" in f.metadata:
+            key = f.metadata["knob"]
+            setattr(obj, f.name, TRAINER_KNOBS[key].check(getattr(obj, f.name), key))
+
+
+StopMode = Literal["caught_up", "duration", "samples", "continuous"]
+ModelKind = Literal["dlrm", "dcn_v2", "deepfm", "wide_deep"]
+Sharding = Literal["none", "auto", "table_wise", "column_wise", "row_wise", "table_row_wise"]
+OptimizerName = Literal["adam", "adamw", "adagrad", "sgd"]
+TableOptimizer = Literal["dense", "sparse_adam", "adagrad"]
+Device = Literal["auto", "cpu", "cuda"]
+AmpDtype = Literal["bfloat16", "float16"]
+CpuAffinity = Literal["none", "per_rank"]
+STOP_MODES: tuple[StopMode, ...] = get_args(StopMode)
+MODEL_KINDS: tuple[ModelKind, ...] = get_args(ModelKind)
+SHARDINGS: tuple[Sharding, ...] = get_args(Sharding)
 
 
 @dataclass(kw_only=True)
 class StopConfig:
     """When the stream phase ends."""
 
-    mode: str = "caught_up"
+    mode: StopMode = "caught_up"
     """`caught_up`: stop once the total lag is <= max_lag; `duration`: after duration_s of stream
     training; `samples`: after `samples` fresh stream samples; `continuous`: never (export every
     export_every_min minutes)."""
@@ -47,7 +73,7 @@ class StopConfig:
     the broker stays unreachable."""
 
     def __post_init__(self) -> None:
-        require(self.mode in STOP_MODES, f"data.stop.mode must be one of {', '.join(STOP_MODES)}, got {self.mode!r}")
+        check_choices(self, "data.stop")
         require(self.max_lag >= 0, f"data.stop.max_lag must be >= 0, got {self.max_lag}")
         require(self.duration_s > 0, f"data.stop.duration_s must be > 0, got {self.duration_s}")
         require(self.samples >= 0, f"data.stop.samples must be >= 0, got {self.samples}")
@@ -73,7 +99,7 @@ class DataConfig:
     """Iceberg namespace (empty: SLIPSTREAM_NAMESPACE)."""
     table: str = SAMPLES_TABLE
     """Iceberg table of samples inside the namespace."""
-    window_days: int = 1
+    window_days: int = knob("data.window_days")
     """W: the batch window is [T - W days, T)."""
     max_lateness_s: float = DEFAULT_MAX_LATENESS_S
     """How late (in seconds after its event time) a record can reach Kafka; the stream is read
@@ -81,6 +107,17 @@ class DataConfig:
     max_future_skew_s: float = 3600.0
     """A stream record whose event_time is more than this ahead of the consumer's clock (or before
     1970) is a dead letter, never trained: it would set the run's freshness to a time to come."""
+    max_age_s: float = 400 * 86_400.0
+    """A stream record whose event_time is more than this before T is a dead letter ('event_time
+    out of range': 1971, a 0 default, a wrong unit), never counted as dropped before T; 0: no limit.
+    The joiner's --max-age-s, measured from the run's T instead of the clock."""
+    dedupe_horizon_s: float = 0.0
+    """Stream phase: a record whose sample id was admitted with an event time within this many
+    seconds of its partition's newest one is a duplicate (dead-lettered, trained once). 0: the
+    joiner's reach plus a margin, data.max_lateness_s + 3 attribution windows of the spec."""
+    dedupe_max_ids: int = 1_000_000
+    """Sample ids remembered per partition for the dedupe (about 150 bytes each); more within the
+    horizon forgets the oldest, with a warning."""
     bootstrap: str = ""
     """Kafka bootstrap.servers (empty: SLIPSTREAM_KAFKA_BOOTSTRAP)."""
     topic: str = ""
@@ -92,7 +129,7 @@ class DataConfig:
     """Tail Kafka after the batch phase (false: batch phase only)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """When the stream phase ends."""
-    replay_share: float = 0.2
+    replay_share: float = knob("data.replay_share")
     """Share of each stream batch replayed from recent batch-window samples (0 <= share < 1): guards
     the per-id tables against forgetting (the DAG's default too)."""
     replay_window_hours: float = 24.0
@@ -103,14 +140,14 @@ class DataConfig:
     """Batch phase: rows shuffled together in one rank (work units are grouped until they reach it)."""
     stream_shuffle_buffer: int = 4_096
     """Stream phase: rows buffered and mixed before training (bigger mixes more, adds latency)."""
-    batch_size: int = 1_024
+    batch_size: int = knob("data.batch_size")
     """Batch phase: samples per rank per step."""
     stream_batch_size: int = 128
     """Stream phase: samples per rank per step, replay included. Smaller than batch_size because
     the stream is short and fresh: a few thousand samples in batches of 1024 are a handful of
     optimizer steps, too few to follow a change of the click model (docs/trainer.md, Model
     quality)."""
-    epochs: int = 10
+    epochs: int = knob("data.epochs")
     """At most this many passes over the batch window (validation stops earlier, see below)."""
     validation_days: float = 1.0
     """The last days of the window (before T) are the validation set: never trained in the batch
@@ -127,7 +164,7 @@ class DataConfig:
     prefetch_chunks: int = 2
     """Shuffle chunks read ahead by the background reader: at most prefetch_chunks + 1 chunks are
     held ahead of training (being read or queued), all of them read at the same time if need be."""
-    exchange: bool = False
+    exchange: bool = knob("data.exchange")
     """Stream phase: deal every rank's fresh rows to all ranks (an all-to-all each stream-loop
     iteration) so every rank's batch mixes all partitions, not only the ones it reads. Costs two
     collectives per iteration and sends (world-1)/world of the stream across the network."""
@@ -150,17 +187,17 @@ class DataConfig:
     """Path of the generator's manifest.json: its best achievable AUC goes into the summary."""
 
     def __post_init__(self) -> None:
-        require(self.window_days >= 1, f"data.window_days must be >= 1, got {self.window_days}")
+        check_knobs(self)
         require(self.max_lateness_s >= 0, f"data.max_lateness_s must be >= 0, got {self.max_lateness_s}")
         require(self.max_future_skew_s >= 0, f"data.max_future_skew_s must be >= 0, got {self.max_future_skew_s}")
-        require(0.0 <= self.replay_share < 1.0, f"data.replay_share must be in [0, 1), got {self.replay_share}")
+        require(self.max_age_s >= 0, f"data.max_age_s must be >= 0 (0: no limit), got {self.max_age_s}")
+        require(self.dedupe_horizon_s >= 0, f"data.dedupe_horizon_s must be >= 0 (0: derived), got {self.dedupe_horizon_s}")
+        require(self.dedupe_max_ids >= 1, f"data.dedupe_max_ids must be >= 1, got {self.dedupe_max_ids}")
         require(self.replay_window_hours > 0, f"data.replay_window_hours must be > 0, got {self.replay_window_hours}")
         require(self.replay_reservoir >= 1, f"data.replay_reservoir must be >= 1, got {self.replay_reservoir}")
-        require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         require(self.stream_batch_size >= 1, f"data.stream_batch_size must be >= 1, got {self.stream_batch_size}")
         require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         require(self.stream_shuffle_buffer >= 1, f"data.stream_shuffle_buffer must be >= 1, got {self.stream_shuffle_buffer}")
-        require(self.epochs >= 1, f"data.epochs must be >= 1, got {self.epochs}")
         require(self.validation_days >= 0, f"data.validation_days must be >= 0, got {self.validation_days}")
         require(self.patience >= 1, f"data.patience must be >= 1, got {self.patience}")
         require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
@@ -176,14 +213,13 @@ class DataConfig:
         return window_bounds(self.t_handoff, self.window_days)[0]
 
 
-SHARDINGS = ("none", "auto", "table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
 @dataclass(kw_only=True)
 class ModelConfig:
     """The CTR model: one of the zoo (`kind`) or a user's class, over the spec's tables."""
 
-    kind: str = "dlrm"
+    kind: ModelKind = "dlrm"
     """The zoo model: `dlrm`, `dcn_v2`, `deepfm` or `wide_deep` (trainers.models.zoo)."""
     class_path: str = field(default="", metadata={"key": "class"})
     """`model.class`: a user's model as `package.module:Class`, a subclass of
@@ -201,7 +237,7 @@ class ModelConfig:
     """Dropout in the top MLP."""
     cross_layers: int = 3
     """dcn_v2: cross layers over the concatenated vectors and dense features."""
-    sharding: str = "none"
+    sharding: Sharding = "none"
     """How the embedding tables are spread over ranks: `none` (data parallel: every rank holds every
     table, sparse gradients), `auto` (TorchRec's planner chooses among the types the device has
     kernels for), or one of `table_wise`, `column_wise`, `row_wise`, `table_row_wise` (CPU:
@@ -209,26 +245,25 @@ class ModelConfig:
     on GPUs): tables are then stepped by FBGEMM's fused optimizer (trainers.parallel.sharding)."""
 
     def __post_init__(self) -> None:
+        check_choices(self, "model")
         require(self.embed_dim >= 1, f"model.embed_dim must be >= 1, got {self.embed_dim}")
         for name, n in self.buckets.items():
             require(isinstance(n, int) and n >= 1, f"model.buckets.{name} must be an integer >= 1, got {n!r}")
         require(all(w >= 1 for w in self.bottom_mlp), f"model.bottom_mlp widths must be >= 1, got {self.bottom_mlp}")
         require(all(w >= 1 for w in self.top_mlp), f"model.top_mlp widths must be >= 1, got {self.top_mlp}")
         require(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
-        require(self.kind in MODEL_KINDS, f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
         require(not self.class_path or ":" in self.class_path,
                 f"model.class must be package.module:Class, got {self.class_path!r}")
         require(self.cross_layers >= 1, f"model.cross_layers must be >= 1, got {self.cross_layers}")
-        require(self.sharding in SHARDINGS, f"model.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
 
 
 @dataclass(kw_only=True)
 class OptimConfig:
     """The optimizer."""
 
-    name: str = "adam"
+    name: OptimizerName = "adam"
     """`adam`, `adamw`, `adagrad` or `sgd`."""
-    lr: float = 0.003
+    lr: float = knob("optim.lr")
     """Learning rate (batch phase; in the stream phase, of the per-id tables)."""
     stream_lr: float = 0.02
     """Stream-phase learning rate of the shared parameters (MLPs, wide part, categorical tables)
@@ -255,7 +290,7 @@ class OptimConfig:
     """L2 penalty (decoupled for adamw) of the per-id tables (user and item vectors and biases),
     negative: `weight_decay`. With Adam a prior that shrinks rarely seen ids toward 0: +0.001-0.002
     held-out AUC on stationary data at 360k rows (docs/trainer.md, Model quality)."""
-    table_optimizer: str = "dense"
+    table_optimizer: TableOptimizer = "dense"
     """How the embedding tables are stepped (their gradients always travel between ranks as the
     rows a batch touched): `dense`: with `name`, every row each step (the id L2 prior reaches every
     row; memory and time grow with the tables); `sparse_adam` (lazy Adam) or `adagrad`: only the
@@ -271,17 +306,17 @@ class OptimConfig:
     """Adagrad learning rate of the logistic-regression baseline fitted alongside the model."""
 
     def __post_init__(self) -> None:
-        require(self.name in ("adam", "adamw", "adagrad", "sgd"), f"optim.name must be adam, adamw, adagrad or sgd, got {self.name!r}")
-        require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        check_choices(self, "optim")
+        check_knobs(self)
         require(self.stream_lr >= 0, f"optim.stream_lr must be >= 0 (0: use optim.lr), got {self.stream_lr}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         require(0 <= self.drift_low < self.drift_high,
-                 f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, got {self.drift_low}, {self.drift_high}")
+                f"optim.drift_low and optim.drift_high must satisfy 0 <= drift_low < drift_high, "
+                f"got {self.drift_low}, {self.drift_high}")
         require(self.drift_window_rows >= 1, f"optim.drift_window_rows must be >= 1, got {self.drift_window_rows}")
-        require(self.table_optimizer in ("dense", "sparse_adam", "adagrad"),
-                f"optim.table_optimizer must be dense, sparse_adam or adagrad, got {self.table_optimizer!r}")
         require(not self.grad_clip or self.table_optimizer == "dense",
-                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), got {self.table_optimizer!r}")
+                f"optim.grad_clip needs optim.table_optimizer=dense (the sparse ones step sparse gradients), "
+                f"got {self.table_optimizer!r}")
         require(self.table_lr >= 0, f"optim.table_lr must be >= 0 (0: optim.lr), got {self.table_lr}")
         require(not self.table_lr or self.table_optimizer != "dense",
                 "optim.table_lr is the rate of the tables' own optimizer: set optim.table_optimizer to sparse_adam or "
@@ -298,11 +333,11 @@ class RunConfig:
     """Name of the run folder under runs_dir. Required; the same id resumes the same run."""
     runs_dir: str = ""
     """Parent of run folders (empty: SLIPSTREAM_RUNS_DIR)."""
-    device: str = "auto"
+    device: Device = "auto"
     """`auto` (cuda when available), `cpu` or `cuda`."""
     amp: bool = True
     """Mixed precision on cuda (autocast; a GradScaler when amp_dtype is float16). Ignored on CPU."""
-    amp_dtype: str = "bfloat16"
+    amp_dtype: AmpDtype = "bfloat16"
     """`bfloat16` or `float16`."""
     checkpoint_every_steps: int = 500
     """Commit a checkpoint every this many steps (and at the handoff and at the end)."""
@@ -318,7 +353,7 @@ class RunConfig:
     """Write TensorBoard event files under run_dir/tb."""
     num_threads: int = 0
     """torch intra-op threads per rank (0: torch's default)."""
-    cpu_affinity: str = "none"
+    cpu_affinity: CpuAffinity = "none"
     """`per_rank`: the node's CPUs (those the launcher may use) split evenly over its ranks, each
     rank's threads confined to its own share, as NUMA binding or a Kubernetes CPU manager would;
     `none`: the scheduler places every thread anywhere."""
@@ -326,15 +361,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         require(RUN_ID_PATTERN.fullmatch(self.run_id) is not None,
                  f"run.run_id must be a folder name (letters, digits, '.', '_', '-'; at most 128), got {self.run_id!r}")
-        require(self.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {self.device!r}")
-        require(self.amp_dtype in ("bfloat16", "float16"), f"run.amp_dtype must be bfloat16 or float16, got {self.amp_dtype!r}")
+        check_choices(self, "run")
         require(self.checkpoint_every_steps >= 1, f"run.checkpoint_every_steps must be >= 1, got {self.checkpoint_every_steps}")
         require(self.checkpoint_every_s >= 0, f"run.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         require(self.log_every_steps >= 1, f"run.log_every_steps must be >= 1, got {self.log_every_steps}")
         require(self.num_threads >= 0, f"run.num_threads must be >= 0, got {self.num_threads}")
-        require(self.cpu_affinity in ("none", "per_rank"),
-                f"run.cpu_affinity must be none or per_rank, got {self.cpu_affinity!r}")
 
     @property
     def run_dir(self) -> Path:
@@ -375,7 +407,8 @@ def resolve(raw: dict[str, Any], settings: Settings) -> TrainConfig:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), settings: Settings | None = None) -> TrainConfig:
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                settings: Settings | None = None) -> TrainConfig:
     raw = load_raw(path)
     for o in overrides:
         apply_override(raw, o)

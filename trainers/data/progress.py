@@ -24,7 +24,7 @@ from trainers.checkpoint.stateful import check_version
 
 STATE_VERSION = 1
 COUNTERS = ("samples_iceberg", "samples_kafka", "samples_replay", "dropped_before_t", "dead_letters",
-            "holdout_stream", "forward_tail_stream", "records_kafka")
+            "holdout_stream", "forward_tail_stream", "records_kafka", "duplicates")
 PHASES = ("batch", "stream", "done")
 
 
@@ -61,6 +61,9 @@ class TrainState:
     stop_reason: str = ""
     lag_at_stop: int | None = None
     """Records left unread on the topic when the stream phase stopped (None: no stream phase ran)."""
+    stop_offsets: dict[int, int] | None = None
+    """Per partition, the committed end when the stream phase stopped: the audit counts what was
+    committed in [handoff_offsets, stop_offsets) (None: not stopped yet)."""
     last_checkpoint: str = ""
 
     def state_dict(self, counters: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -70,7 +73,7 @@ class TrainState:
             "positions": dict(self.positions), "handoff_offsets": self.handoff_offsets,
             "handoff_methods": self.handoff_methods, "forward_tail_start_us": self.forward_tail_start_us,
             "counters": dict(counters if counters is not None else self.counters),
-            "stream_elapsed_s": self.stream_elapsed_s,
+            "stream_elapsed_s": self.stream_elapsed_s, "stop_offsets": self.stop_offsets,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -85,6 +88,7 @@ class TrainState:
         self.forward_tail_start_us = None if tail is None else int(tail)
         self.counters = {k: float(state.get("counters", {}).get(k, 0.0)) for k in COUNTERS}
         self.stream_elapsed_s = float(state.get("stream_elapsed_s", 0.0))
+        self.stop_offsets = _int_keys(state.get("stop_offsets"))
 
 
 @dataclass

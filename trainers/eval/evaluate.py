@@ -32,12 +32,14 @@ from trainers.data.rows import RowLayout, Rows
 from trainers.data.units import Opener, WorkUnit
 from trainers.eval.baselines import Baselines
 from trainers.eval.judge import judge, load_champion
+from trainers.eval.new_ids import evaluate_id_tables
 from trainers.eval.online import StreamEvaluator
 from trainers.eval.prequential import gather_columns, judge_columns, progress, windows
 from trainers.eval.scoring import Gather, gathered, score, score_everywhere, user_groups
 from trainers.eval.sets import StreamSets, holdout_before_t, validation_rows
 from trainers.eval.truth import GeneratorTruth
 from trainers.models import build_model
+from trainers.parallel.dist import Dist
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ class EvalResult:
     """Rank 0's judgement (None on the other ranks)."""
     scored: list[tuple[Rows, str]]
     """This rank's rows of each end-of-run set (for the ids of `evaluated/`)."""
+    id_tables: dict[str, Any]
+    """metrics.json's `id_tables` (`trainers.eval.new_ids`; {} without a managed table)."""
 
 
 def _us(t: datetime) -> int:
@@ -106,8 +110,10 @@ def evaluation_sets(x: EvalInputs, rank: int, world: int) -> dict[str, Rows]:
     return out
 
 
-def evaluate(x: EvalInputs, gather: Gather, rank: int, world: int, device: torch.device) -> EvalResult:
+def evaluate(x: EvalInputs, d: Dist) -> EvalResult:
     """Collective: every evaluation set scored and gathered; rank 0 judges."""
+    gather: Gather = d.gather
+    rank, world, device = d.rank, d.world, d.device
     spec = x.plan.spec
     sets = evaluation_sets(x, rank, world)
     batch_only = _batch_only(x, device)
@@ -117,6 +123,7 @@ def evaluate(x: EvalInputs, gather: Gather, rank: int, world: int, device: torch
     views, clicks = x.baselines.popularity_counts()
     pop = x.baselines.popularity
     judged: dict[str, EvalSet] = {}
+    after_t: dict[str, np.ndarray] = {}
     for name, rows in sets.items():
         probs: dict[str, np.ndarray | None] = {
             "model": score_everywhere(gather, x.model, rows, device),
@@ -128,12 +135,19 @@ def evaluate(x: EvalInputs, gather: Gather, rank: int, world: int, device: torch
         }
         given = {k: v for k, v in probs.items() if v is not None}
         cols = gathered(gather, rows.label.astype(np.float64), user_groups(rows, spec), *given.values())
+        if name == "holdout_after_t":  # the new ids' scores (managed tables) are on these rows
+            after_t = {"label": cols[0], "user": cols[1], **dict(zip(given, cols[2:], strict=True))}
         if rank == 0 and len(cols[0]):
             judged[name] = judge(cols[0], cols[1], dict(zip(given, cols[2:], strict=True)))
     pre = gather_columns(gather, x.online.scores.columns())
     seen = int(sum(gather(x.online.scores.seen)))
+    empty = np.zeros(0)
+    id_tables = evaluate_id_tables(
+        spec, x.model, batch_only, sets.get("holdout_after_t", Rows.empty(RowLayout.from_spec(spec))),
+        after_t.get("label", empty), after_t.get("model", empty), after_t.get("batch_only"), after_t.get("user", empty),
+        x.units, x.open_file, (_us(x.plan.window_start), _us(x.plan.t_handoff)), d)
     if rank != 0:
-        return EvalResult(None, list((r, n) for n, r in sets.items()))
+        return EvalResult(None, list((r, n) for n, r in sets.items()), {})
     ev = Evaluation.model_validate({
         **judged, "champion_run_id": champ_id, "champion_note": note or None,
         "truth_note": f"the generator's p_true ({truth.source})" if truth is not None else None,
@@ -144,7 +158,7 @@ def evaluate(x: EvalInputs, gather: Gather, rank: int, world: int, device: torch
         ev.prequential_progress = progress(pre)
     if x.sharded and x.state.handoff_offsets:
         log.info("prequential: the batch-only model is not scored per step with sharded tables (it is at the end)")
-    return EvalResult(ev, list((r, n) for n, r in sets.items()))
+    return EvalResult(ev, list((r, n) for n, r in sets.items()), id_tables.get("id_tables", {}))
 
 
 def headline(ev: Evaluation) -> str | None:

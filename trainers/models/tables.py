@@ -11,45 +11,59 @@ is that row, an empty history is zeros.
 The tables' gradients are sparse (the rows a batch touched): see `trainers.step` for how they
 travel between ranks and which optimizer applies them.
 
-Ids are taken modulo their table's rows here, per feature in one tensor op, so ids from any id
-space fit whatever size the spec gives a table.
+Ids of a hashed table are taken modulo its rows here, per feature in one tensor op, so ids from
+any id space fit whatever size the spec gives a table. Ids of a managed table (`table: managed`)
+are looked up in its id -> row map (`trainers.models.managed`), which is part of the model: a
+scored or exported model maps ids exactly as training did.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
 
 from slipstream.samples.spec import Spec
 from trainers.data.rows import Features
+from trainers.models.managed import ManagedIds
 
 MIN_SHARDED_DIM = 4
 """FBGEMM's kernels need a sharded table's width (each column shard's) divisible by 4."""
 
 
 def table_sizes(spec: Spec, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Rows of each embedding table: the spec's `buckets`, or `model.buckets` where it names the
-    feature (an experiment, a benchmark with a large table). Lists that share a table have none."""
+    """Rows of each embedding table: the spec's `buckets` (a managed table's `rows`), or
+    `model.buckets` where it names the feature (an experiment, a benchmark with a large table).
+    Lists that share a table have none."""
     sizes = {}
     for f in spec.features:
         if f.is_sparse or (f.is_list and f.shares is None):
-            sizes[f.name] = int((overrides or {}).get(f.name) or f.buckets or 1)
+            sizes[f.name] = int((overrides or {}).get(f.name) or f.table_rows or 1)
     return sizes
 
 
-def sparse_kjt(x: Features, keys: list[str], sizes: torch.Tensor) -> KeyedJaggedTensor:
+def sparse_kjt(x: Features, keys: list[str], sizes: torch.Tensor, managed: ManagedIds | None = None) -> KeyedJaggedTensor:
     """The rows' sparse features as one jagged tensor, key by key (`keys`: the single-valued
     features, then the lists, as `RowLayout` orders them), each id modulo its table's rows
-    (`sizes`, one per key). A handful of tensor ops per batch, none per row."""
+    (`sizes`, one per key), or its row in the map of a `managed` table. A handful of tensor ops
+    per batch, none per row."""
     n = x.sparse.shape[0]
     k = x.sparse.shape[1]
-    values = [torch.remainder(x.sparse, sizes[:k]).t().reshape(-1)]
+    rows = torch.remainder(x.sparse, sizes[:k])
+    for j, key in enumerate(keys[:k]):
+        if managed and key in managed.table_of:
+            rows[:, j] = managed.map(managed.table_of[key]).lookup(x.sparse[:, j])
+    values = [rows.t().reshape(-1)]
     lengths = [torch.ones(n * k, dtype=torch.int64, device=x.sparse.device)]
     for j, (v, starts) in enumerate(zip(x.list_values, x.list_offsets)):
-        values.append(torch.remainder(v, sizes[k + j]))
+        key = keys[k + j]
+        if managed and key in managed.table_of:
+            values.append(managed.map(managed.table_of[key]).lookup(v))
+        else:
+            values.append(torch.remainder(v, sizes[k + j]))
         ends = torch.cat([starts[1:], torch.tensor([v.shape[0]], dtype=starts.dtype, device=starts.device)])
         lengths.append(ends - starts)
     return KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths), stride=n)
@@ -83,6 +97,8 @@ class SpecTables(nn.Module):
                 bag.sparse = True
         self.register_buffer("_key_sizes", torch.tensor([self.sizes[table_of[k]] for k in self.keys], dtype=torch.int64),
                              persistent=False)
+        self.managed = ManagedIds(spec, self.sizes)
+        """The id -> row maps of the managed tables (buffers: saved and exported with the weights)."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -97,7 +113,13 @@ class SpecTables(nn.Module):
         return [self.vectors] + ([self.biases] if self.biases is not None else [])
 
     def kjt(self, x: Features) -> KeyedJaggedTensor:
-        return sparse_kjt(x, self.keys, self._key_sizes)
+        return sparse_kjt(x, self.keys, self._key_sizes, self.managed)
+
+    def table_ids(self, sparse: np.ndarray) -> dict[str, np.ndarray]:
+        """Each managed table's ids in these rows (`Rows.sparse`): its own feature's values, the
+        occurrences the step observes before the forward. (Lists and sequences that share the
+        table look its map up but add no occurrences: a history repeats earlier events.)"""
+        return {t: sparse[:, self.sparse_names.index(t)] for t in self.managed.maps}
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         """Each feature's pooled vector, (n, embed_dim), by feature name."""

@@ -77,6 +77,8 @@ class ProgressLog:
     def __init__(self, logger: MetricsLogger, every: int) -> None:
         self.logger, self.every = logger, every
         self._last = (time.monotonic(), 0, 0.0, 0.0)  # when, trained_global, train_s, wait_s
+        self.logged_step = -1
+        """The step of the last line written."""
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -92,6 +94,7 @@ class ProgressLog:
             **values,
         })
         self._last = (now, trained_global, train_s, wait_s)
+        self.logged_step = step
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -5,7 +5,8 @@ rank-R-step-N.parquet`) just before the checkpoint commits; a resume deletes par
 the checkpoint it resumes from. So the parts always describe exactly the committed progress,
 and at the end of a run rank 0 merges them into `audit/rank-R.parquet` (the run-layout contract).
 Replayed rows (the priority mix) are training repeats by design and are not audited; records sent
-to the dead-letter topic are, as source `dead_letter` (so a rejected record is not a lost one).
+to the dead-letter topic are, as source `dead_letter`, or `duplicate` for a sample id already
+admitted (so a rejected record is not a lost one).
 
 The same writer keeps the ids every evaluation scored, in `evaluated/` (`add_scored`: source = the
 evaluation set, step = the optimizer steps the scoring model had taken), and the replayed ids (source
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainers.checkpoint.store import writing
 from trainers.data.rows import SOURCE_ICEBERG, SOURCE_KAFKA, Rows
 
 log = logging.getLogger(__name__)
@@ -66,15 +68,16 @@ class AuditWriter:
             return
         self._pending.append(_table(rows, what, step))
 
-    def add_dead_letters(self, letters: list[tuple[int, int, str]], step: int) -> None:
+    def add_dead_letters(self, letters: list[tuple[int, int, str]], step: int, source: str = "dead_letter") -> None:
         """Records sent to the dead-letter topic, (partition, offset, sample id or ""): audited as
-        source `dead_letter`, so the report counts them as rejected, not as lost."""
+        `source` (`dead_letter`, or `duplicate` for a sample id admitted before), so the report
+        counts them as rejected, not as lost."""
         if not letters:
             return
         parts, offsets, ids = zip(*letters)
         n = len(letters)
         self._pending.append(pa.table({
-            "sample_id": pa.array(ids, pa.string()), "source": pa.array(["dead_letter"] * n, pa.string()),
+            "sample_id": pa.array(ids, pa.string()), "source": pa.array([source] * n, pa.string()),
             "epoch": pa.array(np.zeros(n, np.int32)), "partition": pa.array(parts, pa.int32()),
             "offset": pa.array(offsets, pa.int64()), "step": pa.array(np.full(n, step, dtype=np.int64)),
         }, schema=AUDIT_SCHEMA))
@@ -83,12 +86,13 @@ class AuditWriter:
         """Write what was trained since the last checkpoint (call right before committing `step`)."""
         if not self._pending:  # nothing trained since the last checkpoint (same step re-committed)
             return
-        self.parts.mkdir(parents=True, exist_ok=True)
         table = pa.concat_tables(self._pending)
         path = self.parts / f"rank-{self.rank}-step-{step:09d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(table, tmp)
-        tmp.replace(path)
+        with writing(tmp):  # a full disk's error names the file
+            self.parts.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, tmp)
+            tmp.replace(path)
         self._pending = []
 
 

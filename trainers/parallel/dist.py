@@ -1,7 +1,8 @@
 """Process group, device and the few collectives the trainer needs.
 
 Launched by torchrun the job reads RANK/WORLD_SIZE/LOCAL_RANK from the environment and joins a
-process group: NCCL when it trains on CUDA, gloo on CPU. Started as a plain `python -m
+process group: NCCL when it trains on CUDA, gloo on CPU. When rank 0 hosts the group's store on a
+loopback MASTER_ADDR (trainers.launch turns the agents' shared store off), it listens there only. Started as a plain `python -m
 trainers.train` it is a world of one and every collective is the identity, so tests and
 benchmarks run the same code without a launcher.
 """
@@ -13,6 +14,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -21,9 +24,13 @@ import torch
 import torch.distributed as dist
 
 from slipstream.errors import ConfigError
-from slipstream.processes import usable_cpus
+from slipstream.processes import pid_alive, usable_cpus
+from trainers.parallel.loopback import host_store, is_loopback
 
 log = logging.getLogger(__name__)
+
+LAUNCHER_PID_ENV = "SLIPSTREAM_LAUNCHER_PID"
+"""Set by trainers.launch for its workers: the launcher whose death ends them."""
 
 
 @dataclass
@@ -137,9 +144,16 @@ def die_with_launcher() -> None:
 
     torchrun starts workers in their own sessions, so a `kill -9` of the launcher (an OOM kill,
     a preempted node agent) would otherwise leave workers training on, unsupervised, racing a
-    restarted run for the same checkpoint folder. Linux only; elsewhere a no-op."""
+    restarted run for the same checkpoint folder. Linux only; elsewhere a no-op.
+
+    A worker forked by trainers.launch's forkserver has that server as its parent, and the server
+    lives on while any worker does (each holds its keep-alive pipe): there a thread watches the
+    launcher itself (`SLIPSTREAM_LAUNCHER_PID`) and SIGKILLs the worker once it is gone."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+    if launcher and launcher != os.getppid():
+        threading.Thread(target=_die_after, args=(launcher,), name="launcher-watch", daemon=True).start()
     try:
         import ctypes
 
@@ -151,6 +165,13 @@ def die_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher died before the guard was armed
         os._exit(1)
+
+
+def _die_after(pid: int, interval_s: float = 0.5) -> None:
+    while pid_alive(pid):
+        time.sleep(interval_s)
+    log.error("the launcher (pid %d) is gone: this worker stops at once", pid)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rank_cpus(cpus: list[int], local_rank: int, local_world: int) -> list[int]:
@@ -183,6 +204,17 @@ def bind_rank_cpus() -> list[int] | None:
     return mine
 
 
+def loopback_group_store(rank: int, world: int, timeout: timedelta) -> dist.Store | None:
+    """The process group's store when rank 0 hosts it (torchrun without the agents' shared store) on
+    a loopback MASTER_ADDR: listening on that address only. None: torch's own env:// rendezvous."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or not port or not is_loopback(addr):
+        return None
+    if rank == 0:
+        return host_store(addr, int(port), world, timeout)
+    return dist.TCPStore(addr, int(port), world, False, timeout)
+
+
 def init_distributed(device_choice: str, timeout_s: float = 600.0, cpu_affinity: str = "none") -> Dist:
     die_with_launcher()
     if cpu_affinity == "per_rank":
@@ -196,6 +228,9 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0, cpu_affinity:
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
         if backend == "nccl":
             kwargs["device_id"] = device
+        store = loopback_group_store(rank, world, timedelta(seconds=timeout_s))
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world)
         dist.init_process_group(**kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, device)
     return Dist(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
-from trainers.observe.sample_audit import AuditWriter, drop_uncommitted, read_audit
 from trainers.checkpoint.store import Checkpointer
 from trainers.data.rows import Rows
+from trainers.observe.sample_audit import AuditWriter, drop_uncommitted, read_audit
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import torch
 
 from slipstream.errors import ResumeError
 from trainers.checkpoint import store as checkpoint_module
-from trainers.checkpoint.store import Checkpointer
 from trainers.checkpoint.statefile import decode_state, encode_state
+from trainers.checkpoint.store import Checkpointer
 
 
 class Crash(BaseException):
@@ -24,13 +24,15 @@ class Crash(BaseException):
 
 
 def _model(step: int) -> dict[str, Any]:
-    return {"model": {"w": torch.full((4, 3), float(step))}, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]},
+    return {"model": {"w": torch.full((4, 3), float(step))},
+            "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]},
             "scaler": {}, "step": step}
 
 
 def _data(tag: int) -> dict[str, Any]:
     rng = np.random.default_rng(tag)
-    return {"positions": {0: tag, 3: 2 * tag}, "rng": rng.bit_generator.state, "rows": {"label": np.arange(tag, dtype=np.float32)}}
+    return {"positions": {0: tag, 3: 2 * tag}, "rng": rng.bit_generator.state,
+            "rows": {"label": np.arange(tag, dtype=np.float32)}}
 
 
 def _meta(step: int, phase: str, t: float = 0.0) -> dict[str, Any]:
@@ -71,9 +73,9 @@ def test_a_crash_at_any_point_of_a_re_save_leaves_a_complete_checkpoint(tmp_path
     for k in range(n_calls + 1):
         root = tmp_path / f"crash-{k}"
         _save(Checkpointer(root, 0, lambda: None), 7, "batch", 1)
-        seen = []
+        seen: list[Any] = []
 
-        def crash_at_k(real: Any) -> Any:
+        def crash_at_k(real: Any, k: int = k, seen: list[Any] = seen) -> Any:
             def op(*a: Any, **kw: Any) -> Any:
                 seen.append(a)
                 if len(seen) == k + 1:
@@ -162,10 +164,49 @@ def test_files_that_would_run_code_are_refused(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(ResumeError, match="could run code"):
         Checkpointer.load_model(path)
     (path / "data-rank-0.npz").write_bytes(pickle.dumps(_Payload()))
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="pickled"):
         Checkpointer.load_data(path, 0)
     assert not (tmp_path / "ran").exists()
     # a checkpoint of the old format (pickled data state) is refused with what to do
     (path / "data-rank-0.npz").rename(path / "data-rank-0.pt")
     with pytest.raises(ResumeError, match="new run.run_id"):
         Checkpointer.load_data(path, 0)
+
+
+def test_a_save_that_did_not_finish_leaves_nothing_once_the_run_starts_again(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ckpt"
+    _save(Checkpointer(root, 0, lambda: None), 3, "batch", 1)
+    ck = Checkpointer(root, 0, lambda: None)
+
+    def crash(*a: Any, **k: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(ck, "_publish", crash)
+    with pytest.raises(Crash):
+        _save(ck, 4, "batch", 2)  # killed after writing step-4.tmp, before its rename
+    monkeypatch.undo()
+    (root / "latest.tmp").write_text("step-000000004")  # and a pointer update cut short
+    assert (root / "step-000000004.tmp").is_dir()
+    Checkpointer(root, 0, lambda: None)  # the next start (rank 0)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000000003"]
+    assert _loaded(root)[:2] == ("batch", 3)
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path: Path) -> None:
+    from slipstream.errors import RunFolderWriteError
+    from trainers.checkpoint.store import atomic_write_text
+    from trainers.observe.sample_audit import AuditWriter
+
+    target = tmp_path / "latest"
+    (tmp_path / "latest.tmp").symlink_to("/dev/full")  # Linux: every write there fails with ENOSPC
+    with pytest.raises(RunFolderWriteError, match=rf"cannot write {tmp_path}/latest.tmp: No space left on device\. "
+                                                  rf"Free space on the disk of {tmp_path}"):
+        atomic_write_text(target, "step-000000001")
+    audit = AuditWriter(tmp_path / "audit", rank=0)
+    (tmp_path / "audit" / "parts").mkdir(parents=True)
+    part = tmp_path / "audit" / "parts" / "rank-0-step-000000005.parquet.tmp"
+    part.symlink_to("/dev/full")
+    audit.add_dead_letters([(0, 1, "s1")], step=5)
+    with pytest.raises(RunFolderWriteError, match=rf"cannot write {part}: "):
+        audit.write_part(5)

@@ -14,8 +14,9 @@ from slipstream.pipeline.request import TrainRequest
 from slipstream.pipeline.runplan import plan_request, write_plan
 from tests.trainer_fixtures import SamplesFixture, make_samples, training_ids
 
-SMALL = ("model.buckets.user_id=2003", "model.buckets.item_id=1009", "model.buckets.device_hash=101", "model.buckets.country_hash=101", "model.buckets.category_hash=101", "model.embed_dim=8",
-         "model.bottom_mlp=[16]", "model.top_mlp=[16]", "run.tensorboard=false", "data.shuffle_buffer=600")
+SMALL = ("model.buckets.user_id=2003", "model.buckets.item_id=1009", "model.buckets.device_hash=101",
+         "model.buckets.country_hash=101", "model.buckets.category_hash=101", "model.embed_dim=8", "model.bottom_mlp=[16]",
+         "model.top_mlp=[16]", "run.tensorboard=false", "data.shuffle_buffer=600")
 
 
 @pytest.fixture

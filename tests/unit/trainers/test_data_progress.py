@@ -95,21 +95,6 @@ def test_pieces_refuse_a_state_they_cannot_honour(table: pa.Table) -> None:
         back.load_state_dict({**st.state_dict(), "phase": "warmup"})
 
 
-def test_the_kafka_source_refuses_positions_without_its_partitions() -> None:
-    from trainers.data.kafka_source import KafkaSource
-
-    src = KafkaSource(bootstrap="127.0.0.1:9", topic="t", dlq_topic="t.dlq", partitions=[0, 1], positions={0: 5, 1: 7},
-                      t_handoff_us=0, consume_batch=10, consume_timeout_s=0.1, lag_interval_s=1.0, group="g")
-    try:
-        assert src.state_dict()["positions"] == {0: 5, 1: 7}
-        src.load_state_dict({"version": 1, "positions": {"0": 9, "1": 11, "2": 3}})
-        assert src.positions == {0: 9, 1: 11}
-        with pytest.raises(ResumeError, match=r"no offset for partition\(s\) \[1\] of t"):
-            src.load_state_dict({"version": 1, "positions": {0: 9}})
-    finally:
-        src.consumer.close()
-
-
 def test_replay_samples_of_every_old_rank_are_kept_once_on_another_world_size(table: pa.Table) -> None:
     rows = Rows.from_arrow(table, source=0)
     old = []
