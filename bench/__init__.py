@@ -33,6 +33,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "against dense data parallelism; managed against hashed id tables on a long-tailed stream",
               ("--rows", "20000", "--batch", "64", "--steps", "2", "--lt-rows", "200", "--lt-before", "6000",
                "--lt-after", "2000", "--map-rows", "2000", "--map-ids", "256", "--map-steps", "6")),
+    Benchmark("freshness", "a model refreshed every minute, hour and day on the same drifting stream rows (prequential "
+              "AUC with intervals), and event-to-exported-model latency of a continuous trainer on a live topic",
+              ("--days", "2", "--per-day", "2000", "--stream-minutes", "60", "--epochs", "1", "--live-seconds", "15",
+               "--rate", "50", "--export-every-s", "3")),
     Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "
               "and outage worlds, against fixed thresholds and quantile bounds",
               ("--days", "16", "--events", "300", "--specs", "synthetic", "--no-bursty-drift")),
@@ -40,7 +44,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--impressions", "2000", "--rate", "500", "--seconds", "2")),
     Benchmark("loader", "the batch-phase loader's samples/s against a raw read and a naive loader",
               ("--days", "2", "--per-day", "4000", "--row-group-rows", "2000", "--repeat", "1", "--naive-rows", "1000")),
-    Benchmark("model_quality", "held-out AUC of the trainer next to the generator's best and the baselines",
+    Benchmark("model_quality", "the trainer's prequential and forward-tail AUC (rows, intervals) next to its baselines, "
+              "the batch-only model and the generator's best",
               ("--scenario", "stationary", "--days", "2", "--per-day", "3000", "--epochs", "1")),
     Benchmark("preprocess", "the Spark preprocessing job's rows/s against an I/O floor in the same session",
               ("--impressions", "3000", "--scale", "2")),

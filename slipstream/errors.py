@@ -93,6 +93,11 @@ class PlanError(ConfigError):
     it describes; the message names the file and the key."""
 
 
+class MetricsContractError(SlipstreamError):
+    """A run's metrics.json does not fit its contract (`slipstream.pipeline.run_metrics`): a key of
+    the wrong type, or one the contract does not declare."""
+
+
 class DatasetMismatch(ConfigError):
     """A data set's spec does not match the table, raw zone or folder it was pointed at (another
     data set's); the message says which spec, which table or folder, and which setting to change."""

@@ -39,26 +39,25 @@ def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def write_run(runs_dir: Path, run_id: str, auc: float | None, *, baseline: float = 0.5,
-              champion: tuple[str, float] | None = None, rows: int = 1000) -> Path:
+              champion: tuple[str, float] | None = None, rows: int = 1000, half_width: float = 0.01) -> Path:
     """A finished run folder as the trainer leaves it (for registry tests that need no training):
-    `auc` on `rows` held-out rows after T, its logistic baseline's AUC on them, and `champion`:
-    the champion's (run id, AUC) re-scored on the same rows."""
+    `auc` on `rows` forward-tail rows after T, its logistic baseline's AUC on them (each difference
+    with an interval of ± `half_width`), and `champion`: the champion's (run id, AUC) re-scored on the same rows."""
     run = runs_dir / run_id
     (run / "export").mkdir(parents=True, exist_ok=True)
     (run / "export" / "model.pt").write_bytes(b"weights-" + run_id.encode())
     (run / "export" / "model.json").write_text(json.dumps({"schema_version": 1}))
     (run / "config.json").write_text("{}")
-    metrics: dict[str, Any] = {
-        "run_id": run_id, "snapshot_id": 42, "t_handoff": T_HANDOFF.isoformat(),
-        "handoff_offsets": {"0": 1}, "final_offsets": {"0": 9}, "logloss": 0.4,
-        "samples_iceberg": 10, "samples_kafka": 2,
-    }
+    from tests.metrics_fixtures import run_metrics, scored_set
+
+    tail = None
     if auc is not None:
-        metrics.update(auc=auc, auc_after_t=auc, eval_rows_after_t=rows, baseline_auc_after_t=baseline,
-                       auc_diff_vs_baseline_ci=[auc - baseline - 0.01, auc - baseline + 0.01])
-    if champion is not None:
-        metrics.update(champion_run_id=champion[0], champion_auc_after_t=champion[1])
-    (run / "metrics.json").write_text(json.dumps(metrics))
+        tail = scored_set(auc, baseline=baseline, rows=rows, champion=champion[1] if champion is not None else None,
+                          half_width=half_width)
+    metrics = run_metrics(run_id, forward_tail=tail, champion_run_id=champion[0] if champion is not None else None,
+                          snapshot_id=42, t_handoff=T_HANDOFF, handoff_offsets={"0": 1}, final_offsets={"0": 9},
+                          samples_iceberg=10, samples_kafka=2)
+    (run / "metrics.json").write_text(metrics.to_json())
     return run
 
 

@@ -5,7 +5,8 @@ It honours the trainer's command-line contract (`--plan P`, `--config F`, `--set
 the plan's ids, snapshot, T, cache folder and knobs first, then the `--set` pairs), really runs
 under torchrun (a gloo process group, one all_reduce across ranks) and writes the run layout
 (docs/trainer.md, Run layout) from rank 0. `--set standin.sleep_s=N` makes it wait (to test killing it);
-`--set standin.auc=X` sets the AUC it reports (after T; its baseline's is 0.6); `--set standin.fail=true` exits 3.
+`--set standin.auc=X` sets the AUC it reports (on the forward tail; its baseline's is 0.6, each difference
+±0.01); `--set standin.fail=true` exits 3.
 """
 
 from __future__ import annotations
@@ -62,19 +63,18 @@ def main() -> int:
         torch.save({"w": torch.zeros(3)}, run / "export" / "model.pt")
         (run / "export" / "model.json").write_text(json.dumps({"schema_version": 1, "config": cfg}))
         (run / "config.json").write_text(json.dumps(cfg, indent=2))
-        metrics = {
-            "run_id": run_id, "snapshot_id": int(cfg.get("data.snapshot_id", 0)),
-            "t_handoff": cfg.get("data.t_handoff"), "window_start": None,
-            "samples_iceberg": 100, "samples_kafka": 10, "dropped_before_t": 0, "dead_letters": 0,
-            "handoff_offsets": {"0": 5}, "final_offsets": {"0": 15},
-            # judged like a real run: scores on rows after T, and its baseline's on the same rows
-            "auc": float(cfg.get("standin.auc", 0.75)), "logloss": 0.5,
-            "auc_after_t": float(cfg.get("standin.auc", 0.75)), "eval_rows_after_t": 200, "baseline_auc_after_t": 0.6,
-            "auc_on": "after_t",
-            "samples_per_s": 1000.0, "data_wait_share": 0.1, "world_size": world, "rank_sum": float(t.item()),
-            "checkpoint": str(run / "checkpoint" / "step-1"),
-        }
-        (run / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        from tests.metrics_fixtures import run_metrics, scored_set
+
+        # judged like a real run: scores on the forward tail after T, its baseline's on the same rows
+        metrics = run_metrics(
+            run_id, forward_tail=scored_set(float(cfg.get("standin.auc", 0.75)), baseline=0.6, rows=200, users=80),
+            snapshot_id=int(cfg.get("data.snapshot_id", 0)), t_handoff=cfg.get("data.t_handoff"),
+            samples_iceberg=100, samples_kafka=10, dropped_before_t=0, dead_letters=0,
+            handoff_offsets={"0": 5}, final_offsets={"0": 15}, samples_per_s=1000.0, data_wait_share=0.1,
+            world_size=world, checkpoint=str(run / "checkpoint" / "step-1"),
+        )
+        (run / "metrics.json").write_text(metrics.to_json())
+        (run / "standin.json").write_text(json.dumps({"rank_sum": float(t.item())}))  # both ranks took part
     dist.destroy_process_group()
     return 0
 

@@ -18,6 +18,7 @@ from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.lake.iceberg import samples_table
 from slipstream.samples.schema import ARROW_SCHEMA, is_holdout
 from slipstream.samples.schema import DEFAULT_SPEC as SPEC
+from tests.metrics_fixtures import run_metrics, scored_set
 
 START = date(2026, 11, 1)
 DAYS = 8
@@ -102,17 +103,16 @@ def write_fake_run(
                                    audit.num_rows // world_size if r < world_size - 1 else None), run / "audit" / f"rank-{r}.parquet")
     starts = sorted(window)
     newest = pc.max(batch.column("event_time")).as_py() if stream is None else pc.max(stream.column("event_time")).as_py()
-    metrics = {
-        "run_id": run_id, "snapshot_id": snapshot_id, "t_handoff": t_handoff.isoformat(),
-        "window_start": datetime.fromisoformat(starts[0]).replace(tzinfo=timezone.utc).isoformat(),
-        "samples_iceberg": int(batch.num_rows), "samples_kafka": kafka_rows, "dropped_before_t": 0,
-        "dead_letters": 0, "handoff_offsets": {str(k): v for k, v in (handoff_offsets or {}).items()},
-        "final_offsets": {str(k): v for k, v in (final_offsets or {}).items()},
-        "auc": 0.71, "logloss": 0.45, "auc_after_t": 0.70, "best_auc": 0.74, "samples_per_s": 52000.0,
-        "data_wait_share": 0.08, "newest_event_time": newest.isoformat(), "kafka_lag_at_stop": 12,
-        "checkpoint": str(run / "checkpoint" / "step-100"),
-    }
-    (run / "metrics.json").write_text(json.dumps(metrics))
+    metrics = run_metrics(
+        run_id, forward_tail=scored_set(0.70, baseline=0.66), snapshot_id=snapshot_id, t_handoff=t_handoff,
+        window_start=datetime.fromisoformat(starts[0]).replace(tzinfo=timezone.utc),
+        samples_iceberg=int(batch.num_rows), samples_kafka=kafka_rows, dropped_before_t=0, dead_letters=0,
+        handoff_offsets={str(k): v for k, v in (handoff_offsets or {}).items()},
+        final_offsets={str(k): v for k, v in (final_offsets or {}).items()},
+        samples_per_s=52000.0, data_wait_share=0.08, newest_event_time=newest, kafka_lag_at_stop=12,
+        checkpoint=str(run / "checkpoint" / "step-100"),
+    )
+    (run / "metrics.json").write_text(metrics.to_json())
     with (run / "metrics.jsonl").open("w") as f:
         for s in range(5):
             f.write(json.dumps({"step": s * 20, "loss": 0.6 - 0.03 * s, "auc": 0.6 + 0.02 * s, "samples_per_s": 50000}) + "\n")

@@ -148,7 +148,10 @@ def train_config(fx: SamplesFixture, *, run_id: str, bootstrap: str, topic: str,
         "data": {"snapshot_id": fx.snapshot_id, "t_handoff": fx.t_handoff.isoformat(), "window_days": window_days, "epochs": 1,
                  "bootstrap": bootstrap, "topic": topic, "dlq_topic": dlq_topic, "batch_size": 128,
                  "shuffle_buffer": 1500, "stream_shuffle_buffer": 64, "replay_share": 0.25,
-                 "max_lateness_s": fx.gen.max_lateness_s, "stop": {"mode": "caught_up", "timeout_s": 60}},
+                 "max_lateness_s": fx.gen.max_lateness_s, "stop": {"mode": "caught_up", "timeout_s": 60},
+                 # the tests of the mechanics (exactly once, resume) train the whole stream; the forward
+                 # tail (the trainer's default 0.2) has tests of its own (test_trainer_honest_evaluation)
+                 "forward_tail_share": 0.0},
         "model": {"buckets": {"user_id": 2003, "item_id": 1009, "device_hash": 101, "country_hash": 101, "category_hash": 101}, "embed_dim": 8,
                   "bottom_mlp": [16], "top_mlp": [16]},
         "run": {"run_id": run_id, "checkpoint_every_steps": 10, "log_every_steps": 5, "tensorboard": True},

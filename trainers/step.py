@@ -24,16 +24,17 @@ import torch.nn.functional as F
 
 from slipstream.samples.spec import Spec
 from trainers.config.schema import TrainConfig
-from trainers.parallel.dist import Dist
+from trainers.data.rows import SOURCE_REPLAY, Features, Rows
 from trainers.eval.baselines import Baselines
-from trainers.optim.drift_gauge import KINDS, DriftGauge
-from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
+from trainers.eval.online import StreamEvaluator, row_logloss
 from trainers.models import build_model
 from trainers.models.fresh_rows import restart_sharded, restart_whole
+from trainers.optim.drift_gauge import KINDS, DriftGauge
+from trainers.optim.groups import build_optimizer, densify_grads, phase_lrs, set_lrs, sharded_optimizer
 from trainers.optim.known_users import KnownUsers
-from trainers.data.rows import SOURCE_REPLAY, Features, Rows
-from trainers.parallel.sharding import gather_state, local_tensors, shard_model
+from trainers.parallel.dist import Dist
 from trainers.parallel.grad_exchange import SparseGradExchange, data_parallel
+from trainers.parallel.sharding import gather_state, local_tensors, shard_model
 
 
 class Stepper:
@@ -66,14 +67,14 @@ class Stepper:
         self.loss_rows = 0
         """Loss summed over the rows trained since `take_loss` (for the progress log)."""
 
-    def step(self, rows: Rows, batch_size: int, fresh: "np.ndarray | None" = None) -> torch.Tensor:
+    def step(self, rows: Rows, batch_size: int, fresh: np.ndarray | None = None) -> torch.Tensor:
         """One optimizer step of the model and one of its logistic baseline on the same rows;
         returns the rows' losses (detached, on the device). `fresh`: the rows not replayed."""
         taken = self.step_if_any(rows, batch_size, [1], fresh, agreed=True)  # [1]: taken, whatever the rows
         assert taken is not None
         return taken[0]
 
-    def step_if_any(self, rows: Rows, batch_size: int, control: list[float], fresh: "np.ndarray | None" = None,
+    def step_if_any(self, rows: Rows, batch_size: int, control: list[float], fresh: np.ndarray | None = None,
                     *, agreed: bool = False) -> tuple[torch.Tensor, list[float]] | None:
         """Collective: `control` (this rank's row count first, then other small whole numbers)
         summed over ranks, and the step on `rows` when any rank has a row (None when none has: no
@@ -113,6 +114,25 @@ class Stepper:
             self.loss_rows += len(rows)
         self.baselines.apply(rows, fresh)
         return losses.detach(), totals
+
+    def test_then_train(self, fresh: Rows, replay: Rows, reference: Rows | None, online: StreamEvaluator,
+                        passes: int, step: int = 0) -> None:
+        """Collective, one stream step: the fresh rows scored by the model as it is (and by the
+        baselines, `trainers.eval.online`), then one step on the fresh and replayed rows. The drift
+        gauge compares the fresh rows' losses (scored before the step) with the `reference` rows'
+        (rows before T no model trains on, scored in the same forward pass); without a reference,
+        with the replayed rows' losses in the step."""
+        p_fresh, p_ref = online.score_step(self.model, self.baselines, fresh, reference if reference is not None
+                                           else fresh.slice(0, 0), passes, step)
+        rows = Rows.concat([fresh, replay]) if len(replay) else fresh
+        losses = self.step(rows, self.cfg.data.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
+        if not self.adaptive:
+            return
+        fresh_loss = row_logloss(fresh.label, p_fresh)
+        if reference is not None:
+            self.gauge_drift(fresh, fresh_loss, reference, row_logloss(reference.label, p_ref))
+        else:
+            self.gauge_drift(fresh, fresh_loss, replay, losses[len(fresh):].float().cpu().numpy())
 
     def observe_ids(self, rows: Rows) -> None:
         """Collective when a table is managed (every rank, every step, rows or none): the step's ids
@@ -157,18 +177,17 @@ class Stepper:
         set_lrs(self.opt, phase_lrs(o.lr, o.stream_lr, dc.batch_size, dc.stream_batch_size, phase, drift),
                 o.table_lr / o.lr if o.table_lr else 1.0)
 
-    def gauge_drift(self, rows: Rows, losses: torch.Tensor) -> None:
-        """Collective (every rank, every stream step): feed the step's fresh and replayed loss sums
-        per kind of row (known users, new users), all ranks together, to the drift gauge and set
-        the next step's rates from it."""
-        replay = rows.source == SOURCE_REPLAY
-        kinds = self.known_users.kinds(rows.sparse)
-        loss = losses.float().cpu().numpy()
+    def gauge_drift(self, fresh: Rows, fresh_loss: np.ndarray, reference: Rows, reference_loss: np.ndarray) -> None:
+        """Collective (every rank, every stream step): feed the step's fresh rows' losses (scored
+        before the step) and the reference rows' (rows before T the model never trained on, or
+        replayed ones) per kind of row (known users, new users), all ranks together, to the drift
+        gauge and set the next step's rates from it."""
+        kf, kr = self.known_users.kinds(fresh.sparse), self.known_users.kinds(reference.sparse)
         sums: list[float] = []
         for k in range(KINDS):
-            f, r = (kinds == k) & ~replay, (kinds == k) & replay
+            f, r = kf == k, kr == k
             # sums over an empty batch are 0: a rank without rows still joins the all-reduce
-            sums += [float(loss[f].sum()), float(f.sum()), float(loss[r].sum()), float(r.sum())]
+            sums += [float(fresh_loss[f].sum()), float(f.sum()), float(reference_loss[r].sum()), float(r.sum())]
         total = self.d.sum(sums)
         self.drift.update_kinds([tuple(total[4 * k:4 * k + 4]) for k in range(KINDS)])  # type: ignore[misc]
         self.set_lr("stream")

@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s; exit %d: run it again to resume", e, EXIT_STOPPED)
         return EXIT_STOPPED
     if rank == 0:
-        keys = ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "auc", "auc_after_t",
-                "auc_after_t_batch_only", "best_auc_after_t", "samples_per_s", "checkpoint")
+        keys = ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters", "auc", "auc_lo", "auc_hi",
+                "auc_rows", "auc_on", "samples_per_s", "checkpoint")
         print(json.dumps({k: summary.get(k) for k in keys}, default=str))
     return 0
 

@@ -9,9 +9,16 @@ an empty batch) and decide together.
 The job is assembled from pieces that each save and restore their own state, registered once in
 a `CheckpointPieces` registry with where each is stored (`trainers.checkpoint.pieces`): the run's
 lineage, counters and positions, the stream profile, the drift gauge and early stopping (meta);
-the model, optimizer and baselines (`Stepper`, model); the batch cursor, the stream shuffle and the
-replay reservoir (data, per rank, re-dealt on another world size). Checkpoint and resume loop over
-the registry. What the run reads comes from its plan (`slipstream.pipeline.runplan`).
+the model, optimizer and baselines (`Stepper`, model); the batch cursor, the stream shuffle, the
+replay reservoir and the prequential scores (data, per rank, re-dealt on another world size).
+Checkpoint and resume loop over the registry. What the run reads comes from its plan
+(`slipstream.pipeline.runplan`).
+
+Score before you learn: the validation days are never trained, replayed or used for the dense
+features' scaling; every stream row is scored by the model as it is before the step that trains
+on it (`trainers.eval.online`); the last part of the stream by event time, the forward tail, is
+never trained and decides promotion (`trainers.data.forward_tail`). The ids every evaluation
+scored go to `evaluated/` next to the audit of what was trained.
 """
 
 from __future__ import annotations
@@ -31,28 +38,34 @@ from slipstream.samples.spec import Spec
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import KafkaAccess, create_topic
-from trainers.data import stream_profile
-from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
 from trainers.checkpoint.pieces import CheckpointPieces
 from trainers.checkpoint.store import Checkpointer, atomic_torch_save
+from trainers.config.plan import RunLineage, plan_for_config
 from trainers.config.schema import TrainConfig
-from trainers.data.iceberg_source import IcebergSource
+from trainers.data import stream_profile
 from trainers.data.dedupe import SampleIdDedupe
 from trainers.data.dense_stats import window_dense_stats
+from trainers.data.forward_tail import plan_forward_tail
+from trainers.data.iceberg_source import IcebergSource
 from trainers.data.kafka_source import KafkaSource, assigned_partitions
 from trainers.data.mixer import ReplayReservoir, StreamShuffle, exchange, replay_count
-from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
-from trainers.parallel.dist import Dist
-from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST, GracefulStop
-from trainers.models.export import export_model
-from trainers.finish import RunOutcome
-from trainers.observe.run_metrics import MetricsLogger, ProgressLog
-from trainers.observe.world_log import WorldLog
-from trainers.config.plan import RunLineage, plan_for_config
-from trainers.data.rows import SOURCE_KAFKA, SOURCE_REPLAY, RowLayout, Rows
 from trainers.data.progress import BatchCursor, RunProgress, Throughput, TrainState
+from trainers.data.rows import SOURCE_KAFKA, RowLayout, Rows
+from trainers.data.units import Opener, WorkUnit, file_opener, plan_units
+from trainers.eval.best_epoch import BestEpoch
+from trainers.eval.online import StreamEvaluator, live_set
+from trainers.eval.sets import validation_rows
+from trainers.eval.validation import EarlyStopping
+from trainers.finish import RunOutcome
+from trainers.models.export import export_model
+from trainers.observe.freshness import FreshnessTracker
+from trainers.observe.run_metrics import MetricsLogger, ProgressLog
+from trainers.observe.sample_audit import AuditWriter, drop_uncommitted
+from trainers.observe.world_log import WorldLog
+from trainers.parallel.dist import Dist
+from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST
+from trainers.parallel.graceful_stop import GracefulStop
 from trainers.step import Stepper
-from trainers.eval.validation import EarlyStopping, best_path, load_best, save_best, scores, validation_rows
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +91,8 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, d.is_main, cfg.run.tensorboard)
         self.progress = ProgressLog(self.metrics, cfg.run.log_every_steps)
         self.audit = AuditWriter(self.run_dir / "audit", d.rank)
+        self.evaluated = AuditWriter(self.run_dir / "evaluated", d.rank)
+        """The ids each evaluation scored (and the replayed ones), with the step of the scoring model."""
         self.worlds = WorldLog(self.run_dir, d.is_main, d.world)
         self.state = TrainState()
         self.tp = Throughput()
@@ -92,13 +107,19 @@ class Trainer:
         self.kafka: KafkaSource | None = None
         self.shuffle = StreamShuffle(cfg.data.stream_shuffle_buffer, cfg.data.seed, d.rank, self.layout, d.world)
         self.t_us = _us(cfg.data.t_handoff)
-        replay_start = self.t_us - int(cfg.data.replay_window_hours * 3600 * 1e6)
-        self.replay = ReplayReservoir(cfg.data.replay_reservoir, replay_start, cfg.data.seed, d.rank, self.layout,
-                                      d.world)
+        # its window ends where the batch phase's training rows end, once the plan is known (`setup`)
+        self.replay = ReplayReservoir(cfg.data.replay_reservoir, self.t_us, cfg.data.seed, d.rank, self.layout,
+                                      d.world, end_us=self.t_us)
+        self.online = StreamEvaluator(spec, d.device, cfg.data.prequential_max_rows, d.rank, d.world, cfg.data.seed,
+                                      self.layout)
+        self.freshness = FreshnessTracker(self.run_dir, d.is_main, cfg.data.seed)
         self.early = EarlyStopping(cfg.data.patience)
+        self.best = BestEpoch(self.early, d, self.run_dir / "checkpoint")
         self.dedupe = SampleIdDedupe(cfg.data.dedupe_horizon_s or cfg.data.max_lateness_s + 3 * spec.label.window_s,
                                      cfg.data.dedupe_max_ids)
         self.val_rows: Rows = Rows.empty(self.layout)
+        self.units: list[WorkUnit] = []
+        """The planned window's work units (set by `setup`)."""
         self._last_ckpt_t = time.monotonic()
         self.pieces = CheckpointPieces()
         """Every piece a checkpoint holds; `lineage` joins them first once `setup` knows the plan."""
@@ -122,6 +143,7 @@ class Trainer:
         add("iceberg", self.batch_cursor, "data")
         add("replay", self.replay, "data")
         add("shuffle", self.shuffle, "data")
+        add("prequential", self.online.scores, "data")
         add("dedupe", self.dedupe, "data")
 
     # --- setup ------------------------------------------------------------------------------
@@ -140,9 +162,16 @@ class Trainer:
             else:
                 check_plan_files(table, plan)
             units = plan_units(plan.window_plan, self.open_file)
-            stats = window_dense_stats(units, self.open_file, self.layout) if any(f.standardize for f in self.spec.dense) else None
+            # scaled by the rows the batch phase trains: never the validation days or the hold-out
+            stats = (window_dense_stats(units, self.open_file, self.layout, start_us=_us(plan.window_start),
+                                        end_us=_us(self._train_end(plan)))
+                     if any(f.standardize for f in self.spec.dense) else None)
             planned = (plan, units, stats)
         self.plan, units, stats = self.d.broadcast(planned)
+        train_end_us = _us(self.train_end())
+        self.replay.start_us = train_end_us - int(dc.replay_window_hours * 3600 * 1e6)
+        self.replay.end_us = train_end_us  # a row of the validation days never enters
+        self.units = units
         self._register_pieces(self._plan())
         if stats is not None:  # a resumed run's checkpoint restores the same numbers with the weights
             self.stepper.set_dense_stats(*(torch.as_tensor(s, dtype=torch.float32) for s in stats))
@@ -168,6 +197,7 @@ class Trainer:
         self.pieces.load_data([self.ckpt.load_data(latest, r) for r in range(int(meta["world"]))])
         if self.d.is_main:
             drop_uncommitted(self.run_dir / "audit", st.step)
+            drop_uncommitted(self.run_dir / "evaluated", st.step)
         self.d.barrier()
         self.stepper.set_lr(st.phase)
         log.info("rank %d resumes %s at step %d (phase %s, epoch %d)", self.d.rank, latest.name, st.step, st.phase, st.epoch)
@@ -184,13 +214,6 @@ class Trainer:
         return self.plan
 
     # --- one optimizer step -----------------------------------------------------------------
-    def train_step(self, rows: Rows, batch_size: int, fresh: Any = None) -> torch.Tensor:
-        """One optimizer step; returns the rows' losses (detached, on the device)."""
-        losses = self.stepper.step(rows, batch_size, fresh)
-        self.state.step += 1
-        self.worlds.stepped(self.state.step)
-        return losses
-
     def train_step_if_any(self, rows: Rows, batch_size: int, control: list[float]) -> list[float] | None:
         """Collective: one optimizer step when any rank has rows; `control` (this rank's row count
         first) summed over ranks, or None when no rank had a row (no step taken)."""
@@ -228,7 +251,10 @@ class Trainer:
     def train_end(self) -> datetime:
         """Where the batch phase's training rows end: T minus the validation days (T itself when
         the window is too short to give any up: then no validation, see `epoch_cap`)."""
-        plan, days = self._plan(), self.cfg.data.validation_days
+        return self._train_end(self._plan())
+
+    def _train_end(self, plan: RunPlan) -> datetime:
+        days = self.cfg.data.validation_days
         if days and days >= plan.window_days:
             if not getattr(self, "_warned_short", False):
                 log.warning("a %d-day window leaves no training day with data.validation_days=%g: no time validation, "
@@ -265,7 +291,8 @@ class Trainer:
         try:
             while st.epoch < self.epoch_cap() and not self.early.stopped:
                 src.start_epoch(st.epoch)
-                replay = not validating and dc.replay_share > 0 and st.epoch == self.epoch_cap() - 1
+                # the reservoir samples trained rows, each once (the first epoch trains them all)
+                replay = dc.replay_share > 0 and st.epoch == 0
                 self.stepper.baselines.count_popularity = st.epoch == 0
                 while True:
                     t0 = time.perf_counter()
@@ -293,63 +320,16 @@ class Trainer:
                         self.checkpoint()
                 src.close()
                 if validating:
-                    self._validate_epoch(st.epoch)
+                    if st.epoch == 0:  # the same rows every epoch: their ids once
+                        self.evaluated.add_scored(self.val_rows, st.step, "validation")
+                    self.best.validate(st.epoch, self.stepper, self.val_rows)
                 st.epoch += 1
                 self.checkpoint()  # an epoch boundary: resumable on any world size
             self._maybe_log(last=True)
         finally:
             src.close()
         if validating:
-            self._restore_best()
-            self.replay.offer(self.val_rows)  # recent rows the model has not trained on
-
-    def _validate_epoch(self, epoch: int) -> None:
-        """Collective: score the model and the logistic baseline on the validation days, keep the
-        better weights (rank 0 writes them), decide whether to stop."""
-        device, b = self.d.device, self.stepper.baselines
-        auc, loss, _, _ = scores(self.d.gather, self.stepper.model, self.val_rows, device)
-        b_auc, b_loss, _, _ = scores(self.d.gather, b.logistic, self.val_rows, device)
-        improved, base_improved = self.early.record(epoch, loss, auc, b_loss, b_auc)
-        ckpt = self.run_dir / "checkpoint"
-        if improved and self.stepper.sharded:  # every rank keeps its own shards
-            save_best(ckpt, epoch, self._best_shards(), {"tensors": self.stepper.local_tensors()})
-        if self.d.is_main:
-            if improved and not self.stepper.sharded:
-                save_best(ckpt, epoch, "model", self.stepper.state_dict())
-            if base_improved:
-                save_best(ckpt, epoch, "baseline", {"logistic": b.logistic.state_dict()})
-        self.d.barrier()
-        log.info("epoch %d: validation loss %.4f AUC %.4f (baseline %.4f / %.4f)%s", epoch, loss, auc, b_loss, b_auc,
-                 " - best so far" if improved else f" - {self.early.since_best} without improvement")
-
-    def _restore_best(self) -> None:
-        """Every rank: continue with the best epoch's model (and the baseline's own best)."""
-        ckpt, e = self.run_dir / "checkpoint", self.early
-        last = self.state.epoch - 1
-        if e.best_epoch >= 0 and e.best_epoch != last and self.stepper.sharded:
-            self._restore_best_shards(ckpt, e.best_epoch)
-        elif e.best_epoch >= 0 and e.best_epoch != last:
-            best = load_best(ckpt, e.best_epoch, "model")
-            best.pop("known_users", None)  # the users every epoch trained, not rank 0's at that epoch
-            self.stepper.load_state_dict(best)
-            log.info("the batch phase keeps epoch %d (validation loss %.4f), not the last one (%d)", e.best_epoch,
-                     e.best_loss, last)
-        if e.baseline_best_epoch >= 0 and e.baseline_best_epoch != last:
-            self.stepper.baselines.logistic.load_state_dict(load_best(ckpt, e.baseline_best_epoch, "baseline")["logistic"])
-
-    def _best_shards(self) -> str:
-        return f"model-rank{self.d.rank}of{self.d.world}"
-
-    def _restore_best_shards(self, ckpt: Any, epoch: int) -> None:
-        """A sharded run: each rank puts back its shards of the best epoch (saved at this world size)."""
-        found = float(best_path(ckpt, epoch, self._best_shards()).exists())
-        if self.d.sum([found])[0] < self.d.world:  # resumed at another world size: the shards do not fit
-            log.warning("the best epoch's shards (epoch %d) were saved at another world size: the batch phase keeps "
-                        "its last epoch", epoch)
-            return
-        for dst, src in zip(self.stepper.local_tensors(), load_best(ckpt, epoch, self._best_shards())["tensors"], strict=True):
-            dst.copy_(src)
-        log.info("the batch phase keeps epoch %d (validation loss %.4f)", epoch, self.early.best_loss)
+            self.best.restore(st.epoch - 1, self.stepper)
 
     # --- handoff ----------------------------------------------------------------------------
     def handoff(self) -> None:
@@ -361,15 +341,29 @@ class Trainer:
             h = find_handoff(self.broker, dc.topic, plan.t_handoff, dc.max_lateness_s)
             create_topic(self.broker, dc.dlq_topic, 1)
             atomic_torch_save({"model": whole.state_dict()}, self._batch_only_path())
-            found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()})
-        offsets, methods = self.d.broadcast(found)
+            tail = plan_forward_tail(self.broker, dc.topic, self.spec, self.t_us,
+                                     dc.forward_tail_share if dc.stop.mode != "continuous" else 0.0)
+            found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()}, tail)
+        offsets, methods, tail = self.d.broadcast(found)
         st = self.state
         st.handoff_offsets, st.handoff_methods = offsets, methods
+        st.forward_tail_start_us = tail
         st.positions = dict(offsets)
         st.phase = "stream"
         self.stepper.baselines.count_popularity = True  # fresh stream rows count once each
         self.stepper.set_lr(st.phase)
         self.checkpoint()
+
+    def _prepare_stream_evaluation(self) -> None:
+        """The batch-only model (a sharded model's tables are not copied to every rank: its
+        batch-only scores come at the end), the drift gauge's reference rows (the validation
+        days) and the generator's truth, also after a resume in the stream phase."""
+        dc, plan = self.cfg.data, self._plan()
+        if self.train_end() < plan.t_handoff and not len(self.val_rows):
+            self.val_rows = validation_rows(self.units, self.open_file, self.layout, _us(self.train_end()), self.t_us,
+                                            self.d.rank, self.d.world, max(1, dc.eval_max_rows // self.d.world))
+        self.online.prepare(None if self.stepper.sharded else self._batch_only_path(), self.cfg.model, self.val_rows,
+                            dc.generator_manifest, self.t_us)
 
     def _batch_only_path(self) -> Any:
         p = self.run_dir / "checkpoint" / "batch_only"
@@ -385,10 +379,15 @@ class Trainer:
                           positions=st.positions, t_handoff_us=self.t_us, consume_batch=dc.consume_batch,
                           consume_timeout_s=dc.consume_timeout_s, lag_interval_s=dc.lag_interval_s,
                           group=f"slipstream-train-{self.cfg.run.run_id}", spec=self.spec,
-                          max_future_skew_s=dc.max_future_skew_s, max_age_s=dc.max_age_s, dedupe=self.dedupe)
+                          max_future_skew_s=dc.max_future_skew_s, forward_tail_start_us=st.forward_tail_start_us,
+                          max_age_s=dc.max_age_s, dedupe=self.dedupe)
         self.kafka = src
+        self._prepare_stream_evaluation()
         n_replay_per_fresh = dc.replay_share / (1 - dc.replay_share)
         fresh_target = max(1, dc.stream_batch_size - replay_count(dc.stream_batch_size, dc.replay_share))
+        passes = self.online.passes(dc.stream_batch_size, dc.stream_batch_size)
+        # the drift gauge's reference: the validation days (never trained), else the replayed rows
+        val_reference = self.train_end() < self._plan().t_handoff
         started = time.monotonic() - st.stream_elapsed_s
         last_export = time.monotonic()
         kafka_global = self.d.sum([float(st.counters["samples_kafka"])])[0]  # counts a resumed run's earlier part
@@ -419,11 +418,15 @@ class Trainer:
                                 STOP_REQUEST.wish()])
                 g_n, g_lag, g_buf, g_ckpt, g_export, g_timeout, g_over, g_busy, g_stop = g
                 if g_n > 0:
-                    replay = self.replay.draw(int(round(len(batch) * n_replay_per_fresh)))
-                    rows = Rows.concat([batch, replay]) if len(replay) else batch
-                    losses = self.train_step(rows, dc.stream_batch_size, fresh=rows.source != SOURCE_REPLAY)
-                    if self.stepper.adaptive:
-                        self.stepper.gauge_drift(rows, losses)
+                    n_replay = int(round(len(batch) * n_replay_per_fresh))
+                    ref = self.online.draw_reference(n_replay if val_reference and self.stepper.adaptive else 0, st.step)
+                    replay = self.replay.draw(n_replay)
+                    self.evaluated.add_scored(batch, st.step, "prequential")  # scored by the model of this step
+                    self.evaluated.add_scored(replay, st.step, "replay")
+                    self.stepper.test_then_train(batch, replay, ref if val_reference else None, self.online, passes, st.step)
+                    st.step += 1
+                    self.worlds.stepped(st.step)
+                    self.freshness.trained(batch.event_us)
                     self.audit.add(batch, st.step)
                     self._record_latency(batch)
                     st.counters["samples_kafka"] += len(batch)
@@ -495,6 +498,7 @@ class Trainer:
         c["dead_letters"] += s.dead_letters
         c["duplicates"] += s.duplicates
         c["holdout_stream"] += s.holdout
+        c["forward_tail_stream"] += s.forward_tail
         c["records_kafka"] += s.records
         newest = s.newest_event_us
         reasons = dict(s.dead_reasons)
@@ -520,6 +524,7 @@ class Trainer:
                 **self.pieces.state_dicts("meta")}
         data = self.pieces.state_dicts("data")
         self.audit.write_part(st.step)
+        self.evaluated.write_part(st.step)
         if st.phase == "batch":  # the users every rank trained, for rank 0 to save; fixed from the handoff on
             self.stepper.known_users.merge(self.d)
         model = {**self.pieces.state_dicts("model"), "step": st.step}  # every rank: they write its tensors together
@@ -542,12 +547,16 @@ class Trainer:
         self.progress.log(st.step, self.stepper.take_loss(), tp.trained_global, tp.train_s, tp.wait_s, values)
 
     def export(self) -> None:
-        """Collective (a sharded model is gathered): rank 0 exports the model."""
+        """Collective (a sharded model is gathered): rank 0 exports the model and records its
+        freshness (event-to-export latency, the live model's prequential AUC since the last export)."""
         whole = self.stepper.whole_model()
+        live = live_set(self.online.scores, self.d.gather, self.d.is_main)
+        events = self.freshness.collect(self.d.gather)
         if self.d.is_main:
-            assert whole is not None
+            assert whole is not None and events is not None
             export_model(whole, self.cfg, self.spec, self.run_dir, step=self.state.step, phase=self.state.phase,
                          positions=self.state.positions)
+            self.freshness.exported(events, live=live, step=self.state.step)
 
     def outcome(self, units: list[WorkUnit]) -> RunOutcome:
         """Collective (it gathers the final positions): what `finish` evaluates and reports."""
@@ -559,4 +568,5 @@ class Trainer:
             drift=self.stepper.drift, newest_event_us=self.kafka.counters.newest_event_us if self.kafka else -1,
             cache=self.cache_reader.stats() if self.cache_reader is not None else None, amp=self.stepper.amp,
             settings=self.settings, baselines=self.stepper.baselines, early=self.early, train_end=self.train_end(),
+            online=self.online, sharded=self.stepper.sharded, freshness=self.freshness,
         )

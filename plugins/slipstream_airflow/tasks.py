@@ -202,7 +202,7 @@ def publish(context: Mapping[str, Any], dataset: DatasetRef) -> dict[str, Any]:
         path = Path(lineage["run_dir"])
     update_summary(path, "train", lineage)
     config = RegistryConfig.from_env(settings)
-    package = ModelRegistry(config.location).publish(path, tolerance=config.tolerance)
+    package = ModelRegistry(config.location).publish(path, tolerance=config.tolerance, rule=config.rule)
     decision = package["decision"]
     update_summary(path, "publish", {"registry": config.location, "dataset": settings.dataset, **decision})
     return {"run_id": package["run_id"], "published": True, **scalars(decision)}

@@ -2,8 +2,9 @@
 
 Starts the local stack, generates a small data set (raw logs for N days and the labelled stream
 after them), runs the `daily_retrain` DAG once with `airflow dags test`, prints what a person wants
-to see (rows per day, the snapshot trained on, samples from Iceberg and from Kafka, AUC next to the
-generator's best) and stops the stack by PID, whatever happened.
+to see (rows per day, the snapshot trained on, samples from Iceberg and from Kafka, the model on
+the forward tail and the prequential stream next to its baselines, every AUC with its rows and
+95% interval, and the promotion decision) and stops the stack by PID, whatever happened.
 
 The demo keeps its state under `<SLIPSTREAM_HOME>/demo` and starts it afresh each time, so it never
 touches a stack the user runs in the main home, and a second run gives the same numbers.
@@ -27,6 +28,7 @@ from slipstream.dev import datagen, stack
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, write_manifest
 from slipstream.dev.joiner_wait import DEADLINE_S, STALL_S, JoinerOutcome
 from slipstream.errors import SlipstreamError
+from slipstream.pipeline.run_metrics import SET_TITLES, EvalSet, Evaluation, read_run_metrics
 from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 
@@ -195,7 +197,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         state = stack.up(settings, profile=opts.profile, joiner=with_joiner)
         settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         data, t_handoff, drift = generate_data(spec, opts, settings.raw_dir)
-        manifest = write_manifest(data, settings.home / "generator" / "manifest.json")
+        write_manifest(data, settings.home / "generator" / "manifest.json")  # the trainer scores its truth as "best"
         if with_joiner and data.stream_events is not None:
             from slipstream.dev.raw_stream import produce_raw_stream
 
@@ -214,7 +216,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         conf = {"window_days": opts.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
         run_dag(settings, t_handoff.date().isoformat(), conf, settings.home / "daily_retrain.log")
         run_dir = newest_run(Path(settings.runs_dir))
-        metrics = json.loads((run_dir / "metrics.json").read_text())
+        metrics = read_run_metrics(run_dir)
         # what the DAG's publish and report tasks decided lives in the run summary
         from slipstream.pipeline.runlayout import SUMMARY_FILE, read_summary
 
@@ -224,28 +226,33 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "spec": spec.name,
             "drift": drift,
             "rows_per_day": per_day,
-            "snapshot_id": metrics.get("snapshot_id", snapshot_id),
+            "snapshot_id": metrics.snapshot_id if metrics.snapshot_id is not None else snapshot_id,
             "produced_to_kafka": produced,
             "joiner": ({"committed": joined.committed, "dead_letters": joined.dead_letters, "reasons": joined.reasons}
                        if joined is not None else None),
-            "samples_iceberg": metrics.get("samples_iceberg"),
-            "samples_kafka": metrics.get("samples_kafka"),
-            "auc": metrics.get("auc"),
-            "auc_on": metrics.get("auc_on"),
-            "baseline_auc": metrics.get("baseline_auc"),
-            "popularity_auc": metrics.get("popularity_auc_after_t"),
-            "best_auc": (manifest.get("best_auc") or {}).get("holdout_after_t" if metrics.get("auc_on") == "after_t"
-                                                             else "holdout_before_t"),
-            "auc_after_t": metrics.get("auc_after_t"),
-            "auc_after_t_batch_only": metrics.get("auc_after_t_batch_only"),
-            "auc_before_t": metrics.get("auc_before_t"),
-            "best_auc_before_t": (manifest.get("best_auc") or {}).get("holdout_before_t"),
-            "chosen_epoch": metrics.get("chosen_epoch"),
-            "epochs_run": metrics.get("epochs_run"),
+            "samples_iceberg": metrics.samples_iceberg,
+            "samples_kafka": metrics.samples_kafka,
+            "forward_tail_stream": metrics.forward_tail_stream,
+            "auc": metrics.auc,
+            "auc_on": metrics.auc_on,
+            "evaluation": metrics.evaluation.model_dump(mode="json", exclude={"prequential_windows", "prequential_progress"}),
+            "prequential_windows": [{"start": w.start.isoformat(), "rows": w.scores.rows,
+                                     "model": w.scores.model.model_dump() if w.scores.model else None,
+                                     "baseline": w.scores.baseline.model_dump() if w.scores.baseline else None,
+                                     "batch_only": w.scores.batch_only.model_dump() if w.scores.batch_only else None}
+                                    for w in metrics.evaluation.prequential_windows],
+            "prequential_progress": [{"steps": f"{p.first_step}-{p.last_step}", "rows": p.scores.rows,
+                                      "model": p.scores.model.model_dump() if p.scores.model else None,
+                                      "baseline": p.scores.baseline.model_dump() if p.scores.baseline else None,
+                                      "batch_only": p.scores.batch_only.model_dump() if p.scores.batch_only else None}
+                                     for p in metrics.evaluation.prequential_progress],
+            "forward_tail_start": metrics.forward_tail_start.isoformat() if metrics.forward_tail_start else None,
+            "chosen_epoch": metrics.chosen_epoch,
+            "epochs_run": metrics.epochs_run,
             "quality_passed": (run_summary.get("quality") or {}).get("passed"),
             "warmup_files": (run_summary.get("warmup") or {}).get("planned_files"),
-            "cache_hit_ratio": (metrics.get("cache") or {}).get("hit_ratio"),
-            "checkpoint": metrics.get("checkpoint"),
+            "cache_hit_ratio": (metrics.cache or {}).get("hit_ratio"),
+            "checkpoint": metrics.checkpoint,
             "metrics": str(run_dir / "metrics.json"),
             "report": (run_summary.get("report") or {}).get("html"),
             "publish": run_summary.get("publish"),
@@ -274,24 +281,27 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"snapshot trained on:     {s['snapshot_id']}")
     lines.append(f"samples from Iceberg:    {s['samples_iceberg']:,}" if s["samples_iceberg"] is not None
                  else "samples from Iceberg:    n/a")
-    lines.append(f"samples from Kafka:      {s['samples_kafka']:,} (of {s['produced_to_kafka']:,} produced)"
+    lines.append(f"samples from Kafka:      {s['samples_kafka']:,} trained (of {s['produced_to_kafka']:,} produced; "
+                 f"{s.get('forward_tail_stream') or 0:,} held for the forward tail)"
                  if s["samples_kafka"] is not None else "samples from Kafka:      n/a")
     if s.get("joiner") and s["joiner"]["dead_letters"]:
         reasons = ", ".join(f"{k}: {n:,}" for k, n in s["joiner"]["reasons"].items())
         lines.append(f"joiner dead letters:     {s['joiner']['dead_letters']:,} ({reasons})")
-    lines.append(f"AUC after T (the future): {_f(s['auc_after_t'])}   logistic baseline {_f(s.get('baseline_auc'))}"
-                 f"   best achievable {_f(s.get('best_auc'))}")
-    lines.append(f"                          batch-only model {_f(s['auc_after_t_batch_only'])}"
-                 f"   item popularity {_f(s.get('popularity_auc'))}")
-    lines.append(f"held-out AUC before T:    {_f(s.get('auc_before_t'))}   best achievable {_f(s.get('best_auc_before_t'))}")
+    lines += model_lines(Evaluation.model_validate(s.get("evaluation") or {}), s.get("forward_tail_start"))
+    if s.get("prequential_progress"):
+        lines.append("prequential AUC as the model trained, by training steps (model | logistic baseline | batch-only, "
+                     "95% CI; per window of event time: the report):")
+        for w in s["prequential_progress"]:
+            lines.append(f"  steps {w['steps']:>9}  {w['rows']:>5,} rows  {_auc(w['model'])} | {_auc(w['baseline'])} | "
+                         f"{_auc(w['batch_only'])}")
     if s.get("chosen_epoch") is not None:
-        lines.append(f"early stopping:           epoch {s['chosen_epoch']} kept of {s.get('epochs_run')} run "
+        lines.append(f"early stopping:          epoch {s['chosen_epoch']} kept of {s.get('epochs_run')} run "
                      "(lowest loss on the validation day)")
     lines.append(f"quality gate:            {'passed' if s.get('quality_passed') else s.get('quality_passed')}")
     lines.append(f"cache warmup:            {s.get('warmup_files')} files; trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
     if s.get("publish"):
         p = s["publish"]
-        verdict = "promoted" if p.get("promoted") else "not promoted"
+        verdict = "promoted" if p.get("promoted") else "registered, not promoted"
         lines.append(f"model registry:          {verdict} ({p.get('reason')}) in {p.get('registry')}")
     lines.append(f"checkpoint:              {s['checkpoint']}")
     lines.append(f"metrics:                 {s['metrics']}")
@@ -301,6 +311,55 @@ def format_summary(s: dict[str, Any]) -> str:
                  f"warehouse {s.get('warehouse')} ({s.get('profile')} profile)")
     lines.append(f"took {s['seconds']:.0f} s; state in {s['home']}")
     return "\n".join(lines)
+
+
+def model_lines(ev: Evaluation, tail_start: str | None) -> list[str]:
+    """The model on every evaluation set, each AUC with its 95% interval and rows; the verdict."""
+    out = ["AUC on rows no model trained on before scoring them (95% CI, bootstrap over users):"]
+    for name in ("forward_tail", "prequential", "holdout_after_t", "validation", "holdout_before_t"):
+        e = ev.get(name)
+        if e is None or not e.rows:
+            continue
+        out.append(f"  {SET_TITLES[name]}: {e.rows:,} rows, {e.users:,} users")
+        if e.positives in (0, e.rows):
+            out.append(f"    only one class ({e.positives:,} clicks): no AUC")
+            continue
+        out.append(f"    model {_score(e.model)}   logistic baseline {_score(e.baseline)}   "
+                   f"model − baseline {_diff(e.vs_baseline)}")
+        extra = [f"batch-only {_score(e.batch_only)}" if e.batch_only else "",
+                 f"stream lift {_diff(e.vs_batch_only)}" if name == "prequential" and e.vs_batch_only else "",
+                 f"item popularity {_score(e.popularity)}" if e.popularity else "", _best(e)]
+        if any(extra):
+            out.append("    " + "   ".join(x for x in extra if x))
+    tail = ev.forward_tail
+    if tail is not None and tail.vs_baseline is not None and tail.vs_baseline.lo is not None:
+        shown = tail.vs_baseline.lo > 0
+        out.append(f"verdict on the forward tail (from {tail_start or '?'}): the model "
+                   + ("beats its baseline (the 95% lower bound of model − baseline is above 0)" if shown else
+                      "is not shown better than its baseline (the 95% lower bound of model − baseline is not above 0)"))
+    return out
+
+
+def _score(x: Any) -> str:
+    return x.text() if x is not None else "n/a"
+
+
+def _diff(x: Any) -> str:
+    return x.text() if x is not None else "n/a"
+
+
+def _best(e: EvalSet) -> str:
+    """The generator's best, only where its interval is narrower than the gap it explains."""
+    if e.best is None:
+        return ""
+    return f"best achievable {e.best.text()}" if e.best_is_informative() else ""
+
+
+def _auc(score: dict[str, Any] | None) -> str:
+    if not score or score.get("auc") is None:
+        return "  n/a "
+    lo, hi = score.get("lo"), score.get("hi")
+    return f"{score['auc']:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
 
 
 def _f(x: Any) -> str:

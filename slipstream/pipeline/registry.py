@@ -8,14 +8,17 @@ Layout under the registry location (a local folder or `s3://bucket/prefix`):
     champion.json                   {"run_id", "auc", "promoted_at"} of the serving model (and
                                     "manual": the reason, when a person promoted it by hand)
 
-The decision reads the run's metrics.json, whose scores the trainer computed on rows after T (the
-future: neither the challenger, its baselines nor the champion trained on them), with the champion
-re-scored on the same rows in the same step (`trainers.eval.judge`). A challenger is promoted when it
-beats its own logistic-regression baseline there, and its AUC is at least the champion's minus a
-tolerance (retraining on fresher data is worth a hair of AUC noise; a real regression is not).
-The reason names the numbers, the rows and the 95% interval of each difference (a bootstrap over
-users), so "better" means better. Without rows after T (no stream phase) the validation days
-decide against the baseline only, and a champion is never replaced on them.
+The decision reads the run's metrics.json (`slipstream.pipeline.run_metrics`): the forward tail,
+the last part of the stream after T by event time, which neither the challenger, its baselines
+nor the champion trained on, with the champion re-scored on the same rows in the same step
+(`trainers.eval.judge`). Every run is registered; it is promoted (rule `significant`, the default)
+only when it is *shown* better: the lower 95% bound of challenger − its logistic baseline is
+above 0, and the lower bound of challenger − champion above −tolerance (retraining on fresher data
+is worth a hair of AUC noise; a real regression is not). A first model whose advantage over its
+baseline is not significant is registered, not promoted, and the reason says so. The bounds come
+from a bootstrap over users. The rule `point` (`SLIPSTREAM_PROMOTION_RULE=point`, for demos on
+small data) compares point estimates instead. Without a forward tail (no stream phase) the
+validation days decide against the baseline only, and a champion is never replaced on them.
 """
 
 from __future__ import annotations
@@ -23,10 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,9 @@ import pyarrow.fs as pafs
 
 from slipstream.env_settings import settings_from_env
 from slipstream.errors import ConfigError
-from slipstream.pipeline.runlayout import RunArtifactMissing, read_json, read_metrics
+from slipstream.pipeline.promotion import RULES, PromotionDecision, decide_promotion
+from slipstream.pipeline.run_metrics import RunMetrics, read_run_metrics
+from slipstream.pipeline.runlayout import RunArtifactMissing, read_json
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,10 +54,7 @@ PACKAGE_FILES = {
     "config.json": "config.json",
     "metrics.json": "metrics.json",
 }
-LINEAGE_FIELDS = ("snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets", "newest_event_time")
-SCORE_FIELDS = ("auc", "logloss", "auc_after_t", "auc_after_t_batch_only", "baseline_auc_after_t", "popularity_auc_after_t",
-                "champion_auc_after_t", "val_auc", "baseline_val_auc", "chosen_epoch", "best_auc", "samples_iceberg",
-                "samples_kafka")
+__all__ = ["ModelRegistry", "PromotionDecision", "RegistryConfig", "decide_promotion"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +64,16 @@ class RegistryConfig:
     or SLIPSTREAM_DATASET__<NAME>__REGISTRY; default <home>/registry/<data set>). One per data set:
     a champion is only ever compared with models of its own data set."""
     tolerance: float = DEFAULT_TOLERANCE
-    """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: promote when challenger AUC >= champion AUC - this."""
+    """SLIPSTREAM_PROMOTION_AUC_TOLERANCE: a challenger may be this much AUC below the champion."""
+    rule: str = "significant"
+    """SLIPSTREAM_PROMOTION_RULE: `significant` (the 95% lower bounds decide) or `point` (point
+    estimates decide: the rule before intervals, for demos on small data)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance < 0.5:
             raise ConfigError(f"SLIPSTREAM_PROMOTION_AUC_TOLERANCE must be in [0, 0.5), got {self.tolerance}")
+        if self.rule not in RULES:
+            raise ConfigError(f"SLIPSTREAM_PROMOTION_RULE must be one of {', '.join(RULES)}, got {self.rule!r}")
 
     @classmethod
     def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> RegistryConfig:
@@ -77,77 +83,8 @@ class RegistryConfig:
                                  given={"location": settings.registry})
 
 
-_REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE"}
-
-
-@dataclass(frozen=True)
-class PromotionDecision:
-    promoted: bool
-    challenger_run_id: str
-    challenger_auc: float | None
-    champion_run_id: str | None
-    champion_auc: float | None
-    tolerance: float
-    reason: str
-    baseline_auc: float | None = None
-    evaluated_on: str = ""
-    """`after_t` (the future, the default) or `validation` (no stream phase: the last days before T)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _ci(metrics: Mapping[str, Any], key: str) -> str:
-    lo, hi = (metrics.get(key) or [None, None])[:2]
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return ""
-    return f", 95% CI [{lo:+.4f}, {hi:+.4f}]"
-
-
-def decide_promotion(challenger_run_id: str, metrics: Mapping[str, Any], champion: Mapping[str, Any] | None,
-                     tolerance: float) -> PromotionDecision:
-    """Promote a challenger that beats its own baseline on the future and is not worse than the
-    champion re-scored on the same rows (within `tolerance`); see the module docstring."""
-    a = _float_or_none(metrics.get("auc_after_t"))  # rows of one class after T have no AUC
-    after = (_float_or_none(metrics.get("eval_rows_after_t")) or 0) > 0 and a is not None and math.isfinite(a)
-    where = "after_t" if after else "validation"
-    chall = _float_or_none(metrics.get("auc_after_t" if after else "val_auc"))
-    base = _float_or_none(metrics.get("baseline_auc_after_t" if after else "baseline_val_auc"))
-    rows = int(_float_or_none(metrics.get("eval_rows_after_t" if after else "val_rows")) or 0)
-    champ_id = champion.get("run_id") if champion else None
-    same_rows = _float_or_none(metrics.get("champion_auc_after_t")) if after else None
-    same_id = metrics.get("champion_run_id")
-
-    def verdict(promoted: bool, reason: str) -> PromotionDecision:
-        return PromotionDecision(promoted, challenger_run_id, chall, champ_id, same_rows if same_id == champ_id else None,
-                                 tolerance, reason, base, where)
-
-    on = f"on {rows:,} {'rows after T' if after else 'validation rows'}"
-    if chall is None or not math.isfinite(chall):
-        return verdict(False, f"the challenger has no finite AUC {on} in metrics.json")
-    if base is not None and math.isfinite(base) and chall <= base:
-        return verdict(False, f"AUC {chall:.4f} does not beat its logistic-regression baseline {base:.4f} {on}"
-                              f"{_ci(metrics, 'auc_diff_vs_baseline_ci')}: a model worse than the baseline is never promoted")
-    beats = (f"AUC {chall:.4f} beats its baseline {base:.4f}{_ci(metrics, 'auc_diff_vs_baseline_ci')}"
-             if base is not None and math.isfinite(base) else f"AUC {chall:.4f} (no baseline scored)")
-    if champion is None:
-        return verdict(True, f"no champion yet: the first model is promoted; {beats} {on}")
-    if champ_id == challenger_run_id:
-        return verdict(True, "the challenger is already the champion (re-published)")
-    if not after:
-        return verdict(False, f"{beats}, but without rows after T the champion {champ_id} cannot be compared on data "
-                              "neither trained on: it stays (run the stream phase to judge on the future)")
-    if same_id != champ_id or same_rows is None or not math.isfinite(same_rows):
-        why = metrics.get("champion_note") or "it was not re-scored on this run's rows"
-        return verdict(False, f"{beats} {on}, but the champion {champ_id} could not be compared ({why}): it stays")
-    diff = chall - same_rows
-    if diff >= -tolerance:
-        return verdict(True, f"{beats}; vs the champion {champ_id} on the same {rows:,} rows after T: "
-                             f"{chall:.4f} vs {same_rows:.4f} ({diff:+.4f}{_ci(metrics, 'auc_diff_vs_champion_ci')}), "
-                             f"within the tolerance {tolerance}")
-    return verdict(False, f"{beats}, but on the same {rows:,} rows after T the champion {champ_id} scores "
-                          f"{same_rows:.4f} vs {chall:.4f} ({diff:+.4f}{_ci(metrics, 'auc_diff_vs_champion_ci')}), "
-                          f"below the tolerance {tolerance}: the champion stays")
+_REGISTRY_ENV = {"location": "SLIPSTREAM_REGISTRY", "tolerance": "SLIPSTREAM_PROMOTION_AUC_TOLERANCE",
+                 "rule": "SLIPSTREAM_PROMOTION_RULE"}
 
 
 def _s3_filesystem(env: Mapping[str, str]) -> pafs.S3FileSystem:
@@ -231,10 +168,10 @@ class ModelRegistry:
         log.info("%s promoted by hand in %s: %s", run_id, self.location, reason)
         return champion
 
-    def publish(self, run_path: Path, *, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    def publish(self, run_path: Path, *, tolerance: float = DEFAULT_TOLERANCE, rule: str = "significant") -> dict[str, Any]:
         """Copy the run's model package in, decide champion/challenger, return package.json."""
         run_id = run_path.name
-        metrics = read_metrics(run_path)
+        metrics = read_run_metrics(run_path)
         files: dict[str, dict[str, Any]] = {}
         for src_rel, name in PACKAGE_FILES.items():
             src = run_path / src_rel
@@ -244,13 +181,13 @@ class ModelRegistry:
             self._write_bytes(self._path("models", run_id, name), data)
             files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         model_meta = read_json(run_path / "export/model.json", "exported model metadata")
-        decision = decide_promotion(run_id, metrics, self.champion(), tolerance)
+        decision = decide_promotion(run_id, metrics, self.champion(), tolerance, rule)
         package = {
             "run_id": run_id,
             "created_at": datetime.now(UTC).isoformat(),
             "schema_version": model_meta.get("schema_version", model_meta.get("SCHEMA_VERSION")),
-            "lineage": {k: metrics[k] for k in LINEAGE_FIELDS if k in metrics},
-            "metrics": {k: metrics[k] for k in SCORE_FIELDS if k in metrics},
+            "lineage": _lineage(metrics),
+            "metrics": _scores(metrics),
             "files": files,
             "decision": decision.to_dict(),
         }
@@ -265,8 +202,18 @@ class ModelRegistry:
         return package
 
 
-def _float_or_none(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+def _lineage(m: RunMetrics) -> dict[str, Any]:
+    """What the package was trained on (from metrics.json)."""
+    d = m.to_dict()
+    return {k: d[k] for k in ("snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets",
+                              "newest_event_time", "forward_tail_start")}
+
+
+def _scores(m: RunMetrics) -> dict[str, Any]:
+    """The package's scores: the headline with its interval and rows, and the sets that judge it."""
+    ev = m.evaluation
+    sets = {name: s.model_dump(mode="json") for name in ("forward_tail", "prequential", "validation")
+            if (s := ev.get(name)) is not None}
+    return {"auc": m.auc, "auc_lo": m.auc_lo, "auc_hi": m.auc_hi, "auc_rows": m.auc_rows, "auc_on": m.auc_on,
+            "logloss": m.logloss, "baseline_auc": m.baseline_auc, "chosen_epoch": m.chosen_epoch,
+            "samples_iceberg": m.samples_iceberg, "samples_kafka": m.samples_kafka, "sets": sets}

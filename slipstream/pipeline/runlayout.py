@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.errors import ConfigError, SlipstreamError
+from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ never `..` or a separator, so a run id from a URL can name a folder safely."""
 
 LINEAGE_KEYS = (
     "run_id", "snapshot_id", "t_handoff", "window_start", "handoff_offsets", "final_offsets",
-    "checkpoint", "auc", "logloss", "auc_after_t", "samples_iceberg", "samples_kafka",
+    "checkpoint", "auc", "auc_lo", "auc_hi", "auc_rows", "auc_on", "logloss", "samples_iceberg", "samples_kafka",
 )
 """What travels by XCom after training: ids, offsets, paths and headline scores — never data."""
 
@@ -166,7 +167,8 @@ def read_metrics(run_path: Path) -> dict[str, Any]:
 
 def training_lineage(run_path: Path, metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The small XCom of a finished training: lineage keys present in metrics, plus paths."""
-    out = {k: metrics[k] for k in LINEAGE_KEYS if k in metrics}
+    typed = parse_run_metrics(dict(metrics)).to_dict()  # the contract's reading of every key
+    out = {k: typed[k] for k in LINEAGE_KEYS if typed.get(k) not in (None, "")}
     out.setdefault("run_id", run_path.name)
     out["run_dir"] = str(run_path)
     out["metrics_path"] = str(run_path / METRICS_FILE)

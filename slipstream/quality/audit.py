@@ -234,6 +234,19 @@ def _stream_before_t(kafka: pa.Table, all_ids: pa.Array, all_times: pa.Array, me
     return audit, note
 
 
+def _before_forward_tail(after: pa.Table, metrics: dict[str, Any], notes: list[str]) -> pa.Table:
+    """The stream records before the run's forward tail: the tail (event time >= its start) is
+    scored at the end, never trained, so it is not expected in training."""
+    start = metrics.get("forward_tail_start")
+    if not start or not after.num_rows:
+        return after
+    ts = after.column("event_time")
+    before = pc.less(ts, pa.scalar(datetime.fromisoformat(start), ts.type))
+    held = after.num_rows - (pc.sum(before).as_py() or 0)
+    notes.append(f"{held:,} records of the forward tail (event time from {start} on) are scored, never trained: not expected")
+    return after.filter(before)
+
+
 def audit_run(
     audit: pa.Table, window_ids: pa.Array, window_times: pa.Array, metrics: dict[str, Any],
     kafka: pa.Table | None,
@@ -306,6 +319,7 @@ def audit_stream(audit: pa.Table, kafka: pa.Table, metrics: dict[str, Any]) -> t
         notes.append(f"{dupes.num_rows:,} records repeated a sample id already admitted (dedupe): dead-lettered as "
                      "duplicates, the id trained once")
         after = after.filter(pc.invert(again))
+    after = _before_forward_tail(after, metrics, notes)
     after = after.filter(pa.array(~is_holdout(after.column("sample_id")))) if after.num_rows else after
     after = after.filter(pc.is_valid(after.column("sample_id")))
     rows = audit.filter(pc.equal(src, "kafka"))

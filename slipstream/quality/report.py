@@ -2,9 +2,11 @@
 
 What went in (distributions, CTR over time, drift across the window's days, batch-vs-stream skew
 on comparable rows), how fresh it was, whether every sample was trained exactly once, how well the
-batch phase was shuffled, and how the model compares with its baselines. It works from the run
-folder, the pinned Iceberg snapshot and the stored `sample_profiles`; every optional piece that is
-missing becomes a sentence in its section, never an error.
+batch phase was shuffled, and how the model compares with its baselines on every evaluation set
+(each AUC with its rows and interval: the prequential stream, the forward tail that decides
+promotion). It works from the run folder, the pinned Iceberg snapshot and the stored
+`sample_profiles`; every optional piece that is missing becomes a sentence in its section, never
+an error.
 
 The summary at the top lists the run's findings (`report_doc.Finding`): each in the words its
 section uses, red ones with one line on what to do.
@@ -22,8 +24,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from slipstream.errors import ConfigError
+from slipstream.errors import ConfigError, SlipstreamError
 from slipstream.lake.iceberg import get_catalog
+from slipstream.pipeline.run_metrics import RunMetrics, parse_run_metrics
 from slipstream.pipeline.runlayout import REPORT_FILE
 from slipstream.pipeline.runlayout import run_dir as run_folder_of
 from slipstream.pipeline.runplan import plan_path, read_plan
@@ -87,6 +90,12 @@ def render_report(settings: Settings, run_id: str) -> Path:
     if not run_dir.is_dir():
         raise ConfigError(f"run folder {run_dir} does not exist: check the run id (SLIPSTREAM_RUNS_DIR={settings.runs_dir})")
     metrics: dict[str, Any] = _load_json(run_dir / "metrics.json") or {}
+    typed, contract_error = RunMetrics(), ""
+    if metrics:  # the model's numbers come from the typed contract; the rest reads the keys
+        try:
+            typed = parse_run_metrics(metrics, str(run_dir / "metrics.json"))
+        except SlipstreamError as e:
+            contract_error = str(e)
     window: Window | None = None
     window_error = ""
     plan = read_plan(plan_path(run_dir)) if plan_path(run_dir).exists() else None
@@ -99,8 +108,9 @@ def render_report(settings: Settings, run_id: str) -> Path:
     stream = FeatureProfile.read(run_dir / "stream_profile.json") if (run_dir / "stream_profile.json").exists() else None
 
     # every finding first: the summary states them in the words their sections use
-    model = model_finding(metrics)
-    promotion = promotion_finding((_load_json(run_dir / "summary.json") or {}).get("publish"), model)
+    model = model_finding(typed)
+    decision = (_load_json(run_dir / "summary.json") or {}).get("publish")
+    promotion = promotion_finding(decision, model)
     gate, failed = _gate_results(settings, run_id)
     audit = _audit(settings, run_dir, metrics, window, plan.spec if plan is not None else None)
     series, lines = drift_lines(window)
@@ -116,13 +126,18 @@ def render_report(settings: Settings, run_id: str) -> Path:
         doc.p("No metrics.json in the run folder: the run did not finish (or wrote elsewhere).", "bad")
     if window_error:
         doc.p(window_error, "bad")
+    if contract_error:
+        doc.p(contract_error, "bad")
+    elif metrics and typed.version < 2:
+        doc.p(f"metrics.json of contract version {typed.version}: written before evaluation sets carried their rows and "
+              "intervals; re-run the training for them.", "muted")
     findings_table(doc, findings)
-    facts = summary_facts(metrics)
+    facts = summary_facts(metrics, typed)
     if facts:
         doc.table(facts, ("", "value"))
     doc.end()
-    freshness_section(doc, metrics)
-    model_section(doc, metrics, model, promotion)
+    freshness_section(doc, metrics, typed)
+    model_section(doc, typed, model, promotion, decision)
     id_tables_section(doc, metrics)
     _quality_section(doc, gate, failed)
     _audit_section(doc, audit, metrics)
@@ -224,7 +239,7 @@ def _audit_section(doc: ReportDoc, audit: tuple[Finding, Finding | None, AuditRe
                    metrics: dict[str, Any]) -> None:
     once, shuffle, result, notes = audit
     counts = {k: int(metrics[k]) for k in ("samples_iceberg", "samples_kafka", "dropped_before_t", "dead_letters",
-                                           "duplicates")
+                                           "duplicates", "forward_tail_stream")
               if isinstance(metrics.get(k), (int, float))}
     doc.h2("Exactly-once audit", "audit")
     doc.finding(once)
@@ -248,7 +263,8 @@ def _audit_section(doc: ReportDoc, audit: tuple[Finding, Finding | None, AuditRe
         return
     doc.h2("Samples per source", "sources")
     doc.table([(s, f"{n:,} rows") for s, n in sorted(result.per_source_rows.items())]
-              + [(f"metrics.json {k}", f"{v:,} rows") for k, v in counts.items()], ("source", "samples"))
+              + [(f"metrics.json {k}" + (" (never trained)" if k == "forward_tail_stream" else ""), f"{v:,} rows")
+                 for k, v in counts.items()], ("source", "samples"))
     doc.end()
     doc.h2("Shuffle quality", "shuffle")
     if shuffle is None:

@@ -1,6 +1,8 @@
 """The report's run and model sections: the summary's facts, the model against its baselines and
-the champion, the promotion, freshness, and the training curve (always drawn when the run
-logged anything)."""
+the champion on every evaluation set (`slipstream.quality.evaluation_report`: rows, users and
+intervals, the prequential curve, the forward-tail decision), the promotion, freshness, and the
+training curve (always drawn when the run logged anything). The model's numbers come from the
+typed metrics.json (`slipstream.pipeline.run_metrics.RunMetrics`); the rest reads its keys."""
 
 from __future__ import annotations
 
@@ -8,12 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slipstream.quality import plots
+from slipstream.pipeline.run_metrics import SET_TITLES, AucScore, RunMetrics
+from slipstream.quality import evaluation_report, plots
 from slipstream.quality.report_doc import Finding, ReportDoc
 from slipstream.quality.wording import auc, difference, finite, rate, rows, share
-
-ROWS_OF = {"after_t": "eval_rows_after_t", "validation": "val_rows", "holdout_before_t": "eval_rows_before_t"}
-ON_WORDS = {"after_t": "held-out rows after T", "validation": "the validation days", "holdout_before_t": "held-out rows before T"}
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -22,20 +22,22 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _auc_of(m: dict[str, Any], key: str, rows_key: str) -> str:
-    return auc(m.get(key), m.get(rows_key), m.get(f"{key}_ci"))
+def _auc_of(score: AucScore | None, n: int | None = None) -> str:
+    if score is None:
+        return "–"
+    return auc(score.auc, n, (score.lo, score.hi) if score.has_interval else None)
 
 
-def model_finding(m: dict[str, Any]) -> Finding | None:
+def model_finding(m: RunMetrics) -> Finding | None:
     """The model against its logistic baseline on the rows the headline AUC comes from."""
-    if not finite(m.get("auc")):
+    head = m.headline
+    if head is None or head.model is None or not finite(head.model.auc):
         return None
-    on = m.get("auc_on", "after_t")
-    diff, interval = m.get("auc_diff_vs_baseline"), m.get("auc_diff_vs_baseline_ci")
-    if not finite(diff) and finite(m.get("baseline_auc")):
-        diff, interval = m["auc"] - m["baseline_auc"], None
-    words, verdict = difference(diff, interval, m.get(ROWS_OF.get(on, "")), "its logistic baseline")
-    text = f"Model: {_auc_of(m, 'auc', ROWS_OF.get(on, ''))} ({ON_WORDS.get(on, on)}), {words}."
+    on = m.auc_on or ""
+    d = head.vs_baseline
+    words, verdict = difference(d.diff if d is not None else None, (d.lo, d.hi) if d is not None and d.has_interval else None,
+                                head.rows, "its logistic baseline")
+    text = f"Model: {_auc_of(head.model, head.rows)} ({SET_TITLES.get(on, on)}), {words}."
     return Finding("Model", text, {"better": True, "worse": False, "unclear": None}[verdict],
                    "Do not promote it: check the features and the training knobs (epochs, learning rate) against "
                    "the baseline's." if verdict == "worse" else "", "model")
@@ -54,8 +56,9 @@ def promotion_finding(decision: dict[str, Any] | None, model: Finding | None) ->
     return Finding("Promotion", text, True if promoted else None, anchor="model")
 
 
-def summary_facts(m: dict[str, Any]) -> list[tuple[str, str]]:
-    """The run's headline numbers, each with its unit and rows."""
+def summary_facts(m: dict[str, Any], t: RunMetrics) -> list[tuple[str, str]]:
+    """The run's headline numbers, each with its unit and rows (`m`: metrics.json's keys, `t`: the
+    same parsed by its contract)."""
     out: list[tuple[str, str]] = []
     if "window_start" in m and "t_handoff" in m:
         out.append(("training window", f"{m['window_start']} to T = {m['t_handoff']}"
@@ -63,15 +66,13 @@ def summary_facts(m: dict[str, Any]) -> list[tuple[str, str]]:
     if "samples_iceberg" in m or "samples_kafka" in m:
         out.append(("rows trained", f"{rows(m.get('samples_iceberg', 0))} from Iceberg, {rows(m.get('samples_kafka', 0))} "
                                     "from Kafka (per epoch and phase, every rank)"))
-    if finite(m.get("logloss")):
-        on = m.get("auc_on", "after_t")
-        out.append(("logloss", f"{m['logloss']:.4f} on {rows(m.get(ROWS_OF.get(on, '')))} ({ON_WORDS.get(on, on)})"))
-    best = m.get("best_auc")
-    if isinstance(best, dict) and best:
-        parts = [f"{auc(best[k])} {w}" for k, w in (("holdout_before_t", "before T"), ("holdout_after_t", "after T"))
-                 if finite(best.get(k))]
-        if parts:
-            out.append(("best achievable", "; ".join(parts) + " (the generator's hidden model on the held-out rows)"))
+    head = t.headline
+    if finite(t.logloss) and head is not None:
+        out.append(("logloss", f"{t.logloss:.4f} on {rows(head.rows)} ({SET_TITLES.get(t.auc_on or '', t.auc_on)})"))
+    if head is not None and head.best is not None and head.best.auc is not None:
+        # "best achievable" only where its interval is narrower than the gap it explains
+        out.append(("best achievable", f"{_auc_of(head.best, head.rows)} (the generator's hidden model on the same rows)"
+                    if head.best_is_informative() else "not shown: its interval is wider than the gap to the model"))
     if m.get("chosen_epoch") is not None:
         out.append(("epoch kept", f"epoch {m['chosen_epoch']} of {m.get('epochs_run', '?')} run "
                                   f"(at most {m.get('epochs', '?')})"))
@@ -83,64 +84,63 @@ def summary_facts(m: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def freshness_section(doc: ReportDoc, m: dict[str, Any]) -> None:
+def freshness_section(doc: ReportDoc, m: dict[str, Any], t: RunMetrics) -> None:
     doc.h2("Freshness", "freshness")
     if m:
         lag = m.get("kafka_lag_at_stop")
+        f = t.freshness
+        live = f.live_prequential
         doc.table([
             ("newest event time trained on", m.get("newest_event_time") or "unknown"),
             ("Kafka lag at stop", f"{lag:,.0f} records" if finite(lag) else "unknown"),
             ("handoff time T", m.get("t_handoff", "unknown")),
+            ("event → exported model, p50 / p99", f"{_seconds(f.event_to_export_s_p50)} / {_seconds(f.event_to_export_s_p99)} "
+                                                  f"over {f.exports} export(s)"),
+            ("live model's prequential AUC (since the previous export)",
+             _auc_of(live.model, live.rows) if live is not None else "–"),
         ])
     else:
         doc.p("unknown (no metrics.json)", "muted")
     doc.end()
 
 
-def model_section(doc: ReportDoc, m: dict[str, Any], model: Finding | None, promotion: Finding | None) -> None:
-    """The model against its baselines and the champion, the validation curve, the promotion."""
-    if not m or "auc" not in m and "auc_after_t" not in m:
+def _seconds(x: float | None) -> str:
+    return f"{x:,.1f} s" if finite(x) else "–"
+
+
+def model_section(doc: ReportDoc, t: RunMetrics, model: Finding | None, promotion: Finding | None,
+                  decision: dict[str, Any] | None) -> None:
+    """The model on every evaluation set against its baselines and the champion, the validation
+    curve; then the prequential curve and the forward-tail decision."""
+    if t.auc_on is None and not t.validation_curve:
         return
-    doc.h2("Model, baselines and promotion", "model")
+    doc.h2("Model, baselines and evaluation sets", "model")
     if model is not None:
         doc.finding(model)
-    r = ("eval_rows_after_t", "val_rows", "eval_rows_before_t")
-    doc.table([
-        (f"after T ({rows(m.get(r[0]))} held out, of the stream period)", _auc_of(m, "auc_after_t", r[0]),
-         _auc_of(m, "baseline_auc_after_t", r[0]), _auc_of(m, "popularity_auc_after_t", r[0]),
-         _auc_of(m, "champion_auc_after_t", r[0]), _auc_of(m, "auc_after_t_batch_only", r[0]), auc(m.get("best_auc_after_t"))),
-        (f"validation days ({rows(m.get(r[1]))} before T)", _auc_of(m, "val_auc", r[1]), _auc_of(m, "baseline_val_auc", r[1]),
-         "–", "–", "–", "–"),
-        (f"held out before T ({rows(m.get(r[2]))}, interleaved with the trained rows)", _auc_of(m, "auc_before_t", r[2]),
-         _auc_of(m, "baseline_auc_before_t", r[2]), "–", "–", _auc_of(m, "auc_before_t_batch_only", r[2]),
-         auc(m.get("best_auc_before_t"))),
-    ], ("scored on", "model", "logistic baseline", "item popularity", f"champion {m.get('champion_run_id') or ''}",
-        "batch-only", "best achievable"))
-    n = m.get("eval_rows_after_t")
-    doc.p("Model − champion: " + difference(m.get("auc_diff_vs_champion"), m.get("auc_diff_vs_champion_ci"), n,
-                                            "the champion")[0]
-          + " (95 % intervals from a bootstrap over users)."
-          + (f" The champion was not re-scored: {m['champion_note']}." if m.get("champion_note") else ""))
-    _validation(doc, m)
-    if promotion is not None:
-        doc.finding(promotion)
+    evaluation_report.evaluation_table(doc, t)
+    _validation(doc, t)
     doc.end()
+    evaluation_report.prequential_section(doc, t)
+    evaluation_report.decision_section(doc, t, decision, promotion)
 
 
-def _validation(doc: ReportDoc, m: dict[str, Any]) -> None:
-    curve = m.get("validation_curve") or []
+def _validation(doc: ReportDoc, t: RunMetrics) -> None:
+    curve = t.validation_curve
     if not curve:
         return
-    doc.p(f"Early stopping on the validation days ({rows(m.get('val_rows'))}): {m.get('epochs_run')} of at most "
-          f"{m.get('epochs')} epochs run, epoch {m.get('chosen_epoch')} kept (lowest validation loss)"
-          + (", stopped early." if m.get("stopped_early") else "."))
+    val = t.evaluation.validation
+    doc.p(f"Early stopping on the validation days ({rows(val.rows if val is not None else None)}): {t.epochs_run} of at most "
+          f"{t.epochs} epochs run, epoch {t.chosen_epoch} kept (lowest validation loss)"
+          + (", stopped early." if t.stopped_early else "."))
     if len(curve) < 2:  # one point is a number, not a curve
         c = curve[0]
         nan = float("nan")
-        doc.p(f"One epoch: validation logloss {c.get('loss', nan):.4f} (baseline {c.get('baseline_loss', nan):.4f}), "
-              f"{auc(c.get('auc'), m.get('val_rows'))} (baseline {auc(c.get('baseline_auc'))}).", "muted")
+        loss = c.loss if c.loss is not None else nan
+        base = c.baseline_loss if c.baseline_loss is not None else nan
+        doc.p(f"One epoch: validation logloss {loss:.4f} (baseline {base:.4f}), "
+              f"{auc(c.auc, val.rows if val is not None else None)} (baseline {auc(c.baseline_auc)}).", "muted")
         return
-    doc.img(plots.validation_curve(curve, m.get("chosen_epoch")), "validation curve")
+    doc.img(plots.validation_curve([c.model_dump() for c in curve], t.chosen_epoch), "validation curve")
 
 
 def training_section(doc: ReportDoc, run_dir: Path, m: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.pipeline.run_metrics import read_run_metrics
 from slipstream.settings import Settings
 from tests.airflow_fixtures import airflow, airflow_cli_env, migrated_airflow_db, use_airflow_db  # noqa: F401
 
@@ -63,14 +64,18 @@ def _check_first_run(settings: Settings, run: Path) -> None:
     assert set(summary["preprocess"]["days"]) == {"2025-01-01", "2025-01-02"}
     assert summary["train"]["snapshot_id"] == summary["preprocess"]["snapshot_id"]
     assert (run / "report.html").exists()
-    metrics = json.loads((run / "metrics.json").read_text())
-    # the publish task decided by the rule, on the rows after T (6,000 rows and one epoch learn
+    metrics = read_run_metrics(run)
+    # the publish task decided by the rule, on the forward tail (6,000 rows and one epoch learn
     # little: model quality is asserted by the demo and model-quality tests on more data)
-    decision = summary["publish"]  # judged after T, or on the validation days when no held-out row came after T
-    assert decision["evaluated_on"] == ("after_t" if metrics["auc_after_t"] is not None else "validation")
-    assert decision["promoted"] is (decision["challenger_auc"] > decision["baseline_auc"]) and decision["reason"], decision
-    assert metrics["samples_iceberg"] > 0 and metrics["samples_kafka"] > 0
-    assert summary["publish"]["challenger_auc"] == pytest.approx(metrics["auc"])
+    decision = summary["publish"]  # judged on the forward tail, or on the validation days without one
+    tail = metrics.evaluation.forward_tail
+    assert decision["evaluated_on"] == ("forward_tail" if tail is not None and tail.scored else "validation")
+    judged = tail if decision["evaluated_on"] == "forward_tail" else metrics.evaluation.validation
+    shown = judged is not None and judged.vs_baseline is not None and (judged.vs_baseline.lo or 0) > 0
+    assert decision["promoted"] is shown and decision["registered"] and decision["reason"], decision
+    assert metrics.samples_iceberg > 0 and metrics.samples_kafka > 0
+    assert judged is not None and judged.model is not None
+    assert summary["publish"]["challenger_auc"] == pytest.approx(judged.model.auc)
 
 
 @pytest.mark.parametrize("conf, named", [

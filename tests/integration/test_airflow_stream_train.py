@@ -109,7 +109,8 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     produce_samples(kafka_bootstrap, topic, data.stream.slice(0, half))
     for key, value in {"SLIPSTREAM_KAFKA_BOOTSTRAP": kafka_bootstrap, "SLIPSTREAM_TOPIC": topic, "OMP_NUM_THREADS": "1"}.items():
         monkeypatch.setenv(key, value)
-    params = {"stream_name": "ctr", "export_every_min": 60, "cpu_processes": 2, "window_days": 1, "batch_size": 64}
+    # an export every 3 s: the DAG's freshness record (event -> exported model, the live model's AUC)
+    params = {"stream_name": "ctr", "export_every_min": 0.05, "cpu_processes": 2, "window_days": 1, "batch_size": 64}
     run = Path(settings.runs_dir) / "stream-ctr"
 
     first, job = _render(params)
@@ -126,7 +127,7 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     worker = threading.Thread(target=train, daemon=True)
     worker.start()
     deadline = time.monotonic() + 240
-    while not ((m := checkpoint_meta(run)) and in_stream_with_progress(m)):
+    while not ((m := checkpoint_meta(run)) and in_stream_with_progress(m) and (run / "freshness.jsonl").exists()):
         assert worker.is_alive() and time.monotonic() < deadline, f"no stream checkpoint with progress: {failed}"
         time.sleep(0.05)
     op.on_kill()  # the task is stopped (a deploy, a crash): torchrun and its workers go
@@ -134,6 +135,12 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     assert not worker.is_alive() and failed
     stopped = checkpoint_meta(run)
     assert stopped is not None and stopped["phase"] == "stream"
+    # each export recorded how fresh the model was and how the live model scored the rows since
+    # the previous export (each scored before it trained), the newest also in the run's summary
+    exports = [json.loads(line) for line in (run / "freshness.jsonl").read_text().splitlines()]
+    assert any(e["event_to_export_s_p99"] is not None and e["rows"] > 0 for e in exports), exports
+    assert json.loads((run / "summary.json").read_text())["freshness"] == exports[-1]
+    assert any((e["live_prequential"] or {}).get("rows", 0) > 0 for e in exports), exports
 
     # the next daily commit lands: a fresh plan would pin a newer snapshot and a later T
     day2 = reference_samples(GeneratorConfig(start_day=fx.t_handoff.date(), days=1, impressions_per_day=300, seed=99))

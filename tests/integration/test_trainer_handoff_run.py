@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.samples.codec import encode_samples
 from slipstream.stream.kafka import consumer_config, create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
@@ -149,8 +150,8 @@ def test_run_layout_and_summary(run: Run) -> None:
     assert list((d / "tb").glob("events.out.tfevents.*"))
     s = run.summary
     for key in ("run_id", "snapshot_id", "t_handoff", "window_start", "samples_iceberg", "samples_kafka",
-                "dropped_before_t", "dead_letters", "handoff_offsets", "final_offsets", "auc", "logloss",
-                "auc_after_t", "auc_after_t_batch_only", "best_auc", "samples_per_s", "data_wait_share",
+                "dropped_before_t", "dead_letters", "handoff_offsets", "final_offsets", "auc", "auc_lo", "auc_hi",
+                "auc_rows", "logloss", "evaluation", "samples_per_s", "data_wait_share",
                 "newest_event_time", "kafka_lag_at_stop", "checkpoint"):
         assert key in s, key
     assert s["snapshot_id"] == run.fx.snapshot_id
@@ -159,9 +160,13 @@ def test_run_layout_and_summary(run: Run) -> None:
     assert s["kafka_lag_at_stop"] == 0 and s["stop_reason"].startswith("caught up")
     assert s["final_offsets"] == {str(p): o for p, o in end_offsets(run.bootstrap, run.topic).items()}
     assert all(m == "offsets_for_times" for m in s["handoff_methods"].values())
-    # the headline is judged after T (a few dozen rows here: too few to rank); before T, 490 rows
-    assert s["auc_on"] == "after_t" and s["auc"] == s["auc_after_t"] and s["eval_rows_after_t"] > 0
-    assert 0.5 < s["auc_before_t"] < 1.0
+    # no forward tail in this run: the headline is the prequential stream, every trained stream row
+    # scored by the model before the step that trained it (on both ranks, gathered once)
+    m = parse_run_metrics(s)
+    pre, before = m.evaluation.prequential, m.evaluation.holdout_before_t
+    assert pre is not None and before is not None and pre.model is not None and before.model is not None
+    assert s["auc_on"] == "prequential" and s["auc"] == pre.model.auc and pre.rows == s["samples_kafka"] == s["auc_rows"]
+    assert 0.5 < before.model.auc < 1.0  # type: ignore[operator]
     assert Path(s["checkpoint"]).name == (d / "checkpoint" / "latest").read_text().strip()
     profile = json.loads((d / "stream_profile.json").read_text())
     assert profile["rows"] == s["samples_kafka"]

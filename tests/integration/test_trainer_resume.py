@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from slipstream.pipeline.run_metrics import parse_run_metrics
 from slipstream.stream.kafka import create_topic, produce_samples
 from tests.trainer_fixtures import (
     REPO,
@@ -35,7 +36,7 @@ from tests.trainer_fixtures import (
     trainer_env,
     training_ids,
 )
-from trainers.observe.sample_audit import read_audit
+from trainers.observe.sample_audit import read_audit, read_evaluated
 
 pytestmark = pytest.mark.integration
 
@@ -116,9 +117,17 @@ def test_kill_in_the_stream_phase_then_resume_on_another_world_size(tmp_path: Pa
     assert_trained_once(audit, "kafka", stream_ids(data.stream, fx.t_handoff))
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 1 and summary["kafka_lag_at_stop"] == 0
+    # every trained stream row was scored before its step exactly once across the kill, on two
+    # ranks then one: the prequential record (a checkpoint piece) neither lost nor repeated a score
+    scored = read_evaluated(run_dir)
+    pre = scored.filter(pc.equal(scored.column("source"), "prequential")).column("sample_id").to_pylist()
+    assert len(pre) == len(set(pre)) and set(pre) == stream_ids(data.stream, fx.t_handoff)
+    prequential = parse_run_metrics(summary).evaluation.prequential
+    assert prequential is not None and prequential.rows == len(pre) == summary["samples_kafka"]
     # above chance: the resumed model is the trained one (0.66-0.71 seen with both shardings on 189
     # rows; test_trainer_sharded checks a sharded restore tensor by tensor)
-    assert summary["auc_before_t"] > 0.55, summary
+    before = parse_run_metrics(summary).evaluation.holdout_before_t
+    assert before is not None and before.model is not None and (before.model.auc or 0) > 0.55, before
     exported = torch.load(run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     table = next(v for k, v in exported["state_dict"].items() if k.endswith("embedding_bags.user_id.weight"))
     assert table.shape[0] > 1 and table.abs().sum() > 0  # the whole table, gathered

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from slipstream.pipeline.registry import ModelRegistry, decide_promotion
+from slipstream.pipeline.run_metrics import AucScore, EvalSet
 from slipstream.pipeline.runlayout import RunArtifactMissing, make_run_id, read_summary, update_summary
 from slipstream.settings import Settings
 from tests.airflow_fixtures import T_HANDOFF, write_run
+from tests.metrics_fixtures import run_metrics, scored_set
 
 
 def test_first_model_is_champion_then_the_same_rows_decide(tmp_path: Path) -> None:
@@ -18,19 +21,21 @@ def test_first_model_is_champion_then_the_same_rows_decide(tmp_path: Path) -> No
     runs = tmp_path / "runs"
     first = reg.publish(write_run(runs, "daily-1", 0.750), tolerance=0.002)
     assert first["decision"]["promoted"] and first["decision"]["champion_run_id"] is None
-    assert "beats its baseline 0.5000" in first["decision"]["reason"]
+    assert "vs its logistic baseline 0.5000: +0.2500 [+0.2400, +0.2600] on 1,000 forward-tail rows" in first["decision"]["reason"]
     assert reg.champion()["run_id"] == "daily-1"
 
-    # the champion re-scored on the challenger's rows: 0.7485 >= 0.750 - 0.002
-    within = reg.publish(write_run(runs, "daily-2", 0.7485, champion=("daily-1", 0.750)), tolerance=0.002)
+    # the champion re-scored on the challenger's rows: the lower bound -0.0018 is above -0.002
+    within = reg.publish(write_run(runs, "daily-2", 0.7485, champion=("daily-1", 0.750), half_width=0.0003),
+                         tolerance=0.002)
     assert within["decision"]["promoted"] and within["decision"]["champion_auc"] == 0.750
-    assert within["decision"]["evaluated_on"] == "after_t"
+    assert within["decision"]["evaluated_on"] == "forward_tail"
     assert reg.champion()["run_id"] == "daily-2"
 
     worse = reg.publish(write_run(runs, "daily-3", 0.740, champion=("daily-2", 0.7485)), tolerance=0.002)
     d = worse["decision"]
-    assert not d["promoted"] and d["challenger_auc"] == 0.740 and d["champion_auc"] == 0.7485
-    assert "the champion daily-2 scores 0.7485 vs 0.7400 (-0.0085" in d["reason"]
+    assert not d["promoted"] and d["registered"] and d["challenger_auc"] == 0.740 and d["champion_auc"] == 0.7485
+    assert "vs the champion daily-2 on the same 1,000 rows: 0.7400 vs 0.7485 (-0.0085 [-0.0185, +0.0015])" in d["reason"]
+    assert "the champion stays" in d["reason"]
     assert reg.champion()["run_id"] == "daily-2"
 
     # a champion that could not be re-scored on the same rows is not replaced on other numbers
@@ -42,33 +47,62 @@ def test_first_model_is_champion_then_the_same_rows_decide(tmp_path: Path) -> No
     assert [p["run_id"] for p in pkgs] == ["daily-1", "daily-2", "daily-3", "daily-4"]
     pkg = reg.package("daily-3")
     assert pkg["lineage"]["snapshot_id"] == 42 and pkg["lineage"]["final_offsets"] == {"0": 9}
+    assert pkg["metrics"]["auc"] == 0.740 and pkg["metrics"]["auc_rows"] == 1000 and pkg["metrics"]["auc_on"] == "forward_tail"
     assert pkg["schema_version"] == 1
     assert (tmp_path / "registry" / "models" / "daily-3" / "model.pt").read_bytes() == b"weights-daily-3"
     assert len(pkg["files"]["model.pt"]["sha256"]) == 64
 
 
 def test_no_auc_is_never_promoted() -> None:
-    d = decide_promotion("r", {"eval_rows_after_t": 10}, {"run_id": "c", "auc": 0.7}, 0.01)
+    d = decide_promotion("r", run_metrics("r"), {"run_id": "c", "auc": 0.7}, 0.01)
     assert not d.promoted and "no finite AUC on 0 validation rows" in d.reason
-    assert not decide_promotion("r", {"eval_rows_after_t": 10, "auc_after_t": float("nan")}, None, 0.01).promoted
+    empty = EvalSet(rows=10, users=3, model=AucScore(auc=None))
+    assert not decide_promotion("r", run_metrics("r", forward_tail=empty), None, 0.01).promoted
 
 
 def test_a_model_that_does_not_beat_its_baseline_is_never_promoted() -> None:
-    metrics = {"eval_rows_after_t": 500, "auc_after_t": 0.61, "baseline_auc_after_t": 0.64,
-               "auc_diff_vs_baseline_ci": [-0.05, -0.01]}
+    tail = scored_set(0.61, baseline=0.64, rows=500, users=120, half_width=0.02)
     for champion in (None, {"run_id": "old", "auc": 0.5}):  # not even as the first model
-        d = decide_promotion("r", metrics, champion, 0.01)
-        assert not d.promoted and d.baseline_auc == 0.64
-        assert "AUC 0.6100 does not beat its logistic-regression baseline 0.6400 on 500 rows after T" in d.reason
-        assert "95% CI [-0.0500, -0.0100]" in d.reason
+        d = decide_promotion("r", run_metrics("r", forward_tail=tail), champion, 0.01)
+        assert not d.promoted and d.registered and d.baseline_auc == 0.64
+        assert ("AUC 0.6100 vs its logistic baseline 0.6400: -0.0300 [-0.0500, -0.0100] on 500 forward-tail rows after T "
+                "of 120 users: it does not beat its logistic-regression baseline") in d.reason
 
 
-def test_without_rows_after_t_the_validation_days_decide_but_never_replace_a_champion() -> None:
-    metrics = {"eval_rows_after_t": 0, "val_auc": 0.7, "baseline_val_auc": 0.65, "val_rows": 300}
-    first = decide_promotion("r", metrics, None, 0.01)
+def test_a_model_equal_to_its_baseline_is_registered_not_promoted(tmp_path: Path) -> None:
+    """Scores from the real bootstrap: the model and its baseline see the same signal through noise
+    of the same size (equally good), so the model's advantage is not significant; the first model
+    is registered, not promoted, and the reason says why. The `point` rule (for demos) keeps the old
+    behaviour: ahead by a hair, promoted."""
+    from slipstream.scoring import auc
+    from trainers.eval.judge import judge
+
+    rng = np.random.default_rng(6)  # a draw where the model is ahead by a hair (+0.017)
+    users = rng.integers(0, 400, 3000)
+    labels = (rng.random(3000) < 0.25).astype(np.float64)
+    signal = 0.25 + 0.1 * labels
+    baseline, model = (np.clip(signal + 0.15 * rng.standard_normal(3000), 0.01, 0.99) for _ in range(2))
+    tail = judge(labels, users, {"model": model, "baseline": baseline})
+    assert tail.vs_baseline is not None and tail.vs_baseline.lo < 0 < tail.vs_baseline.diff, tail.vs_baseline
+    runs = tmp_path / "runs"
+    path = write_run(runs, "daily-eq", None)
+    (path / "metrics.json").write_text(run_metrics("daily-eq", forward_tail=tail).to_json())
+    reg = ModelRegistry(str(tmp_path / "registry"))
+    d = reg.publish(path)["decision"]
+    assert d["registered"] and not d["promoted"] and reg.champion() is None
+    assert "registered, not promoted" in d["reason"]
+    assert "its advantage over its logistic-regression baseline is not significant" in d["reason"]
+    assert f"{auc(labels, model):.4f} vs its logistic baseline {auc(labels, baseline):.4f}" in d["reason"]
+    # the point rule promotes a model ahead by a hair
+    assert decide_promotion("daily-eq", run_metrics("daily-eq", forward_tail=tail), None, 0.002, "point").promoted
+
+
+def test_without_a_forward_tail_the_validation_days_decide_but_never_replace_a_champion() -> None:
+    val = scored_set(0.70, baseline=0.65, rows=300, users=90)
+    first = decide_promotion("r", run_metrics("r", validation=val), None, 0.01)
     assert first.promoted and first.evaluated_on == "validation" and "300 validation rows" in first.reason
-    kept = decide_promotion("r", metrics, {"run_id": "old", "auc": 0.5}, 0.01)
-    assert not kept.promoted and "without rows after T" in kept.reason
+    kept = decide_promotion("r", run_metrics("r", validation=val), {"run_id": "old", "auc": 0.5}, 0.01)
+    assert not kept.promoted and "without a forward tail after T" in kept.reason
 
 
 def test_missing_export_names_the_file(tmp_path: Path) -> None:
@@ -144,6 +178,17 @@ def test_latest_run_dir_finds_the_newest_run_of_a_day(settings) -> None:  # type
     assert latest_run_dir(settings, "daily", T_HANDOFF) == new
     with pytest.raises(RunArtifactMissing, match="no run folder stream-"):
         latest_run_dir(settings, "stream")
+
+
+def test_the_promotion_rule_is_a_setting(tmp_path: Path) -> None:
+    from slipstream.errors import ConfigError
+    from slipstream.pipeline.registry import RegistryConfig
+
+    settings = Settings(home=tmp_path)
+    assert RegistryConfig.from_env(settings, {}).rule == "significant"
+    assert RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "point"}).rule == "point"
+    with pytest.raises(ConfigError, match="SLIPSTREAM_PROMOTION_RULE must be one of significant, point"):
+        RegistryConfig.from_env(settings, {"SLIPSTREAM_PROMOTION_RULE": "optimistic"})
 
 
 def test_each_data_set_has_its_own_registry_and_champion(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:

@@ -90,22 +90,61 @@ def test_minimal_run_folder_degrades_gracefully(settings: Settings) -> None:
         render_report(settings, "nope")
 
 
+def test_the_report_shows_the_prequential_curve_and_the_forward_tail_decision_with_intervals(settings: Settings) -> None:
+    """Scores built by the trainer's own judging code (a bootstrap over users) on synthetic rows:
+    the report shows every set with its rows and intervals, the prequential curve per window (plot
+    and table), and the forward tail with the registry's decision."""
+    import numpy as np
+
+    from slipstream.pipeline.run_metrics import Evaluation, build_run_metrics
+    from trainers.eval.judge import judge
+    from trainers.eval.prequential import judge_columns, windows
+
+    rng = np.random.default_rng(2)
+    n = 3000
+    t0 = int(_t_handoff().timestamp() * 1_000_000)
+    y = (rng.random(n) < 0.25).astype(np.float32)
+    cols = {"label": y, "model": (0.4 * y + rng.random(n)).astype(np.float32), "baseline": rng.random(n).astype(np.float32),
+            "batch_only": rng.random(n).astype(np.float32), "popularity": np.full(n, np.nan, np.float32),
+            "best": np.full(n, np.nan, np.float32), "user": rng.integers(0, 400, n),
+            "event_us": t0 + np.sort(rng.integers(0, 6 * 3600, n)) * 1_000_000}
+    tail = judge(y[:800].astype(float), cols["user"][:800], {"model": cols["model"][:800].astype(float),
+                                                                "baseline": cols["baseline"][:800].astype(float)})
+    ev = Evaluation(prequential=judge_columns(cols), prequential_windows=windows(cols), forward_tail=tail,
+                    prequential_kept=n, prequential_seen=n)
+    run = Path(settings.runs_dir) / "run-5"
+    run.mkdir(parents=True)
+    m = build_run_metrics({"run_id": "run-5", "evaluation": ev, "auc_on": "forward_tail", "auc": tail.model.auc})  # type: ignore[union-attr]
+    (run / "metrics.json").write_text(m.to_json())
+    (run / "summary.json").write_text(json.dumps({"publish": {"promoted": False, "rule": "significant", "reason":
+                                                              "registered, not promoted: its advantage is not significant"}}))
+    text = render_report(settings, "run-5").read_text()
+    assert {"model", "prequential", "decision"} <= _sections(text)
+    assert "3,000 rows, 400 users" in text and ev.prequential.model.text() in text  # type: ignore[union-attr]
+    assert 'alt="prequential AUC per window with 95% intervals"' in text
+    assert text.count("<tr>") >= 12 + len(ev.prequential_windows)  # one table row per window
+    assert tail.vs_baseline is not None and tail.vs_baseline.text() in text
+    assert "registered, not promoted — registered, not promoted: its advantage is not significant" in text
+
+
 def _short_run(settings: Settings, run_id: str, last_line: bool) -> Path:
     """What a 40-step run with log_every_steps 50 leaves: metrics.json with its last step, a
     metrics.jsonl without a line (the trainer logs every 50 steps) or with the last step's line,
     and the registry's decision on 232 rows whose interval includes 0."""
     run = Path(settings.runs_dir) / run_id
     run.mkdir(parents=True)
-    metrics = {
-        "run_id": run_id, "step": 40, "auc": 0.6101, "logloss": 0.6612, "auc_on": "after_t", "auc_after_t": 0.6101,
-        "eval_rows_after_t": 232, "baseline_auc": 0.5981, "baseline_auc_after_t": 0.5981,
-        "auc_diff_vs_baseline": 0.012, "auc_diff_vs_baseline_ci": [-0.019, 0.058],
-        "best_auc": {"holdout_before_t": 0.7412, "holdout_after_t": 0.7305}, "best_auc_after_t": 0.7305,
-        "samples_per_s": 51234.5678, "data_wait_share": 0.0812, "val_rows": 1200, "val_auc": 0.62,
-        "validation_curve": [{"epoch": 1, "loss": 0.65, "auc": 0.62, "baseline_loss": 0.66, "baseline_auc": 0.6}],
-        "chosen_epoch": 1, "epochs_run": 1, "epochs": 1, "samples_iceberg": 2560, "samples_kafka": 0,
-    }
-    (run / "metrics.json").write_text(json.dumps(metrics))
+    from slipstream.pipeline.run_metrics import AucScore, Difference, EpochScores
+    from tests.metrics_fixtures import run_metrics, scored_set
+
+    tail = scored_set(0.6101, baseline=0.5981, rows=232, users=31)
+    tail.vs_baseline = Difference(diff=0.012, lo=-0.019, hi=0.058)
+    tail.best, tail.best_gap = AucScore(auc=0.7305, lo=0.70, hi=0.76), Difference(diff=0.1204, lo=0.09, hi=0.15)
+    tail.model.logloss = 0.6612  # type: ignore[union-attr]
+    metrics = run_metrics(
+        run_id, forward_tail=tail, validation=scored_set(0.62, baseline=0.6, rows=1200), step=40,
+        samples_per_s=51234.5678, data_wait_share=0.0812, chosen_epoch=1, epochs_run=1, epochs=1, samples_iceberg=2560,
+        samples_kafka=0, validation_curve=[EpochScores(epoch=1, loss=0.65, auc=0.62, baseline_loss=0.66, baseline_auc=0.6)])
+    (run / "metrics.json").write_text(metrics.to_json())
     line = {"step": 40, "phase": "batch", "epoch": 0, "loss": 0.671, "samples_per_s": 50100.0, "data_wait_share": 0.07}
     (run / "metrics.jsonl").write_text(json.dumps(line) + "\n" if last_line else "")
     reason = ("no champion yet: the first model is promoted; AUC 0.6101 beats its baseline 0.5981, "
@@ -132,5 +171,5 @@ def test_a_40_step_run_has_a_training_curve_and_honest_words(settings: Settings,
     # numbers with units and rows, no raw floats or dict reprs
     assert "{&#39;" not in text and "{'" not in text and "51234.5678" not in text
     assert "51,235 samples/s; 8.1 % of the training time waiting for data" in text
-    assert "AUC 0.7412 before T; AUC 0.7305 after T" in text
+    assert "AUC 0.7305 on 232 rows, 95 % CI [0.7000, 0.7600] (the generator&#39;s hidden model on the same rows)" in text
     assert "One epoch: validation logloss 0.6500" in text and 'alt="validation curve"' not in text  # one point: a number

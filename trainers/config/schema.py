@@ -175,7 +175,14 @@ class DataConfig:
     lag_interval_s: float = 1.0
     """How often the watermarks (lag) are refreshed."""
     eval_max_rows: int = 200_000
-    """Cap on held-out rows scored per evaluation set (before T, after T)."""
+    """Cap on the rows scored per end-of-run evaluation set (forward tail, hold-outs, validation days)."""
+    forward_tail_share: float = 0.2
+    """The last share of the after-T stream's time span (from T to the newest event at the
+    handoff) is the forward tail: never trained, scored at the end by the model, its baselines and
+    the champion, and what promotion is decided on (0: no tail; a continuous run has none)."""
+    prequential_max_rows: int = 1_000_000
+    """Stream rows scored before training (prequential) kept for the run's scores, all ranks
+    together; past it the oldest are dropped (a continuous run reports its newest rows)."""
     generator_manifest: str = ""
     """Path of the generator's manifest.json: its best achievable AUC goes into the summary."""
 
@@ -196,6 +203,8 @@ class DataConfig:
         require(self.prefetch_chunks >= 1, f"data.prefetch_chunks must be >= 1, got {self.prefetch_chunks}")
         require(self.consume_batch >= 1, f"data.consume_batch must be >= 1, got {self.consume_batch}")
         require(self.eval_max_rows >= 1, f"data.eval_max_rows must be >= 1, got {self.eval_max_rows}")
+        require(0.0 <= self.forward_tail_share < 1.0, f"data.forward_tail_share must be in [0, 1), got {self.forward_tail_share}")
+        require(self.prequential_max_rows >= 1, f"data.prequential_max_rows must be >= 1, got {self.prequential_max_rows}")
         self.t_handoff = parse_time(self.t_handoff, "data.t_handoff")  # parsed once, here
 
     @property

@@ -10,10 +10,10 @@
   offset right after an abort marker is read the same way (the reader starts a little before it).
 - A consume call's values are decoded in one batch (`slipstream.samples.codec.decode_samples`: one
   Arrow JSON parse, or numpy views for the binary codec; no per-record dicts). Records with
-  event_time < T are dropped and counted (the batch phase trained them); held-out records are kept
-  out of training; bad records, event times outside [T - data.max_age_s, clock +
-  data.max_future_skew_s] and duplicate sample ids (`trainers.data.dedupe`) go to the dead-letter
-  topic with the reason and their origin in headers.
+  event_time < T are dropped and counted (the batch phase trained them); held-out records and the
+  forward tail (`trainers.data.forward_tail`) are kept out of training; bad records, event times
+  outside [T - data.max_age_s, clock + data.max_future_skew_s] and duplicate sample ids
+  (`trainers.data.dedupe`) go to the dead-letter topic with the reason and their origin in headers.
 - `positions` is the next offset to read per partition: what a checkpoint stores (`state_dict`).
   `lag()` is the committed end (last stable offset) minus the position: 0 only when every
   committed record was handed over, never because the reader stopped seeing records.
@@ -86,12 +86,15 @@ class StreamCounters:
     """Records decoded with event_time >= T, not held out, not duplicates (handed to training)."""
     dropped_before_t: int = 0
     holdout: int = 0
+    forward_tail: int = 0
+    """Records of the forward tail (event time >= its start), not held out by hash: never trained."""
     dead_letters: int = 0
     """Records sent to the dead-letter topic, duplicates not included."""
     duplicates: int = 0
     """Records of a sample id admitted within the dedupe horizon (dead-lettered as duplicates)."""
     records: int = 0
     newest_event_us: int = -1
+    """The newest event time of a row handed to training (-1: none yet)."""
     dead_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -115,6 +118,7 @@ class KafkaSource:
         group: str,
         spec: Spec = DEFAULT_SPEC,
         max_future_skew_s: float = 3600.0,
+        forward_tail_start_us: int | None = None,
         max_age_s: float = 400 * DAY_S,
         dedupe: SampleIdDedupe | None = None,
     ) -> None:
@@ -123,6 +127,8 @@ class KafkaSource:
         self.bootstrap = as_access(bootstrap)
         self.partitions = list(partitions)
         self.t_us = t_handoff_us
+        self.tail_us = forward_tail_start_us if forward_tail_start_us is not None else np.iinfo(np.int64).max
+        """Rows with event time at or after this are the forward tail: evaluated at the end, never trained."""
         self.consume_batch, self.consume_timeout_s = consume_batch, consume_timeout_s
         self.lag_interval_s = lag_interval_s
         self.max_future_us = int(max_future_skew_s * 1_000_000)
@@ -201,13 +207,15 @@ class KafkaSource:
         sane = self._check_event_times(event_us, now_ms * 1000, table, values, idx, parts, offs, msgs)
         before = sane & (event_us < self.t_us)
         hold = sane & holdout_mask(table.column("sample_id"))
+        tail = sane & (event_us >= self.tail_us)
         c.dropped_before_t += int(before.sum())
         c.holdout += int((hold & ~before).sum())
-        if sane.any():
-            c.newest_event_us = max(c.newest_event_us, int(event_us[sane].max()))
-        keep = np.flatnonzero(sane & ~before & ~hold)
+        c.forward_tail += int((tail & ~hold).sum())
+        keep = np.flatnonzero(sane & ~before & ~hold & ~tail)
         if self.dedupe is not None and len(keep):
             keep = self._drop_duplicates(keep, table, event_us, values, idx, parts, offs, msgs)
+        if len(keep):  # the newest event handed to training (not the held-out, tail or duplicate rows read)
+            c.newest_event_us = max(c.newest_event_us, int(event_us[keep].max()))
         c.fresh += len(keep)
         return Rows.from_arrow(
             table, self.layout, source=SOURCE_KAFKA, partition=parts[idx], offset=offs[idx], record_ms=stamps[idx],

@@ -3,8 +3,9 @@
 - `StreamShuffle` holds fresh rows until it has `capacity` of them (or the stream is idle) and
   emits random subsets: records of different partitions and times mix within a batch.
 - `ReplayReservoir` keeps a uniform sample (random-key top-k, vectorised) of the recent part of
-  the batch window; each stream batch draws `replay_share` of its rows from it, so a fresh
-  stream of one hour does not wash out what the model learned from days.
+  the rows the batch phase trained; each stream batch draws `replay_share` of its rows from it, so
+  a fresh stream of one hour does not wash out what the model learned from days. It refuses rows
+  at or after its end (the validation days): an evaluation row is never replayed.
 
 - `exchange_split` deals a rank's fresh rows into one piece per rank for `data.exchange` (the
   all-to-all that makes every rank's batch mix all partitions, not only its own).
@@ -89,7 +90,7 @@ class StreamShuffle:
 
 
 class ReplayReservoir:
-    """A uniform sample of at most `capacity` of the offered rows with event_time >= start_us:
+    """A uniform sample of at most `capacity` of the offered rows with start_us <= event_time < end_us:
     every offered row gets a random key and the rows with the largest keys are kept. Offers are
     amortised O(rows offered): once the sample is full a row enters only if its key beats the
     smallest kept one, and new rows are merged in (kept rows ordered by key, largest first) when
@@ -98,9 +99,11 @@ class ReplayReservoir:
     Scale). The sample and its order depend only on the rows offered and the seed."""
 
     def __init__(self, capacity: int, start_us: int, seed: int, rank: int, layout: RowLayout = DEFAULT_LAYOUT,
-                 world: int = 1) -> None:
+                 world: int = 1, end_us: int | None = None) -> None:
         self.capacity = capacity
         self.start_us = start_us
+        self.end_us = end_us if end_us is not None else np.iinfo(np.int64).max
+        """Rows at or after this (the validation days before T) never enter."""
         self.layout = layout
         self.rank, self.world = rank, world
         self.rng = np.random.default_rng([seed, rank, 29])
@@ -127,8 +130,8 @@ class ReplayReservoir:
         return self._keys
 
     def offer(self, rows: Rows) -> None:
-        """Keep a uniform sample of the offered rows with event_time >= start_us."""
-        recent = rows.mask(rows.event_us >= self.start_us)
+        """Keep a uniform sample of the offered rows with start_us <= event_time < end_us."""
+        recent = rows.mask((rows.event_us >= self.start_us) & (rows.event_us < self.end_us))
         if not len(recent):
             return
         keys = self.rng.random(len(recent))

@@ -24,7 +24,7 @@ from trainers.checkpoint.stateful import check_version
 
 STATE_VERSION = 1
 COUNTERS = ("samples_iceberg", "samples_kafka", "samples_replay", "dropped_before_t", "dead_letters",
-            "holdout_stream", "records_kafka", "duplicates")
+            "holdout_stream", "forward_tail_stream", "records_kafka", "duplicates")
 PHASES = ("batch", "stream", "done")
 
 
@@ -49,6 +49,9 @@ class TrainState:
     """Per partition, the first offset of the stream phase (None before the handoff)."""
     handoff_methods: dict[int, str] = field(default_factory=dict)
     """How each handoff offset was found (offsets_for_times, binary search, ...)."""
+    forward_tail_start_us: int | None = None
+    """Stream records with event time at or after this are the forward tail: never trained
+    (`trainers.data.forward_tail`; None: the run has no tail). Fixed at the handoff."""
     my_partitions: list[int] = field(default_factory=list)
     """The partitions this rank reads in the stream phase (not saved: re-dealt on resume)."""
     counters: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
@@ -68,7 +71,8 @@ class TrainState:
         return {
             "version": STATE_VERSION, "step": self.step, "phase": self.phase, "epoch": self.epoch,
             "positions": dict(self.positions), "handoff_offsets": self.handoff_offsets,
-            "handoff_methods": self.handoff_methods, "counters": dict(counters if counters is not None else self.counters),
+            "handoff_methods": self.handoff_methods, "forward_tail_start_us": self.forward_tail_start_us,
+            "counters": dict(counters if counters is not None else self.counters),
             "stream_elapsed_s": self.stream_elapsed_s, "stop_offsets": self.stop_offsets,
         }
 
@@ -80,6 +84,8 @@ class TrainState:
         self.positions = _int_keys(state.get("positions")) or {}
         self.handoff_offsets = _int_keys(state.get("handoff_offsets"))
         self.handoff_methods = _int_keys(state.get("handoff_methods")) or {}
+        tail = state.get("forward_tail_start_us")
+        self.forward_tail_start_us = None if tail is None else int(tail)
         self.counters = {k: float(state.get("counters", {}).get(k, 0.0)) for k in COUNTERS}
         self.stream_elapsed_s = float(state.get("stream_elapsed_s", 0.0))
         self.stop_offsets = _int_keys(state.get("stop_offsets"))

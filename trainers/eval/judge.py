@@ -1,10 +1,11 @@
-"""The scores that decide a model's promotion: on rows after T (the future: neither the model nor
-its baselines nor the current champion trained on them), the model against its logistic baseline,
-item popularity and the champion re-scored on the same rows, each difference with a confidence
-interval from a bootstrap over users (rows of one user are not independent).
+"""Judging a model on an evaluation set: the model, its baselines, the batch-only model, the
+champion and the generator's truth scored on the same rows, each AUC and each difference with a
+95% interval from one bootstrap over users (`slipstream.scoring.UserBootstrap`: rows of one user
+are not independent), as the `EvalSet` of metrics.json (`slipstream.pipeline.run_metrics`).
 
-`slipstream.pipeline.registry.decide_promotion` reads these numbers from metrics.json; this module
-computes them where torch and the rows are (the trainer's finish).
+`slipstream.pipeline.registry.decide_promotion` reads the forward tail's `EvalSet`; this module
+computes it where torch and the rows are. `load_champion` brings the registry's champion to
+re-score it on the same rows in the same step.
 """
 
 from __future__ import annotations
@@ -12,49 +13,19 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
+from slipstream.pipeline.run_metrics import AucScore, Difference, EvalSet
 from slipstream.samples.spec import Spec, spec_from_dict
-from slipstream.scoring import auc
+from slipstream.scoring import UserBootstrap, logloss
 from slipstream.settings import Settings
 from trainers.config.schema import ModelConfig
 
 log = logging.getLogger(__name__)
-
-BOOTSTRAP_ROUNDS = 200
-CONFIDENCE = 0.95
-
-
-def bootstrap_diff(labels: np.ndarray, p_a: np.ndarray, p_b: np.ndarray, groups: np.ndarray,
-                   rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> dict[str, float]:
-    """AUC(p_a) − AUC(p_b) on the rows, and its 95% interval from resampling whole groups (users)
-    with replacement. NaN where the rows hold one class only."""
-    diff = auc(labels, p_a) - auc(labels, p_b)
-    out = {"diff": diff, "lo": math.nan, "hi": math.nan}
-    if not math.isfinite(diff) or len(labels) < 10:
-        return out
-    uniq, inverse = np.unique(groups, return_inverse=True)
-    members = np.argsort(inverse, kind="stable")
-    starts = np.searchsorted(inverse[members], np.arange(len(uniq)))
-    sizes = np.bincount(inverse, minlength=len(uniq))
-    rng = np.random.default_rng(seed)
-    diffs = []
-    for _ in range(rounds):
-        pick = rng.integers(0, len(uniq), len(uniq))
-        rows = np.concatenate([members[starts[g]:starts[g] + sizes[g]] for g in pick])
-        d = auc(labels[rows], p_a[rows]) - auc(labels[rows], p_b[rows])
-        if math.isfinite(d):
-            diffs.append(d)
-    if len(diffs) >= rounds // 2:
-        tail = (1 - CONFIDENCE) / 2
-        out["lo"], out["hi"] = (float(x) for x in np.quantile(diffs, [tail, 1 - tail]))
-    return out
-
 
 def load_champion(settings: Settings, spec: Spec, model_cfg: ModelConfig, run_id: str,
                   device: torch.device) -> tuple[str | None, torch.nn.Module | None, str]:
@@ -92,16 +63,22 @@ def load_champion(settings: Settings, spec: Spec, model_cfg: ModelConfig, run_id
     return champ_id, model.to(device), ""
 
 
-def judged(labels: np.ndarray, users: np.ndarray, model: np.ndarray, baseline: np.ndarray,
-           popularity: np.ndarray | None, champion: np.ndarray | None) -> dict[str, Any]:
-    """The after-T comparisons, for metrics.json."""
-    out: dict[str, Any] = {}
-    vs_base = bootstrap_diff(labels, model, baseline, users)
-    out.update(auc_diff_vs_baseline=vs_base["diff"], auc_diff_vs_baseline_ci=[vs_base["lo"], vs_base["hi"]])
-    if popularity is not None and np.isfinite(popularity).all():
-        out["popularity_auc_after_t"] = auc(labels, popularity)
-    if champion is not None:
-        vs_champ = bootstrap_diff(labels, model, champion, users, seed=1)
-        out.update(champion_auc_after_t=auc(labels, champion), auc_diff_vs_champion=vs_champ["diff"],
-                   auc_diff_vs_champion_ci=[vs_champ["lo"], vs_champ["hi"]])
-    return out
+def judge(labels: np.ndarray, users: np.ndarray, probs: Mapping[str, np.ndarray | None], seed: int = 0,
+          logloss_of: tuple[str, ...] = ("model", "baseline", "batch_only", "champion")) -> EvalSet:
+    """One evaluation set's `EvalSet`: every model in `probs` (model, baseline, popularity,
+    batch_only, champion, best; None or NaN scores: not scored) on the same rows, each AUC with
+    its interval and the model's differences with their paired intervals, all from one bootstrap
+    over users."""
+    boot = UserBootstrap(labels, users, seed=seed)
+    given = {k: p for k, p in probs.items() if p is not None and len(p) == len(labels) and np.isfinite(p).all()}
+    fields: dict[str, object] = {"rows": boot.rows, "users": boot.users, "positives": boot.positives}
+    for name, p in given.items():
+        fields[name] = AucScore.of(boot.auc(p), logloss(labels, p) if name in logloss_of else None)
+    model = given.get("model")
+    if model is not None:
+        for other, key in (("baseline", "vs_baseline"), ("champion", "vs_champion"), ("batch_only", "vs_batch_only")):
+            if other in given:
+                fields[key] = Difference.of(boot.diff(model, given[other]))
+        if "best" in given:
+            fields["best_gap"] = Difference.of(boot.diff(given["best"], model))
+    return EvalSet.model_validate(fields)

@@ -23,10 +23,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slipstream.samples.spec import EVENT_TIME, Spec
-from slipstream.scoring import auc
+from slipstream.scoring import UserBootstrap, auc
 from trainers.data.rows import Rows
 from trainers.data.units import Opener, WorkUnit
-from trainers.eval.judge import bootstrap_diff
 from trainers.parallel.dist import Dist
 
 Z95 = 1.959963984540054
@@ -75,10 +74,9 @@ def seen_before(query: dict[str, np.ndarray], units: list[WorkUnit], open_file: 
 
 
 def _auc_ci(labels: np.ndarray, probs: np.ndarray, groups: np.ndarray) -> tuple[float, list[float]]:
-    """AUC and its 95% bootstrap interval over groups (the difference from a constant score, whose
-    AUC is 0.5 in every resample)."""
-    b = bootstrap_diff(labels, probs, np.full(len(probs), 0.5), groups)
-    return b["diff"] + 0.5, [b["lo"] + 0.5, b["hi"] + 0.5]
+    """AUC and its 95% bootstrap interval over groups (users)."""
+    e = UserBootstrap(labels, groups).auc(probs)
+    return e.value, [e.lo, e.hi]
 
 
 def id_tables_report(spec: Spec, stats: dict[str, dict[str, int]], stats_at_t: dict[str, dict[str, int]] | None,

@@ -3,11 +3,12 @@
 The last `data.validation_days` of the window (before T) are the validation set: they are never
 trained in the batch phase (never a random split: a random holdout of the same days measures
 interpolation, which is easy; the days just before T measure what comes next). After every epoch
-the model and the logistic baseline are scored on them; the epoch with the lowest validation loss
-is kept (its weights in `checkpoint/best-epoch-<E>.pt`), and the batch phase stops once
-`data.patience` epochs in a row brought no improvement, so `data.epochs` is a cap. The kept model
-goes on to the stream phase. The validation rows then seed the replay reservoir: fresh rows of the
-stream are compared (drift gauge) with recent rows the model has not memorised.
+the model and the logistic baseline are scored on them (`trainers.eval.sets.validation_rows`); the
+epoch with the lowest validation loss is kept (its weights in `checkpoint/best-epoch-<E>.pt`), and
+the batch phase stops once `data.patience` epochs in a row brought no improvement, so
+`data.epochs` is a cap. The kept model goes on to the stream phase. The validation rows are
+never trained, replayed or used for scaling; in the stream phase the drift gauge compares fresh
+rows with them (both unseen, so memorisation is not read as drift).
 
 The curve, the best epoch and the patience counter are the piece's state (`state_dict`), saved with
 every checkpoint, so a resumed run keeps the same choice.
@@ -19,62 +20,16 @@ import contextlib
 import logging
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
-from slipstream.samples.spec import EVENT_TIME
-
-from trainers.checkpoint.store import atomic_torch_save
-from trainers.data.units import Opener, WorkUnit
-from trainers.eval.scoring import SCORE_BATCH, auc_logloss, score
-from trainers.data.rows import RowLayout, Rows
 from trainers.checkpoint.stateful import check_version
+from trainers.checkpoint.store import atomic_torch_save
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-def _overlaps(md: pq.FileMetaData, group: int, column: int, start_us: int, end_us: int) -> bool:
-    """Whether a row group may hold event times in [start_us, end_us) (no statistics: maybe)."""
-    stats = md.row_group(group).column(column).statistics
-    if stats is None or not stats.has_min_max:
-        return True
-    lo, hi = stats.min, stats.max
-    lo_us = int(lo.timestamp() * 1_000_000) if hasattr(lo, "timestamp") else int(lo)
-    hi_us = int(hi.timestamp() * 1_000_000) if hasattr(hi, "timestamp") else int(hi)
-    return hi_us >= start_us and lo_us < end_us
-
-
-def validation_rows(units: list[WorkUnit], open_file: Opener, layout: RowLayout, start_us: int, end_us: int,
-                    rank: int, world: int, cap: int) -> Rows:
-    """This rank's share (units r, r + world, ...) of the rows with start_us <= event time < end_us,
-    at most `cap`. Row groups whose event-time statistics lie outside are not read."""
-    out: list[Rows] = []
-    n = 0
-    for unit in units[rank::world]:
-        with open_file(unit.path) as fh:
-            pf = pq.ParquetFile(fh)
-            names = pf.schema_arrow.names
-            if EVENT_TIME not in names:
-                continue
-            if not _overlaps(pf.metadata, unit.row_group, names.index(EVENT_TIME), start_us, end_us):
-                continue
-            table = pf.read_row_group(unit.row_group, columns=[c for c in layout.read_columns if c in names])
-        us = pc.cast(table.column(EVENT_TIME), pa.int64())
-        keep = pc.and_(pc.greater_equal(us, start_us), pc.less(us, end_us))
-        table = table.filter(keep)
-        if table.num_rows:
-            out.append(Rows.from_arrow(table, layout, source=0))
-            n += table.num_rows
-        if n >= cap:
-            break
-    return Rows.first(out, layout, cap)
 
 
 class EarlyStopping:
@@ -144,15 +99,3 @@ def save_best(checkpoint_dir: Path, epoch: int, what: str, state: dict[str, Any]
 
 def load_best(checkpoint_dir: Path, epoch: int, what: str) -> dict[str, Any]:
     return torch.load(best_path(checkpoint_dir, epoch, what), map_location="cpu", weights_only=True)
-
-
-def scores(gather: Callable[[Any], list[Any]], model: torch.nn.Module, rows: Rows,
-           device: torch.device) -> tuple[float, float, np.ndarray, np.ndarray]:
-    """Collective: (AUC, logloss, labels, probabilities) of `model` on every rank's `rows`."""
-    passes = max(gather(-(-len(rows) // SCORE_BATCH)))  # every rank as many forward passes
-    probs = score(model, rows, device, passes=passes)
-    everything = gather((rows.label, probs))
-    labels = np.concatenate([e[0] for e in everything]) if everything else np.zeros(0)
-    p = np.concatenate([e[1] for e in everything]) if everything else np.zeros(0)
-    a, ll = auc_logloss(labels, p)
-    return a, ll, labels, p

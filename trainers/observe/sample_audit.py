@@ -7,6 +7,11 @@ and at the end of a run rank 0 merges them into `audit/rank-R.parquet` (the run-
 Replayed rows (the priority mix) are training repeats by design and are not audited; records sent
 to the dead-letter topic are, as source `dead_letter`, or `duplicate` for a sample id already
 admitted (so a rejected record is not a lost one).
+
+The same writer keeps the ids every evaluation scored, in `evaluated/` (`add_scored`: source = the
+evaluation set, step = the optimizer steps the scoring model had taken), and the replayed ids (source
+`replay`), so a reader can check that no evaluated row was trained before it was scored.
+`write_final` adds the sets scored at the end of a run (`evaluated/final-rank-R.parquet`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class AuditWriter:
             "step": pa.array(np.full(len(r), step, dtype=np.int64)),
         }, schema=AUDIT_SCHEMA))
 
+    def add_scored(self, rows: Rows, step: int, what: str) -> None:
+        """Rows an evaluation scored (or `replay` drew) with the model after `step` steps."""
+        if not len(rows):
+            return
+        self._pending.append(_table(rows, what, step))
+
     def add_dead_letters(self, letters: list[tuple[int, int, str]], step: int, source: str = "dead_letter") -> None:
         """Records sent to the dead-letter topic, (partition, offset, sample id or ""): audited as
         `source` (`dead_letter`, or `duplicate` for a sample id admitted before), so the report
@@ -83,6 +94,35 @@ class AuditWriter:
             pq.write_table(table, tmp)
             tmp.replace(path)
         self._pending = []
+
+
+def _table(rows: Rows, what: str, step: int) -> pa.Table:
+    n = len(rows)
+    return pa.table({
+        "sample_id": rows.sample_id, "source": pa.array([what] * n, pa.string()),
+        "epoch": pa.array(rows.epoch, pa.int32()), "partition": pa.array(rows.partition, pa.int32()),
+        "offset": pa.array(rows.offset, pa.int64()), "step": pa.array(np.full(n, step, dtype=np.int64)),
+    }, schema=AUDIT_SCHEMA)
+
+
+def write_final(dir_: Path, rank: int, scored: list[tuple[Rows, str]], step: int) -> Path:
+    """This rank's rows of the end-of-run evaluation sets, replacing an earlier finish's."""
+    dir_.mkdir(parents=True, exist_ok=True)
+    table = pa.concat_tables([_table(r, what, step) for r, what in scored] or [AUDIT_SCHEMA.empty_table()])
+    path = dir_ / f"final-rank-{rank}.parquet"
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path
+
+
+def read_evaluated(run_dir: Path) -> pa.Table:
+    """Every committed scored id of a run: the parts and the end-of-run sets."""
+    d = run_dir / "evaluated"
+    paths = sorted((d / "parts").glob("rank-*-step-*.parquet")) + sorted(d.glob("final-rank-*.parquet"))
+    if not paths:
+        return AUDIT_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=AUDIT_SCHEMA) for p in paths])
 
 
 def drop_uncommitted(audit_dir: Path, committed_step: int) -> int:

@@ -31,10 +31,12 @@ COUNT_TIMEOUT_S = 600.0
 
 def verify_stream(run_dir: Path, broker: Broker, topic: str, spec: Spec, t_handoff: datetime,
                   handoff: dict[int, int] | None, final: dict[int, int], stop: dict[int, int] | None,
-                  timeout_s: float = COUNT_TIMEOUT_S) -> dict[str, Any]:
+                  timeout_s: float = COUNT_TIMEOUT_S, forward_tail_start: datetime | None = None) -> dict[str, Any]:
     """What metrics.json records of the check (`stop_offsets`, `kafka_lag_at_stop`,
     `stream_committed`); raises StreamDataLost naming lost records, or StreamReadError when the
-    committed records of the range cannot be counted. {} when the run had no stream phase."""
+    committed records of the range cannot be counted. {} when the run had no stream phase.
+    Records with event time at or after `forward_tail_start` are the forward tail: scored at the
+    end, never trained, so not expected in training."""
     if handoff is None:
         return {}
     ends = {p: max(int((stop or {}).get(p, final.get(p, o))), int(final.get(p, o))) for p, o in handoff.items()}
@@ -46,7 +48,8 @@ def verify_stream(run_dir: Path, broker: Broker, topic: str, spec: Spec, t_hando
                               f"exported. {e}. Once the broker serves them, run the trainer again with the same "
                               "run.run_id: it checks again without training anything twice") from e
     metrics = {"t_handoff": t_handoff.isoformat(), "final_offsets": {str(p): o for p, o in final.items()},
-               "stop_offsets": {str(p): o for p, o in ends.items()}, "kafka_lag_at_stop": None}
+               "stop_offsets": {str(p): o for p, o in ends.items()}, "kafka_lag_at_stop": None,
+               "forward_tail_start": forward_tail_start.isoformat() if forward_tail_start is not None else None}
     result, notes, lag = audit_stream(read_audit(run_dir), kafka, metrics)
     for note in notes:
         log.info("stream audit: %s", note)

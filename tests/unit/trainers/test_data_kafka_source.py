@@ -61,6 +61,7 @@ def _source(positions: dict[int, int], batches: list[list[_Msg]], t_us: int = 0,
     src.topic, src.dlq_topic, src.bootstrap = "t", "t-dlq", "127.0.0.1:1"
     src.partitions = sorted(positions)
     src.t_us, src.consume_batch, src.consume_timeout_s = t_us, 100, 0.0
+    src.tail_us = np.iinfo(np.int64).max  # no forward tail
     src.counters = StreamCounters()
     src.wait_s, src.idle, src._dlq = 0.0, False, None
     src.max_future_us, src.max_age_s, src.dedupe = 3600 * 10**6, 400 * 86400.0, dedupe
@@ -95,6 +96,21 @@ def test_held_out_records_are_counted_and_never_train(values: list[bytes]) -> No
     assert src.counters.holdout == int(held.sum()) and src.counters.fresh == len(rows) == len(values) - held.sum()
     assert sorted(rows.sample_id.to_pylist()) == sorted(i for i, h in zip(ids.to_pylist(), held) if not h)
     assert np.array_equal(rows.offset, np.flatnonzero(~held))  # each trained row keeps its own record's offset
+
+
+def test_forward_tail_records_are_counted_and_never_train(values: list[bytes]) -> None:
+    """Records at or after the forward tail's start are kept out of training (they are scored at
+    the end), counted apart from the hash hold-out; the newest event handed to training is before it."""
+    table = decode_samples(values).table
+    us = table.column("event_time").cast("int64").to_numpy()
+    held = is_holdout(table.column("sample_id"))
+    src = _source({0: 0}, [[_Msg(0, o, v) for o, v in enumerate(values)]])
+    src.tail_us = int(np.median(us))
+    rows = src.poll()
+    tail = us >= src.tail_us
+    assert 0 < tail.sum() < len(values) and (rows.event_us < src.tail_us).all()
+    assert src.counters.forward_tail == int((tail & ~held).sum()) and src.counters.holdout == int(held.sum())
+    assert len(rows) == int((~tail & ~held).sum()) and src.counters.newest_event_us == int(rows.event_us.max())
 
 
 def test_binary_records_train_and_bad_ones_are_dead_letters_with_their_origin(monkeypatch: pytest.MonkeyPatch) -> None:

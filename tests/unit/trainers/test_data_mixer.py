@@ -87,3 +87,14 @@ def test_buffers_resume_from_their_state_dict_exactly(table: pa.Table) -> None:
     copy.load_state_dict(res.state_dict())
     assert res.draw(30).sample_id.to_pylist() == copy.draw(30).sample_id.to_pylist()
     assert copy.replayed == 30
+
+
+def test_the_replay_reservoir_never_holds_a_row_at_or_after_its_end(table: pa.Table) -> None:
+    """Its end is where the batch phase's training rows end: the validation days after it are
+    evaluation rows and are never replayed, whatever is offered."""
+    rows = Rows.from_arrow(table, source=0)
+    end = int(np.quantile(rows.event_us, 0.7))
+    res = ReplayReservoir(capacity=10_000, start_us=0, seed=0, rank=0, end_us=end)
+    res.offer(rows)
+    assert len(res) == int((rows.event_us < end).sum()) > 0 and (res.rows.event_us < end).all()
+    assert (res.draw(500).event_us < end).all()
