@@ -131,9 +131,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vs_compute_only": round(trainer_rate / compute_rate, 3),
         "compute_only_s_before_after": [round(x, 2) for x in compute_s],
         "trainer_wall_s_incl_eval": round(trainer_wall, 2),
-        "auc_before_t": summary.get("auc_before_t"), "best_auc_before_t": summary.get("best_auc_before_t"),
-        "logloss_before_t": summary.get("logloss_before_t"),
+        **_holdout_before_t(summary),
     }
+
+
+def _holdout_before_t(summary: dict[str, Any]) -> dict[str, Any]:
+    """The model's scores on the held-out rows before T, with their rows and interval."""
+    held = (summary.get("evaluation") or {}).get("holdout_before_t") or {}
+    model, best = held.get("model") or {}, held.get("best") or {}
+    return {"auc_before_t": model.get("auc"), "auc_before_t_ci": [model.get("lo"), model.get("hi")],
+            "auc_before_t_rows": held.get("rows", 0), "best_auc_before_t": best.get("auc"),
+            "logloss_before_t": model.get("logloss")}
 
 
 if __name__ == "__main__":

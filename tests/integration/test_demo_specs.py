@@ -51,7 +51,9 @@ def test_demo_runs_another_specs_data_end_to_end(tmp_path: Path, spec_name: str)
     auc, best = summary["auc"], summary["best_auc"]
     assert isinstance(auc, float) and isinstance(best, float) and math.isfinite(auc), summary
     assert 0.5 < auc <= best + 0.03, (auc, best)
-    before, best_before = summary["auc_before_t"], summary["best_auc_before_t"]
+    held = summary["evaluation"]["holdout_before_t"]
+    before, best_before = held["model"]["auc"], held["best"]["auc"]
+    assert held["rows"] > 500 and held["model"]["lo"] <= before <= held["model"]["hi"], held
     assert 0.55 < before <= best_before + 0.03, (before, best_before)
     assert summary["baseline_auc"] is not None and summary["publish"]["reason"]
     assert summary["quality_passed"] is True
