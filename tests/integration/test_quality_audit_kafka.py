@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def _kafka_row(text: str) -> tuple[str, ...]:
-    m = re.search(r"<tr(?: class=\"\w+\")?><td>kafka</td><td>0</td><td>([\d,]+)</td><td>([\d,]+)</td><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td>([^<]*)</td>", text)
+    m = re.search(r"<tr><td>kafka</td><td>0</td><td>([\d,]+)</td><td>([\d,]+)</td><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td>([^<]*)</td>", text)
     assert m is not None, text
     return m.groups()
 
@@ -52,7 +52,7 @@ def test_audit_checks_the_kafka_range(settings: Settings, kafka_bootstrap: str, 
     if lose_stream:
         assert "NOT exactly once" in text and lost_ids.count("imp-") == 2
     else:
-        assert "Exactly once: 0 lost, 0 duplicated." in text
+        assert "exactly once: 0 lost, 0 duplicated" in text
 
 
 def test_records_committed_after_an_abort_that_the_run_never_trained_are_lost_by_partition_and_offset(
