@@ -74,7 +74,9 @@ def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> Gener
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    spec = load_spec(args.spec or settings.spec)
+    if args.spec:  # the data set's own raw zone, topic and tables, not the default one's
+        settings = settings.for_dataset(args.spec)
+    spec = load_spec(settings.spec)
     if not args.no_stream:  # fail before generating anything
         from slipstream.commands.sample_stream import require_broker
 

@@ -48,6 +48,8 @@ def run_check(args: argparse.Namespace) -> int:
     from slipstream.samples.spec import load_spec
 
     settings = Settings.from_env()
+    if args.spec:  # the data set's own tables, not the default one's
+        settings = settings.for_dataset(args.spec)
     if (args.day is None) == (args.window_days is None):
         raise ConfigError("give exactly one of --day D or --window-days N (with --end)")
     window = None
@@ -59,7 +61,7 @@ def run_check(args: argparse.Namespace) -> int:
     run_id = args.run_id or "manual-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     overrides = GateOverrides(ctr_min=args.ctr_min, ctr_max=args.ctr_max,
                               rows_ratio_min=args.rows_ratio_min, rows_ratio_max=args.rows_ratio_max)
-    spec = load_spec(args.spec or settings.spec)
+    spec = load_spec(settings.spec)
     result = run_gate(settings, spec=spec, day=args.day, window=window, snapshot_id=snapshot, run_id=run_id,
                       overrides=overrides)
     print(json.dumps(result.to_dict(), indent=2))

@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from slipstream.stream.kafka import KafkaAccess
 
     settings = Settings.from_env()
-    spec = load_spec(args.spec or settings.spec)
+    if args.spec:  # the data set's own sample topic, not the default one's
+        settings = settings.for_dataset(args.spec)
+    spec = load_spec(settings.spec)
     cfg = JoinerConfig.for_spec(
         spec, args.samples_topic or settings.topic, impressions_topic=args.impressions_topic,
         clicks_topic=args.clicks_topic, group=args.group, instance=args.instance, lateness_s=args.lateness_s,

@@ -59,14 +59,16 @@ def count_committed(broker: Broker, topic: str, ranges: dict[int, tuple[int, int
     within `timeout_s` (e.g. a transaction still open inside the range)."""
     todo = {int(p): (int(a), int(b)) for p, (a, b) in ranges.items() if int(b) > int(a)}
     result = CommittedCount(topic, dict(ranges), {p: np.empty(0, np.int64) for p in ranges})
+    want_values = decode or spec is not None
     if not todo:
+        if want_values:  # nothing to read: no samples, with the columns every reader of them expects
+            result.samples, result.undecodable = _decode([], [], spec)
         return result
     reader = CommittedReader(broker, topic, {p: a for p, (a, _) in todo.items()}, lead=lead,
                              group=group or f"slipstream-count-{uuid.uuid4().hex[:8]}")
     offsets: dict[int, list[int]] = {p: [] for p in todo}
     values: list[bytes | None] = []
     where: list[tuple[int, int]] = []
-    want_values = decode or spec is not None
     try:
         total = sum(b - a for a, b in todo.values())
         started = last_log = time.monotonic()

@@ -41,7 +41,7 @@ def test_local_torchrun_trains_and_publishes(settings: Settings, tmp_path: Path)
     assert json.loads((run / "standin.json").read_text())["rank_sum"] == 3.0
     # the command the trainer received is the spec's, parameters intact
     config = json.loads((run / "config.json").read_text())
-    assert config["data.snapshot_id"] == "11" and config["data.stop.duration_s"] == "30"
+    assert config["data.snapshot_id"] == "11" and float(config["data.stop.duration_s"]) == 30  # a typed 30.0 s
     assert config["data.window_days"] == "2" and config["data.cache_dir"] == settings.cache_dir
     # small XCom: ids, offsets and paths, never data
     assert lineage["snapshot_id"] == 11 and lineage["handoff_offsets"] == {"0": 5}

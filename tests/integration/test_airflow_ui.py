@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from slipstream.pipeline.request import KNOBS
 from slipstream.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -144,7 +145,20 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
         _click(wait, _buttons("Trigger"))
         wait.until(ec.presence_of_element_located((By.NAME, "element_stream_stop")))
 
+        sections = {k.name: k.section for k in KNOBS}
+
         def set_param(name: str, value: str) -> None:
+            def shown(d: Any) -> bool:  # the params sit in folded sections: open the field's, as a person would
+                if d.find_element(By.NAME, f"element_{name}").is_displayed():
+                    return True
+                trigger = _buttons(sections[name])(d)
+                if trigger and trigger[0].get_attribute("aria-expanded") != "true":
+                    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", trigger[0])
+                    trigger[0].click()  # a real click: the accordion ignores a scripted one
+                return False
+
+            wait.until(shown)
+
             def attempt(d: Any) -> bool:  # again from the start if the field was re-rendered meanwhile
                 field = d.find_element(By.NAME, f"element_{name}")
                 field.send_keys(Keys.CONTROL + "a", Keys.DELETE)

@@ -60,7 +60,7 @@ def test_demo_runs_daily_retrain_end_to_end(tmp_path: Path) -> None:
     # insight report was written.
     assert summary["quality_passed"] is True
     assert summary["warmup_files"] >= 2 and summary["cache_hit_ratio"] == 1.0
-    assert "exactly once: 0 lost, 0 duplicated" in Path(summary["report"]).read_text()
+    assert "Exactly once: 0 lost, 0 duplicated." in Path(summary["report"]).read_text()
 
     assert Path(summary["checkpoint"]).exists()
     metrics = json.loads(Path(summary["metrics"]).read_text())

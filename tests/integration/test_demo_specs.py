@@ -57,7 +57,7 @@ def test_demo_runs_another_specs_data_end_to_end(tmp_path: Path, spec_name: str)
     assert 0.55 < before <= best_before + 0.03, (before, best_before)
     assert summary["baseline_auc"] is not None and summary["publish"]["reason"]
     assert summary["quality_passed"] is True
-    assert "exactly once: 0 lost, 0 duplicated" in Path(summary["report"]).read_text()
+    assert "Exactly once: 0 lost, 0 duplicated." in Path(summary["report"]).read_text()
     if spec_name == "ratings":  # users and items on managed tables: every admitted id has a row of its own
         tables = json.loads(Path(summary["metrics"]).read_text())["id_tables"]
         assert set(tables) == {"user_id", "item_id"}, tables

@@ -87,7 +87,8 @@ def test_stream_after_for_the_ratings_layout_and_generate_for_criteo(settings, k
     assert (by_user[3]["label"], by_user[2]["label"]) == (0, 1)  # ratings 1 and 5
     assert by_user[3]["gender"] == hash_category("unknown") and by_user[2]["gender"] == hash_category("M")
 
-    monkeypatch.setenv("SLIPSTREAM_TOPIC", topic + "-criteo")
+    # criteo is a data set of its own: its topic is set by its own name (SLIPSTREAM_TOPIC is the default data set's)
+    monkeypatch.setenv("SLIPSTREAM_DATASET__CRITEO__TOPIC", topic + "-criteo")
     assert main(["generate", "--spec", "criteo", "--days", "1", "--events-per-day", "2000", "--stream-minutes", "30"]) == 0
     out = json.loads(capsys.readouterr().out)
     msgs = _consume(kafka_bootstrap, topic + "-criteo", out["produced"])

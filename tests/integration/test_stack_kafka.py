@@ -80,13 +80,15 @@ def test_the_stack_port_reaches_every_later_command(tmp_path) -> None:  # type: 
                    check=True, capture_output=True, timeout=120)
     try:
         assert oct((home / "settings.env").stat().st_mode & 0o777) == "0o600"
-        assert Settings.from_env(base).kafka_bootstrap == f"127.0.0.1:{port}"
+        settings = Settings.from_env(base)
+        assert settings.kafka_bootstrap == f"127.0.0.1:{port}"
+        assert settings.topic == "synthetic.samples"  # the default data set's own sample topic
         out = subprocess.run([*cli, "generate", "--days", "1", "--impressions-per-day", "500", "--stream-minutes", "30",
                               "--stream-as", "samples"],  # finished samples to the sample topic (default: raw events)
                              env=base, check=True, capture_output=True, text=True, timeout=180)
         produced = json.loads(out.stdout)["produced"]
         assert produced > 0
-        assert sum(end_offsets(f"127.0.0.1:{port}", "samples").values()) == produced
+        assert sum(end_offsets(f"127.0.0.1:{port}", settings.topic).values()) == produced
     finally:
         subprocess.run([*cli, "stack", "down"], env=base, check=True, capture_output=True, timeout=60)
     assert not (home / "settings.env").exists()

@@ -203,7 +203,7 @@ def test_the_report_audits_the_runs_own_topic_and_broker(run: Run) -> None:
     home = run.run_dir.parent.parent
     deployment = Settings(home=home, topic="samples", kafka_bootstrap="127.0.0.1:9")
     text = render_report(deployment, "e2e").read_text()
-    assert "exactly once: 0 lost, 0 duplicated" in text
+    assert "Exactly once: 0 lost, 0 duplicated." in text
     kafka_row = re.search(r"<tr><td>kafka</td><td>0</td><td>([\d,]+)</td><td>([\d,]+)</td><td>0</td><td>0</td><td>0</td>", text)
     assert kafka_row is not None and int(kafka_row.group(1).replace(",", "")) == len(run.expected_stream)
 

@@ -90,7 +90,9 @@ def test_a_managed_map_survives_kill_and_resume_on_another_world_size(tmp_path: 
     cfg_path = tmp_path / "train.json"
     cfg_path.write_text(json.dumps(cfg))
     run_dir = tmp_path / "runs" / "mc"
-    spec_path = _managed_spec_file(tmp_path / "managed.yaml")
+    # the synthetic data set's spec file with managed tables (the file's name names the data set: its table and topic)
+    (tmp_path / "managed").mkdir()
+    spec_path = _managed_spec_file(tmp_path / "managed" / "synthetic.yaml")
     monkeypatch.setenv("SLIPSTREAM_SPEC", str(spec_path))  # the trainers' processes inherit it
 
     start_and_kill(tmp_path, cfg_path, run_dir, in_stream_with_progress)

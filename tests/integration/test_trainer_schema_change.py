@@ -21,11 +21,14 @@ pytestmark = pytest.mark.integration
 
 
 def _spec_files(tmp_path: Path) -> tuple[Path, Path]:
-    """v1: the synthetic spec without `country_hash`; v2: the synthetic spec (it has it)."""
+    """v1: the synthetic spec without `country_hash`; v2: the synthetic spec (it has it). Both are
+    versions of one data set's spec file (`shop.yaml`: one name, one namespace and topic)."""
     text = resolve_spec_path("synthetic").read_text()
     v1 = "\n".join(line for line in text.splitlines() if not line.strip().startswith("country_hash:"))
     v1 = v1.replace("max_distinct: {device_hash: 64, country_hash: 300,", "max_distinct: {device_hash: 64,")
-    paths = tmp_path / "v1.yaml", tmp_path / "v2.yaml"
+    paths = tmp_path / "v1" / "shop.yaml", tmp_path / "v2" / "shop.yaml"
+    for p in paths:
+        p.parent.mkdir()
     paths[0].write_text(v1)
     paths[1].write_text(text.replace("\nversion: 1\n", "\nversion: 2\n"))
     return paths
@@ -42,7 +45,7 @@ def test_a_feature_added_mid_window_trains_across_the_schema_change(tmp_path: Pa
     days = reference_samples(gen)
     home = tmp_path / "home"
     catalog = get_catalog(Settings(home=home))
-    namespace = Settings(home=home).namespace
+    namespace = Settings(home=home, spec=str(v2_path)).namespace  # the data set's: slipstream_shop
     first_day, *later = sorted(days)
     old = samples_table(catalog, namespace, v1)  # the table as spec v1 made it: no country_hash
     old.append(days[first_day].select(sample_arrow_schema(v1).names))

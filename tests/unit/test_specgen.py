@@ -182,7 +182,9 @@ def test_generate_command_for_a_spec_writes_the_raw_zone_and_the_manifest(settin
     home = Path(settings.home)  # type: ignore[attr-defined]
     assert out["spec"]["name"] == "criteo" and out["raw_rows_per_day"] == {"2026-11-01": 500, "2026-11-02": 0}
     assert json.loads((home / "generator" / "manifest.json").read_text())["best_auc"] == out["best_auc"]
-    assert sorted(p.name for p in (home / "raw" / "displays").iterdir()) == ["day=2026-11-01"]
+    # the data set's own raw zone (<raw root>/<data set>), not the default data set's
+    assert sorted(p.name for p in (home / "raw" / "criteo" / "displays").iterdir()) == ["day=2026-11-01"]
+    assert not (home / "raw" / "synthetic").exists()
 
 
 SHOP = """\
