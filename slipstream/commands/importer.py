@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    spec = load_spec(args.spec or settings.spec)
+    if args.spec:  # the data set's own raw zone and topic, not the default one's
+        settings = settings.for_dataset(args.spec)
+    spec = load_spec(settings.spec)
     if args.stream_after is not None:  # fail before importing anything
         from slipstream.commands.sample_stream import require_broker
 

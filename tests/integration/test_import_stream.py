@@ -74,12 +74,15 @@ def test_stream_after_for_the_ratings_layout_and_generate_for_criteo(settings, k
     from slipstream.samples.spec import load_spec
 
     monkeypatch.setenv("SLIPSTREAM_KAFKA_BOOTSTRAP", kafka_bootstrap)
-    monkeypatch.setenv("SLIPSTREAM_TOPIC", topic)
+    # ratings is a data set of its own: its topic is set by its own name, its raw zone is its own
+    monkeypatch.setenv("SLIPSTREAM_DATASET__RATINGS__TOPIC", topic)
     d = DATA.parent / "ratings"
     assert main(["import", "--json", "--spec", "ratings", "--stream-after", "2026-11-04T00:00:00Z",
                  str(d / "ratings.csv"), str(d / "users.csv"), str(d / "items.csv")]) == 0
-    assert json.loads(capsys.readouterr().out)["stream"]["produced"] == 2
-    assert (Path(settings.raw_dir) / "ratings" / "day=2026-11-04").exists()  # streamed, and in the raw zone
+    out = json.loads(capsys.readouterr().out)
+    assert out["stream"]["produced"] == 2 and out["stream"]["topic"] == topic
+    ratings_raw = Path(settings.for_dataset("ratings").raw_dir)
+    assert (ratings_raw / "ratings" / "day=2026-11-04").exists()  # streamed, and in the raw zone
     msgs = _consume(kafka_bootstrap, topic, 2)
     rows = decode_samples([m.value() for m in msgs], load_spec("ratings")).table.to_pylist()
     by_user = {r["user_id"]: r for r in rows}

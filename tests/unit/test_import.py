@@ -52,7 +52,7 @@ def _rejects(path: str) -> list[dict]:  # type: ignore[type-arg]
 def test_ratings_csv_with_side_tables(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     d = DATA / "ratings"
     out = _import(capsys, "--spec", "ratings", str(d / "ratings.csv"), str(d / "users.csv"), str(d / "items.csv"))
-    raw = Path(settings.raw_dir)
+    raw = Path(settings.for_dataset("ratings").raw_dir)  # the data set's own raw zone
     assert _days(raw, "ratings") == {"day=2026-11-01": ["hour=08", "hour=09", "hour=12"],
                                      "day=2026-11-02": ["hour=10", "hour=18"], "day=2026-11-04": ["hour=06", "hour=23"]}
     r = out["sources"]["ratings"]
@@ -78,7 +78,7 @@ def test_criteo_tsv_without_header_spread_over_the_given_day(settings: Settings,
     d = DATA / "criteo"
     out = _import(capsys, "--spec", "criteo", "--day", "2026-11-01", str(d / "day_0.txt"))  # the only source
     _import(capsys, "--spec", "criteo", "--source", "displays", "--day", "2026-11-03", str(d / "day_2.txt"))
-    raw = Path(settings.raw_dir)
+    raw = Path(settings.for_dataset("criteo").raw_dir)
     # 6 lines spread over the day: (i + 0.5) * 4 h; line 4 (14:00) is the bad one
     assert _days(raw, "displays") == {"day=2026-11-01": ["hour=02", "hour=06", "hour=10", "hour=18", "hour=22"],
                                       "day=2026-11-03": ["hour=04", "hour=12", "hour=20"]}  # 2026-11-02: no folder
@@ -114,7 +114,7 @@ def test_a_file_whose_every_row_is_bad_fails_with_the_reasons(settings: Settings
     err = capsys.readouterr().err
     assert f"all 3 rows of {f} rejected: " in err and "field `rating` not a number in 1 record" in err and "Traceback" not in err
     assert "First bad lines: line 2: field `rating`: not a number: 'x'; also lines 3, 4." in err
-    raw = Path(settings.raw_dir)
+    raw = Path(settings.for_dataset("ratings").raw_dir)
     assert not (raw / "ratings").exists() and not list(raw.glob("_import*"))
     assert len(_rejects(err.rsplit("Rejected rows: ", 1)[1].split(" Nothing")[0].strip())) == 3
 
@@ -132,7 +132,7 @@ def test_reimport_replaces_the_days_it_covers_and_leaves_the_others(settings: Se
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     d = DATA / "ratings"
     _import(capsys, "--spec", "ratings", str(d / "ratings.csv"))
-    raw = Path(settings.raw_dir)
+    raw = Path(settings.for_dataset("ratings").raw_dir)
     before = {day: _rows(raw, "ratings", day) for day in ("2026-11-01", "2026-11-02", "2026-11-04")}
     fix = tmp_path / "ratings_fix.csv"
     fix.write_text("user_id,item_id,rating,ts\n9,10,4,2026-11-02T11:00:00Z\n")

@@ -64,15 +64,18 @@ def test_avazu_ids_beyond_and_within_int64_stay_exact(settings: Settings, tmp_pa
     # as text (`type: string`): every id exactly as written, also the ones beyond int64
     rc, out, _ = _run(capsys, "--json", "--spec", str(AVAZU / "avazu.yaml"), str(AVAZU / "train.csv"))
     assert rc == 0 and json.loads(out)["sources"]["impressions"]["imported"] == 12
-    assert sorted(_raw(settings, "impressions").column("id").to_pylist()) == sorted(BIG_IDS + FITTING_IDS)
+    avazu = settings.for_dataset(str(AVAZU / "avazu.yaml"))  # the data set's own raw zone
+    assert sorted(_raw(avazu, "impressions").column("id").to_pylist()) == sorted(BIG_IDS + FITTING_IDS)
 
     # as `type: long`: the ids beyond int64 are rejected quoting the text as written, and the ids
     # that fit are not changed by sharing a batch with them (they used to go through float64)
-    rc, out, _ = _run(capsys, "--json", "--spec", str(_avazu(tmp_path, id={"type": "long"})), str(AVAZU / "train.csv"))
+    variant = _avazu(tmp_path, id={"type": "long"})
+    rc, out, _ = _run(capsys, "--json", "--spec", str(variant), str(AVAZU / "train.csv"))
     assert rc == 0
     report = json.loads(out)["sources"]["impressions"]
     assert (report["imported"], report["rejected"]) == (4, 8)
-    assert sorted(_raw(settings, "impressions").column("id").to_pylist()) == sorted(int(i) for i in FITTING_IDS)
+    ids = _raw(settings.for_dataset(str(variant)), "impressions").column("id").to_pylist()
+    assert sorted(ids) == sorted(int(i) for i in FITTING_IDS)
     reasons = {r["line"]: r["reason"] for r in map(json.loads, Path(report["rejects_file"]).read_text().splitlines())}
     assert reasons[3] == ("field `id`: out of range for long (int64): '10000169349117863715' (declare the field "
                           "`type: string` to keep it as an id)")
@@ -104,18 +107,19 @@ def test_json_ids_next_to_floats_stay_exact(settings: Settings, tmp_path: Path) 
 def test_avazu_hour_is_read_with_its_declared_format(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _run(capsys, "--json", "--spec", str(AVAZU / "avazu.yaml"), str(AVAZU / "train.csv"))
     assert rc == 0 and json.loads(out)["sources"]["impressions"]["days"] == ["2014-10-21", "2014-10-22"]
-    hours = sorted(_raw(settings, "impressions").column("hour").to_pylist())
+    hours = sorted(_raw(settings.for_dataset(str(AVAZU / "avazu.yaml")), "impressions").column("hour").to_pylist())
     assert hours[0] == datetime(2014, 10, 21, 0, tzinfo=UTC) and hours[-1] == datetime(2014, 10, 22, 23, tzinfo=UTC)
 
 
 def test_an_undeclared_numeric_time_out_of_range_is_refused_naming_the_format(settings: Settings, tmp_path: Path,
                                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _run(capsys, "--spec", str(_avazu(tmp_path, hour=None)), str(AVAZU / "train.csv"))
+    variant = _avazu(tmp_path, hour=None)
+    rc, _, err = _run(capsys, "--spec", str(variant), str(AVAZU / "train.csv"))
     assert rc == 2 and "Traceback" not in err
     assert f"all 12 rows of {AVAZU / 'train.csv'} rejected: field `hour` not a plausible epoch time" in err
     assert "'14102100' (as epoch seconds 1970-06-13T05:15:00Z): declare the field's format, e.g. `format: '%y%m%d%H'` " \
            "(reads it as 2014-10-21T00:00:00Z)" in err
-    assert not (Path(settings.raw_dir) / "impressions").exists()  # nothing imported into 1970
+    assert not (Path(settings.for_dataset(str(variant)).raw_dir) / "impressions").exists()  # nothing imported into 1970
 
 
 def test_movielens_epoch_seconds_and_milliseconds_still_read_without_a_format(settings: Settings) -> None:
@@ -131,7 +135,7 @@ def test_a_comma_file_read_as_tsv_fails_naming_the_separator(settings: Settings,
     assert f"all 6 rows of {f} rejected: malformed line in 6 records (1 column per line, the spec expects 40: is the " \
            "separator `,` (csv)?" in err
     assert "First bad lines: line 1: malformed line: 1 column, expected 40; also lines 2, 3." in err
-    assert not (Path(settings.raw_dir) / "displays").exists()
+    assert not (Path(settings.for_dataset("criteo").raw_dir) / "displays").exists()
 
 
 def _criteo_with_header(folder: Path) -> Path:
@@ -148,7 +152,7 @@ def test_misnamed_optional_columns_are_refused_with_a_did_you_mean(settings: Set
     rc, _, err = _run(capsys, "--spec", spec, "--day", "2026-11-02", f)
     assert rc == 2 and "Traceback" not in err
     assert "`I1` (did you mean `i1`?)" in err and "`I13` (did you mean `i13`?)" in err and "--allow-missing FIELD" in err
-    assert not (Path(settings.raw_dir) / "displays").exists()
+    assert not (Path(settings.for_dataset(spec).raw_dir) / "displays").exists()
 
     # told that they are truly absent: imported, and the summary says every record took the default
     rc, out, _ = _run(capsys, "--json", "--spec", spec, "--day", "2026-11-02", "--allow-missing", "I1,I2,I3,I4,I5,I6",
@@ -161,7 +165,7 @@ def test_misnamed_optional_columns_are_refused_with_a_did_you_mean(settings: Set
 
 
 def test_a_truncated_gzip_refuses_the_whole_import(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
-    raw = Path(settings.raw_dir)
+    raw = Path(settings.for_dataset("criteo").raw_dir)
     # Criteo with --day: the records are counted first, and the cut file stops that
     cut, good = DATA / "criteo" / "day_3_truncated.txt.gz", DATA / "criteo" / "day_2.txt"
     rc, _, err = _run(capsys, "--spec", "criteo", "--day", "2026-11-05", str(good), str(cut))
@@ -173,6 +177,7 @@ def test_a_truncated_gzip_refuses_the_whole_import(settings: Settings, capsys: p
     cut, good = DATA / "synthetic" / "impressions_truncated.jsonl.gz", DATA / "synthetic" / "impressions.jsonl"
     rc, _, err = _run(capsys, str(good), str(cut), str(DATA / "synthetic" / "clicks.jsonl"))
     assert rc == 2 and "Traceback" not in err
+    raw = Path(settings.raw_dir)  # no --spec: the default data set's raw zone
     assert f"{cut} is truncated: its gzip stream ends before the end-of-stream marker after line " in err
     assert not (raw / "impressions").exists() and not (raw / "clicks").exists() and not list(raw.glob("**/_new-*"))
 
