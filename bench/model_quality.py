@@ -43,20 +43,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from bench.support.quality_view import quality_keys
 from bench.train import fill_samples
 from slipstream.dev.datagen import GeneratorConfig, generate_world, generates, reference_samples, write_manifest
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
-from slipstream.lake.iceberg import get_catalog, samples_table
-from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
-from slipstream.settings import Settings
-from slipstream.scoring import auc
-from slipstream.stream.kafka import create_topic, produce_samples
-from slipstream.samples.schema import is_holdout
 from slipstream.dev.stack import free_port, start_kafka, stop_process
+from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.pipeline.run_metrics import parse_run_metrics
+from slipstream.samples.schema import is_holdout
+from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
+from slipstream.scoring import auc
+from slipstream.settings import Settings
+from slipstream.stream.kafka import create_topic, produce_samples
 from trainers.config.schema import load_config
-
-from bench.support.quality_view import quality_keys
 
 log = logging.getLogger("bench.model_quality")
 
@@ -157,7 +156,8 @@ def hidden_feature_ceiling(gen: GeneratorConfig, l2: float = 3.0) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="slipstream bench model_quality")
-    p.add_argument("--spec", default="synthetic", help="a shipped spec's name or a spec file (others than synthetic: stationary only)")
+    p.add_argument("--spec", default="synthetic",
+                   help="a shipped spec's name or a spec file (others than synthetic: stationary only)")
     p.add_argument("--scenario", choices=("both", "stationary", "drift"), default="both")
     p.add_argument("--days", type=int, default=2, help="stationary: batch days")
     p.add_argument("--per-day", type=int, default=200_000, help="stationary: impressions per day")

@@ -298,7 +298,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"early stopping:          epoch {s['chosen_epoch']} kept of {s.get('epochs_run')} run "
                      "(lowest loss on the validation day)")
     lines.append(f"quality gate:            {'passed' if s.get('quality_passed') else s.get('quality_passed')}")
-    lines.append(f"cache warmup:            {s.get('warmup_files')} files; trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
+    lines.append(f"cache warmup:            {s.get('warmup_files')} files; "
+                 f"trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
     if s.get("publish"):
         p = s["publish"]
         verdict = "promoted" if p.get("promoted") else "registered, not promoted"

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from slipstream.samples.spec import Spec
-from trainers.parallel.dist import Dist
-from trainers.models.tables import table_sizes
-from trainers.parallel.grad_exchange import SparseGradExchange, broadcast_dense, sparse_params
 from trainers.data.rows import Features, Rows
+from trainers.models.tables import table_sizes
+from trainers.parallel.dist import Dist
+from trainers.parallel.grad_exchange import SparseGradExchange, broadcast_dense, sparse_params
 
 STATE_VERSION = 1
 POPULARITY_PRIOR = 20.0
