@@ -47,9 +47,10 @@ from bench.support.quality_view import quality_keys
 from bench.train import fill_samples
 from slipstream.dev.datagen import GeneratorConfig, generate_world, generates, reference_samples, write_manifest
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
-from slipstream.dev.stack import free_port, start_kafka, stop_process
+from slipstream.dev.stack import free_port, start_kafka
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.pipeline.run_metrics import parse_run_metrics
+from slipstream.processes import stop_process
 from slipstream.samples.schema import is_holdout
 from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
 from slipstream.scoring import auc
@@ -68,7 +69,7 @@ def fill_spec_samples(home: Path, spec: Spec, gen: SpecGenConfig, row_group_rows
     data = generate_spec(spec, gen, home / "raw")
     table = samples_table(get_catalog(settings), settings.namespace, spec)
     with table.transaction() as tx:
-        tx.set_properties(**{"write.parquet.row-group-limit": str(row_group_rows)})
+        tx.set_properties({"write.parquet.row-group-limit": str(row_group_rows)})
     for day in data.batch.values():
         table.append(day)
     write_manifest(data, home / "generator" / "manifest.json")
