@@ -139,7 +139,7 @@ def hidden_feature_ceiling(gen: GeneratorConfig, l2: float = 3.0) -> float:
     w, b = torch.zeros(5, requires_grad=True), torch.zeros(1, requires_grad=True)
 
     def logit(d: dict[str, torch.Tensor]) -> torch.Tensor:
-        return sum(t[d["ids"][:, j]] for j, t in enumerate(tables)) + d["x"] @ w + b  # type: ignore[return-value]
+        return sum(t[d["ids"][:, j]] for j, t in enumerate(tables)) + d["x"] @ w + b
 
     opt = torch.optim.LBFGS([*tables, w, b], max_iter=200, line_search_fn="strong_wolfe")
 
@@ -147,10 +147,10 @@ def hidden_feature_ceiling(gen: GeneratorConfig, l2: float = 3.0) -> float:
         opt.zero_grad()
         penalty = l2 * (tables[0].pow(2).sum() + tables[1].pow(2).sum()) / len(train["y"])
         loss = F.binary_cross_entropy_with_logits(logit(train), train["y"]) + penalty
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         return loss
 
-    opt.step(closure)
+    opt.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step unannotated
     with torch.no_grad():
         return auc(test["y"].numpy(), logit(test).numpy())
 

@@ -167,7 +167,8 @@ class Trainer:
                                         end_us=_us(self._train_end(plan)))
                      if any(f.standardize for f in self.spec.dense) else None)
             planned = (plan, units, stats)
-        self.plan, units, stats = self.d.broadcast(planned)
+        received: tuple[RunPlan, list[WorkUnit], Any] = self.d.broadcast(planned)
+        self.plan, units, stats = received
         train_end_us = _us(self.train_end())
         self.replay.start_us = train_end_us - int(dc.replay_window_hours * 3600 * 1e6)
         self.replay.end_us = train_end_us  # a row of the validation days never enters
