@@ -10,7 +10,7 @@ export SLIPSTREAM_HOME ?= $(CURDIR)/.slipstream
 export PYSPARK_PYTHON := $(CURDIR)/$(VENV)/bin/python
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-unit test-integration lint-imports ui ui-stop stack-up stack-down bench clean check-java
+.PHONY: venv demo test test-unit test-integration lint lint-imports ui ui-stop stack-up stack-down bench clean check-java
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required for Spark and was not found on PATH."; \
@@ -37,8 +37,13 @@ venv: $(STAMP)
 demo: check-java $(STAMP)
 	$(VENV)/bin/slipstream demo
 
-test: check-java $(STAMP)
+# the layering (import-linter), the linter (ruff) and the type checker (mypy, strict): any finding fails
+lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: check-java lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)

@@ -34,8 +34,9 @@ import pyarrow.compute as pc
 from bench.support.refresh import simulate
 from bench.train import fill_samples
 from slipstream.dev.datagen import GeneratorConfig, generates, reference_samples
-from slipstream.dev.stack import free_port, start_kafka, stop_process
+from slipstream.dev.stack import free_port, start_kafka
 from slipstream.pipeline.run_metrics import parse_run_metrics
+from slipstream.processes import stop_process
 from slipstream.samples.schema import is_holdout
 from slipstream.samples.spec import load_spec
 from slipstream.scoring import UserBootstrap

@@ -43,20 +43,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from bench.support.quality_view import quality_keys
 from bench.train import fill_samples
 from slipstream.dev.datagen import GeneratorConfig, generate_world, generates, reference_samples, write_manifest
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
+from slipstream.dev.stack import free_port, start_kafka
 from slipstream.lake.iceberg import get_catalog, samples_table
-from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
-from slipstream.settings import Settings
-from slipstream.scoring import auc
-from slipstream.stream.kafka import create_topic, produce_samples
-from slipstream.samples.schema import is_holdout
-from slipstream.dev.stack import free_port, start_kafka, stop_process
 from slipstream.pipeline.run_metrics import parse_run_metrics
+from slipstream.processes import stop_process
+from slipstream.samples.schema import is_holdout
+from slipstream.samples.spec import Spec, load_spec, resolve_spec_path
+from slipstream.scoring import auc
+from slipstream.settings import Settings
+from slipstream.stream.kafka import create_topic, produce_samples
 from trainers.config.schema import load_config
-
-from bench.support.quality_view import quality_keys
 
 log = logging.getLogger("bench.model_quality")
 
@@ -69,7 +69,7 @@ def fill_spec_samples(home: Path, spec: Spec, gen: SpecGenConfig, row_group_rows
     data = generate_spec(spec, gen, home / "raw")
     table = samples_table(get_catalog(settings), settings.namespace, spec)
     with table.transaction() as tx:
-        tx.set_properties(**{"write.parquet.row-group-limit": str(row_group_rows)})
+        tx.set_properties({"write.parquet.row-group-limit": str(row_group_rows)})
     for day in data.batch.values():
         table.append(day)
     write_manifest(data, home / "generator" / "manifest.json")
@@ -139,7 +139,7 @@ def hidden_feature_ceiling(gen: GeneratorConfig, l2: float = 3.0) -> float:
     w, b = torch.zeros(5, requires_grad=True), torch.zeros(1, requires_grad=True)
 
     def logit(d: dict[str, torch.Tensor]) -> torch.Tensor:
-        return sum(t[d["ids"][:, j]] for j, t in enumerate(tables)) + d["x"] @ w + b  # type: ignore[return-value]
+        return sum(t[d["ids"][:, j]] for j, t in enumerate(tables)) + d["x"] @ w + b
 
     opt = torch.optim.LBFGS([*tables, w, b], max_iter=200, line_search_fn="strong_wolfe")
 
@@ -147,17 +147,18 @@ def hidden_feature_ceiling(gen: GeneratorConfig, l2: float = 3.0) -> float:
         opt.zero_grad()
         penalty = l2 * (tables[0].pow(2).sum() + tables[1].pow(2).sum()) / len(train["y"])
         loss = F.binary_cross_entropy_with_logits(logit(train), train["y"]) + penalty
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         return loss
 
-    opt.step(closure)
+    opt.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step unannotated
     with torch.no_grad():
         return auc(test["y"].numpy(), logit(test).numpy())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="slipstream bench model_quality")
-    p.add_argument("--spec", default="synthetic", help="a shipped spec's name or a spec file (others than synthetic: stationary only)")
+    p.add_argument("--spec", default="synthetic",
+                   help="a shipped spec's name or a spec file (others than synthetic: stationary only)")
     p.add_argument("--scenario", choices=("both", "stationary", "drift"), default="both")
     p.add_argument("--days", type=int, default=2, help="stationary: batch days")
     p.add_argument("--per-day", type=int, default=200_000, help="stationary: impressions per day")

@@ -163,9 +163,9 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     start = {p: 0 for p in end_offsets(bootstrap, topic)}
     tr.state.positions, tr.state.handoff_offsets, tr.state.phase = dict(start), dict(start), "stream"
     lat: list[np.ndarray] = []
-    step = tr.train_step
+    step = tr.stepper.step  # every stream step (`Stepper.test_then_train`) goes through it
 
-    def timed_step(rows: Rows, batch_size: int, fresh: Any = None) -> torch.Tensor:
+    def timed_step(rows: Rows, batch_size: int, fresh: np.ndarray | None = None) -> torch.Tensor:
         losses = step(rows, batch_size, fresh)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
@@ -173,7 +173,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         lat.append(now_ms - rows.record_ms[rows.source == SOURCE_KAFKA])
         return losses
 
-    tr.train_step = timed_step  # type: ignore[method-assign]  # the bench times each step by wrapping the trainer's
+    tr.stepper.step = timed_step  # type: ignore[method-assign]  # the bench times each step by wrapping the stepper's
     produced: dict[str, Any] = {}
     prod = threading.Thread(target=_produce_at_rate, daemon=True,
                             args=(bootstrap, topic, table, args.rate, args.linger_ms, codec, produced))

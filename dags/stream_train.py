@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import BaseOperator, Param, dag, task
 
 from slipstream.pipeline.cluster import ClusterSettings
 from slipstream.pipeline.datasets import DatasetRef, dataset_refs
@@ -58,6 +58,7 @@ def stream_train_of(ds: DatasetRef) -> None:
         def render_job(params=None, **context):  # type: ignore[no-untyped-def]
             return stream_tasks.render_stream_job(context, params, ds)
 
+        train: BaseOperator
         if BACKEND == "kubernetes":
             from slipstream_airflow.training import TrainPodOperator  # the provider import costs ~2 s
 

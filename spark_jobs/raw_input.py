@@ -20,6 +20,7 @@ from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from slipstream.errors import PreprocessError
 from slipstream.lake.raw_zone import raw_format
 from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import SourceSpec
@@ -65,6 +66,8 @@ def list_raw_files(spark: SparkSession, dirs: Iterable[str]) -> list[str]:
     the listing sees exactly what Spark can open (file:, s3a:, hdfs: ...). A missing folder is
     an empty one."""
     jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise PreprocessError("listing raw files needs a Spark session with a JVM driver (not Spark Connect)")
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     out: list[str] = []
     for d in dirs:

@@ -140,7 +140,7 @@ def with_sample_id(events: DataFrame, spec: Spec) -> DataFrame:
 def sort_key(spec: Spec) -> str:
     """What the writer's tasks are partitioned and sorted by: the sequences' key (their history
     is per key), else the sample id."""
-    pers = {f.per for f in spec.features if f.kind == "sequence"}
+    pers = {f.per for f in spec.features if f.kind == "sequence" and f.per is not None}  # load_spec requires per
     return pers.pop() if pers else SAMPLE_ID
 
 
@@ -192,7 +192,7 @@ def dedupe_and_label(events: DataFrame, labels: DataFrame | None, spec: Spec, by
         rows = rows.unionByName(clk)
     grouped = (rows.groupBy(*keys).agg(F.min("row").alias("row"), F.collect_list("click_ts").alias("clicks"))
                .where(F.col("row").isNotNull()))
-    out = [*keys, *(F.col(f"row.{c}").alias(c) for c in value_cols)]
+    out: list[Column | str] = [*keys, *(F.col(f"row.{c}").alias(c) for c in value_cols)]
     if spec.label.kind == "click_within":
         out.append(_clicked(F.col(f"row.{time}"), spec.label.window_s).cast("int").alias(LABEL))
     return grouped.select(*out)

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -82,9 +83,10 @@ BatchStream = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 def _day_keys(batch: pa.RecordBatch, split: Split) -> np.ndarray:
     """Days since the epoch of each output row (int64)."""
     if split.output_time:
-        us = pc.cast(batch.column(split.output_time), pa.int64()).to_numpy(zero_copy_only=False)
+        us: np.ndarray = pc.cast(batch.column(split.output_time), pa.int64()).to_numpy(zero_copy_only=False)
         return us // US_PER_DAY
-    return pc.cast(batch.column(split.output_day), pa.int32()).to_numpy(zero_copy_only=False).astype(np.int64)
+    days: np.ndarray = pc.cast(batch.column(split.output_day), pa.int32()).to_numpy(zero_copy_only=False)
+    return days.astype(np.int64)
 
 
 def _day_runs(batch: pa.RecordBatch, split: Split | None) -> Iterator[tuple[int | None, pa.RecordBatch]]:
@@ -127,7 +129,7 @@ def _task_writer(
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
         io = PyArrowFileIO(io_properties)
         done: list[tuple[str, str, int, int]] = []
-        state: dict = {"stream": None, "writer": None, "path": "", "rows": 0, "part": None}
+        state: dict[str, Any] = {"stream": None, "writer": None, "path": "", "rows": 0, "part": None}
         buffered: list[pa.RecordBatch] = []
         buffered_rows = buffered_bytes = 0
         inputs: Counter[int] = Counter()

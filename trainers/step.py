@@ -93,7 +93,7 @@ class Stepper:
         losses = F.binary_cross_entropy_with_logits(logits.float(), feats.label, reduction="none")
         loss_sum = losses.sum()
         self.opt.zero_grad(set_to_none=True)
-        self.scaler.scale(loss_sum / batch_size).backward()
+        self.scaler.scale(loss_sum / batch_size).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         self.baselines.backward(feats, batch_size)
         if self.exchange is not None:  # the model's tables and the baseline, averaged over ranks
             totals = [float(x) for x in self.exchange([int(c) for c in control])]
@@ -107,7 +107,7 @@ class Stepper:
             densify_grads(list(self.model.parameters()))  # the tables' arrive sparse
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.scaler.step(self.opt)  # type: ignore[arg-type]
+        self.scaler.step(self.opt)
         self.scaler.update()
         if len(rows):
             self.loss_sum += float(loss_sum.detach())

@@ -28,7 +28,8 @@ from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 from trainers.config.plan import load_plan_config
 from trainers.config.schema import TrainConfig, load_config
-from trainers.parallel.graceful_stop import EXIT_STOPPED, REQUEST as STOP_REQUEST, GracefulStop
+from trainers.parallel.graceful_stop import EXIT_STOPPED, GracefulStop
+from trainers.parallel.graceful_stop import REQUEST as STOP_REQUEST
 
 log = logging.getLogger("trainers.train")
 

@@ -167,7 +167,8 @@ class Trainer:
                                         end_us=_us(self._train_end(plan)))
                      if any(f.standardize for f in self.spec.dense) else None)
             planned = (plan, units, stats)
-        self.plan, units, stats = self.d.broadcast(planned)
+        received: tuple[RunPlan, list[WorkUnit], Any] = self.d.broadcast(planned)
+        self.plan, units, stats = received
         train_end_us = _us(self.train_end())
         self.replay.start_us = train_end_us - int(dc.replay_window_hours * 3600 * 1e6)
         self.replay.end_us = train_end_us  # a row of the validation days never enters
@@ -183,11 +184,13 @@ class Trainer:
         if latest is None:
             return False
         if not self.cfg.run.resume:
-            raise ResumeError(f"{self.run_dir} already holds checkpoint {latest.name} and run.resume is false: use a new run.run_id")
+            raise ResumeError(f"{self.run_dir} already holds checkpoint {latest.name} and run.resume is false: "
+                              "use a new run.run_id")
         meta = self.ckpt.load_meta(latest)
         if meta.get("layout") != CHECKPOINT_LAYOUT:
             raise ResumeError(f"checkpoint {latest} was written in layout {meta.get('layout', 1)!r}; this Slipstream reads "
-                              f"layout {CHECKPOINT_LAYOUT}: finish the run with the Slipstream that wrote it, or use a new run.run_id")
+                              f"layout {CHECKPOINT_LAYOUT}: finish the run with the Slipstream that wrote it, "
+                              "or use a new run.run_id")
         self.pieces.load("meta", meta, str(latest))  # the lineage first: a checkpoint of other data is refused
         self.pieces.load("model", self.ckpt.load_model(latest, into=self._live_model()), str(latest))
         st = self.state
@@ -398,7 +401,10 @@ class Trainer:
                 buffered = len(self.shuffle)
                 # wait for the broker only when there is too little to train; stop reading ahead
                 # when the buffer is far past its size (back-pressure bounds memory)
-                fresh = src.poll(block=buffered < fresh_target) if buffered < 4 * dc.stream_shuffle_buffer + fresh_target else Rows.empty(self.layout)
+                if buffered < 4 * dc.stream_shuffle_buffer + fresh_target:
+                    fresh = src.poll(block=buffered < fresh_target)
+                else:
+                    fresh = Rows.empty(self.layout)
                 self._absorb(src)
                 stream_profile.add_rows(self.profile, fresh, self.layout)
                 if dc.exchange:

@@ -245,9 +245,8 @@ def collision_rate(rows_of_ids: np.ndarray) -> float:
 def measure(spec: Spec, cfg: LongTail, home: Path, progress: Any = None) -> dict[str, Any]:
     """The long-tail case's numbers: managed against hashed tables at the same memory (the hashed
     tables get the bytes of the managed ones' maps as extra rows) and at the same rows."""
-    from slipstream.scoring import auc
+    from slipstream.scoring import UserBootstrap, auc
     from trainers.config.schema import ModelConfig
-    from trainers.eval.judge import bootstrap_diff
     from trainers.models import build_model
 
     before, after, facts = make_data(spec, cfg)
@@ -280,19 +279,22 @@ def measure(spec: Spec, cfg: LongTail, home: Path, progress: Any = None) -> dict
     # live ids: the distinct ids of the stream; hashed, every one has a row (its remainder), shared
     # or not; managed, the admitted ones (a row of their own) at the end
     live = {n: np.unique(after.sparse[:, cols.index(n)]) for n in names}
+    # paired AUC differences with intervals over users; one resampler per row set, shared by both kinds
+    on_all = UserBootstrap(labels, groups, rounds=400)
+    on_new, pm_new = UserBootstrap(labels[new_rows], groups[new_rows], rounds=400, seed=1), pm[new_rows]
     for kind, rows in (("hashed", same_bytes_rows), ("hashed_same_rows", cfg.rows)):
         ph = res[kind]["probs"]
-        gain = bootstrap_diff(labels, pm, ph, groups, rounds=400)
-        gain_new = bootstrap_diff(labels[new_rows], pm[new_rows], ph[new_rows], groups[new_rows], rounds=400, seed=1)
+        gain = on_all.diff(pm, ph)
+        gain_new = on_new.diff(pm_new, ph[new_rows])
         sfx = "" if kind == "hashed" else "_same_rows"
         hashed_rows = np.concatenate([np.remainder(live[n], rows) + j * rows for j, n in enumerate(names)])
         out.update({
             f"collision_rate_hashed{sfx}": round(collision_rate(hashed_rows), 4),
             f"auc_after_t_hashed{sfx}": round(auc(labels, ph), 5),
-            f"auc_gain{sfx}": round(gain["diff"], 5), f"auc_gain{sfx}_ci_low": round(gain["lo"], 5),
-            f"auc_gain{sfx}_ci_high": round(gain["hi"], 5),
+            f"auc_gain{sfx}": round(gain.value, 5), f"auc_gain{sfx}_ci_low": round(gain.lo, 5),
+            f"auc_gain{sfx}_ci_high": round(gain.hi, 5),
             f"auc_new_ids_hashed{sfx}": round(auc(labels[new_rows], ph[new_rows]), 5),
-            f"auc_new_ids_gain{sfx}_ci_low": round(gain_new["lo"], 5), f"auc_new_ids_gain{sfx}_ci_high": round(gain_new["hi"], 5),
+            f"auc_new_ids_gain{sfx}_ci_low": round(gain_new.lo, 5), f"auc_new_ids_gain{sfx}_ci_high": round(gain_new.hi, 5),
             f"rows_in_use_hashed{sfx}": int(len(np.unique(np.concatenate(
                 [np.remainder(np.concatenate([before.sparse[:, cols.index(n)], after.sparse[:, cols.index(n)]]), rows)
                  + j * rows for j, n in enumerate(names)])))),

@@ -75,7 +75,8 @@ def replica_template(spec: TrainJobSpec, cluster: ClusterSettings) -> dict[str, 
             termination_grace_period_seconds=spec.stop_grace_s + GRACE_MARGIN_S if spec.elastic else None,
         ),
     )
-    return ApiClient().sanitize_for_serialization(template)
+    manifest: dict[str, Any] = ApiClient().sanitize_for_serialization(template)
+    return manifest
 
 
 def elastic_policy(spec: TrainJobSpec) -> dict[str, Any]:

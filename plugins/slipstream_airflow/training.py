@@ -71,7 +71,8 @@ class _SpecPodOperator(KubernetesPodOperator):
         self.tolerations = ko.gpu_tolerations(spec)
         self.env_vars = ko.env_vars(spec)
         self.env_from = ko.env_from(self.env_configmap)
-        self.secrets = [Secret("env", s.env, s.secret, s.key) for s in spec.secret_env]
+        # the provider's Secret.__init__ is unannotated
+        self.secrets = [Secret("env", s.env, s.secret, s.key) for s in spec.secret_env]  # type: ignore[no-untyped-call]
         self.security_context = ko.pod_security_context(spec)
         self.container_security_context = ko.container_security_context(spec)
         self.xcom_sidecar_container_security_context = ko.container_security_context(spec)

@@ -29,6 +29,7 @@ from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, wri
 from slipstream.dev.joiner_wait import DEADLINE_S, STALL_S, JoinerOutcome
 from slipstream.errors import SlipstreamError
 from slipstream.pipeline.run_metrics import SET_TITLES, EvalSet, Evaluation, read_run_metrics
+from slipstream.processes import stop_process
 from slipstream.samples.spec import Spec, load_spec
 from slipstream.settings import Settings
 
@@ -98,7 +99,7 @@ def run_dag(settings: Settings, logical_day: str, conf: dict[str, Any], log_path
                     print(f"  | {text[:200]}", file=sys.stderr, flush=True)
             rc = proc.wait()
         except BaseException:
-            stack.stop_process(proc.pid)
+            stop_process(proc.pid)
             raise
     if rc != 0:
         raise SlipstreamError(
@@ -185,7 +186,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
         log.info("starting afresh: removing the previous demo's state in %s", settings.home)
         stale = stack.StackState.load(settings.home)
         for svc in stale.services.values():
-            stack.stop_process(svc.pid)
+            stop_process(svc.pid)
         shutil.rmtree(settings.home)
     settings.home.mkdir(parents=True)
     started = time.monotonic()
@@ -259,7 +260,7 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
             "profile": opts.profile,
             "catalog": settings.catalog_uri or settings.catalog,
             "warehouse": settings.warehouse,
-            "spark_master": (state.services.get("spark-master").address if "spark-master" in state.services else "local[*]"),
+            "spark_master": (state.services["spark-master"].address if "spark-master" in state.services else "local[*]"),
             "seconds": round(time.monotonic() - started, 1),
             "home": str(settings.home),
         }
@@ -298,7 +299,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"early stopping:          epoch {s['chosen_epoch']} kept of {s.get('epochs_run')} run "
                      "(lowest loss on the validation day)")
     lines.append(f"quality gate:            {'passed' if s.get('quality_passed') else s.get('quality_passed')}")
-    lines.append(f"cache warmup:            {s.get('warmup_files')} files; trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
+    lines.append(f"cache warmup:            {s.get('warmup_files')} files; "
+                 f"trainer cache hit ratio {_f(s.get('cache_hit_ratio'))}")
     if s.get("publish"):
         p = s["publish"]
         verdict = "promoted" if p.get("promoted") else "registered, not promoted"

@@ -131,7 +131,8 @@ from collections.abc import Mapping, Sequence  # noqa: E402
 from datetime import UTC, date, datetime, timedelta  # noqa: E402
 
 from pyiceberg.exceptions import ValidationException  # noqa: E402
-from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Or  # noqa: E402
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Or, Reference  # noqa: E402
+from pyiceberg.expressions.literals import literal  # noqa: E402
 from pyiceberg.io.pyarrow import parquet_files_to_data_files  # noqa: E402
 from pyiceberg.manifest import DataFile  # noqa: E402
 from pyiceberg.partitioning import PartitionField  # noqa: E402
@@ -182,11 +183,13 @@ def day_predicate(table: Table, day: date) -> BooleanExpression:
         if isinstance(pf.transform, DayTransform):
             start = datetime(day.year, day.month, day.day, tzinfo=UTC)
             end = start + timedelta(days=1)
+            column = Reference(source.name)
             return And(
-                GreaterThanOrEqual(source.name, start.isoformat()), LessThan(source.name, end.isoformat())
+                GreaterThanOrEqual(term=column, value=literal(start.isoformat())),
+                LessThan(term=column, value=literal(end.isoformat())),
             )
         if isinstance(pf.transform, IdentityTransform) and isinstance(source.field_type, DateType):
-            return EqualTo(source.name, day.isoformat())
+            return EqualTo(term=Reference(source.name), value=literal(day.isoformat()))
     raise ConfigError(
         f"table {table.name()} is not partitioned by day (spec {spec}): a day overwrite needs "
         "a day(<timestamp>) or identity(<date>) partition field"
@@ -273,7 +276,7 @@ def _overwrite_transaction(table: Table, days: Sequence[date], data_files: list[
     tx = table.transaction()
     if data_files and tx.table_metadata.name_mapping() is None:
         # Files written by Spark/pyarrow carry no Iceberg field ids: readers map by name.
-        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
+        tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
     if old or data_files:
         with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
             # the days' predicate is also the conflict filter: a concurrent writer of one of them fails our commit

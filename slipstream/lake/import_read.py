@@ -109,7 +109,8 @@ def header_columns(path: Path, source: SourceSpec, fmt: str, gz: bool) -> list[s
 def count_records(path: Path, fmt: str, gz: bool, header: bool) -> int:
     """Records in a file (lines, less the header; Parquet: rows), for spreading times over a day."""
     if fmt == "parquet":
-        return pq.ParquetFile(path).metadata.num_rows
+        rows: int = pq.ParquetFile(path).metadata.num_rows
+        return rows
     n, last = 0, b"\n"
     try:
         with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
@@ -179,9 +180,18 @@ def _parquet(path: Path, source: SourceSpec) -> Iterator[RawBatch]:
             t = pa.Table.from_batches([batch])
             lines = np.arange(row + 1, row + 1 + t.num_rows)
             row += t.num_rows
-            yield RawBatch({n: t.column(n).combine_chunks() for n in names}, lines,
-                           lambda j, t=t: json.dumps(t.slice(j, 1).to_pylist()[0], default=str), position=done,
+            yield RawBatch({n: t.column(n).combine_chunks() for n in names}, lines, _row_as_json(t), position=done,
                            names=everything)
+
+
+def _row_as_json(t: pa.Table) -> Callable[[int], str]:
+    """Row j of `t` as the JSON object a person would recognise from the file."""
+    return lambda j: json.dumps(t.slice(j, 1).to_pylist()[0], default=str)
+
+
+def _row_as_text(t: pa.Table, delim: str) -> Callable[[int], str]:
+    """Row j of `t` as a delimited line of its values."""
+    return lambda j: delim.join(str(v) for v in t.slice(j, 1).to_pylist()[0].values())
 
 
 def _json_column(values: list[Any]) -> pa.Array:
@@ -218,8 +228,9 @@ def _jsonl(path: Path, source: SourceSpec, gz: bool) -> Iterator[RawBatch]:
                     continue
                 try:
                     rec = json.loads(text)
-                except ValueError as e:
-                    malformed.append((line_no, f"malformed line: not JSON ({e.msg} at column {e.colno})", text))
+                except ValueError as e:  # a JSONDecodeError, or an integer of too many digits
+                    why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+                    malformed.append((line_no, f"malformed line: not JSON ({why})", text))
                     continue
                 if not isinstance(rec, dict):
                     malformed.append((line_no, "malformed line: not a JSON object", text))
@@ -282,8 +293,7 @@ def _delimited(path: Path, source: SourceSpec, fmt: str, gz: bool, columns: list
             blank = _blank_rows(t)
             t, at = t.filter(pa.array(~blank)), at[~blank]
             yield RawBatch({c: t.column(c).combine_chunks() for c in wanted}, at,
-                           lambda j, t=t: delim.join(str(v) for v in t.slice(j, 1).to_pylist()[0].values()),
-                           malformed(), counting.position, names)
+                           _row_as_text(t, delim), malformed(), counting.position, names)
         if skipped:  # lines after the last valid row (or a file with none) are reported too
             empty = pa.table({c: pa.array([], pa.string()) for c in wanted})
             yield RawBatch({c: empty.column(c).combine_chunks() for c in wanted}, np.zeros(0, dtype=np.int64),

@@ -85,15 +85,15 @@ def typed_records(spec: Spec, source: SourceSpec, batch: RawBatch, rule: TimeRul
             ordinal = ordinal_offset + batch.lines - 1
             values = pc.if_else(pc.is_null(values), rule.spread(ordinal), values)
         if not fs.optional and values.null_count:
-            for i in np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False)):
-                if reasons[i] is None:
-                    reasons[i] = (f"field `{fs.name}` missing", f"field `{fs.name}` missing")
+            for j in np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False)):
+                if reasons[j] is None:
+                    reasons[j] = (f"field `{fs.name}` missing", f"field `{fs.name}` missing")
         cols[fs.name] = values
     if source.time and (rule.time_from or rule.time_to):
         t = cols[source.time]
-        for i in np.flatnonzero(rule.outside(t)):
-            if reasons[i] is None:
-                reasons[i] = (f"field `{source.time}` outside [{_iso(rule.time_from)}, {_iso(rule.time_to)}): {t[i].as_py()}",
+        for j in np.flatnonzero(rule.outside(t)):
+            if reasons[j] is None:
+                reasons[j] = (f"field `{source.time}` outside [{_iso(rule.time_from)}, {_iso(rule.time_to)}): {t[j].as_py()}",
                               f"field `{source.time}` outside [--from, --to)")
     good = np.array([r is None for r in reasons], dtype=bool)
     table = pa.table(cols, schema=source_arrow_schema(source)).filter(pa.array(good))

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slipstream.errors import ConfigError
-from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
 from slipstream.pipeline import elastic
+from slipstream.pipeline.cluster import ClusterSettings, SecretEnv, VolumeSource
 from slipstream.pipeline.elastic import RDZV_CONF, check_bounds, rdzv_conf_arg
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.pipeline.runplan import PLAN_FILE, RunPlan, plan_path

@@ -117,7 +117,8 @@ class ModelRegistry:
     def _read_json(self, path: str) -> dict[str, Any] | None:
         try:
             with self.fs.open_input_stream(path) as f:
-                return json.loads(f.read())
+                doc: dict[str, Any] = json.loads(f.read())
+                return doc
         except FileNotFoundError:
             return None
 

@@ -333,7 +333,8 @@ class RunMetrics(_Model):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (NaN as null, datetimes as ISO text)."""
-        return json.loads(self.model_dump_json())
+        out: dict[str, Any] = json.loads(self.model_dump_json())
+        return out
 
 
 def build_run_metrics(values: dict[str, Any]) -> RunMetrics:

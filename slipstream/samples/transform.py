@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slipstream.errors import ConfigError
 from slipstream.samples.schema import field_arrow_type, hash_category, id_hash, sample_arrow_schema
 from slipstream.samples.spec import EVENT_TIME, LABEL, SAMPLE_ID, FeatureSpec, Spec
 
@@ -43,7 +44,8 @@ def hash_strings(values: pa.Array | pa.ChunkedArray, cache: dict[str, int] | Non
     cache = {} if cache is None else cache
     lut = np.array([cache.get(v) if v in cache else cache.setdefault(v, hash_category(v))
                     for v in encoded.dictionary.to_pylist()], dtype=np.int64)
-    return lut[encoded.indices.to_numpy(zero_copy_only=False)]
+    hashed: np.ndarray = lut[encoded.indices.to_numpy(zero_copy_only=False)]
+    return hashed
 
 
 def _canonical_text(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -61,6 +63,8 @@ def sample_ids(spec: Spec, events: pa.Table) -> pa.Array:
     rule = spec.events.id
     if isinstance(rule, str):
         return _canonical_text(events.column(rule))
+    if rule is None:  # load_spec refuses such a spec; one built in code may lack it
+        raise ConfigError(f"events source {spec.events.name!r} has no `id:` (the id field, or {{hash: [fields]}})")
     names = spec.events.field_names if rule == ("*",) else rule
     joined = pc.binary_join_element_wise(*[_canonical_text(events.column(n)) for n in names], ID_SEPARATOR)
     h = id_hash(joined)
@@ -137,7 +141,7 @@ def last_per_key(side: pa.Table, key: str) -> pa.Table:
 
 def dense_values(f: FeatureSpec, col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """`clip(log1p(max(x, 0)) or x, lo, hi) / scale` in float64, stored as float32."""
-    x = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    x: np.ndarray = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
     x = np.asarray(x, dtype=np.float64)
     if f.log1p:
         x = np.log1p(np.maximum(x, 0.0))

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from slipstream.samples.spec import EVENT_TIME, SAMPLE_ID
 from trainers.data.holdout import holdout_mask
-from trainers.data.units import Opener, WorkUnit
 from trainers.data.rows import RowLayout
+from trainers.data.units import Opener, WorkUnit
 
 
 def _training_rows(table: pa.Table, start_us: int | None, end_us: int | None) -> pa.Table:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from slipstream.errors import ResumeError
-from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
 from trainers.checkpoint.stateful import check_version
+from trainers.data.rows import DEFAULT_LAYOUT, SOURCE_REPLAY, RowLayout, Rows, rows_from_state, rows_to_state
 
 STATE_VERSION = 1
 

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from slipstream.samples.spec import Spec
-from trainers.parallel.dist import Dist
-from trainers.models.tables import table_sizes
-from trainers.parallel.grad_exchange import SparseGradExchange, broadcast_dense, sparse_params
 from trainers.data.rows import Features, Rows
+from trainers.models.tables import table_sizes
+from trainers.parallel.dist import Dist
+from trainers.parallel.grad_exchange import SparseGradExchange, broadcast_dense, sparse_params
 
 STATE_VERSION = 1
 POPULARITY_PRIOR = 20.0
@@ -33,15 +33,21 @@ POPULARITY_PRIOR = 20.0
 
 
 class LogisticBaseline(nn.Module):
+    dense_mean: torch.Tensor
+    dense_std: torch.Tensor
+    _sizes: torch.Tensor
+    """Buffers (`register_buffer`), declared for the type checker."""
+
     def __init__(self, spec: Spec, buckets: dict[str, int] | None = None) -> None:
         super().__init__()
         sizes = table_sizes(spec, buckets)
         self.sparse_names = [f.name for f in spec.sparse]
         self.list_tables = [spec.table_of(f) for f in spec.lists]
         # sparse: ranks exchange the rows a batch touched, not the tables (Adagrad takes sparse gradients)
-        self.weights = nn.ModuleDict({name: nn.Embedding(n, 1, sparse=True) for name, n in sizes.items()})
-        for emb in self.weights.values():
+        tables = {name: nn.Embedding(n, 1, sparse=True) for name, n in sizes.items()}
+        for emb in tables.values():
             nn.init.zeros_(emb.weight)
+        self.weights = nn.ModuleDict(tables)
         n_dense = len(spec.dense)
         self.dense = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
@@ -56,12 +62,18 @@ class LogisticBaseline(nn.Module):
         for j, name in enumerate(self.sparse_names):
             out = out + self.weights[name](ids[:, j]).squeeze(1)
         for table, values, offsets in zip(self.list_tables, x.list_values, x.list_offsets):
-            w = self.weights[table].weight
+            w = self._table(table).weight
             out = out + F.embedding_bag(torch.remainder(values, w.shape[0]), w, offsets, mode="mean",
                                        sparse=True).squeeze(1)
         if self.dense is not None:
             out = out + self.dense((x.dense - self.dense_mean) / self.dense_std).squeeze(1)
         return out
+
+    def _table(self, name: str) -> nn.Embedding:
+        emb = self.weights[name]
+        if not isinstance(emb, nn.Embedding):  # only Embeddings are put in `weights`
+            raise TypeError(f"baseline table {name} is a {type(emb).__name__}, not an Embedding")
+        return emb
 
 
 class PopularityBaseline:
@@ -91,7 +103,8 @@ class PopularityBaseline:
             return np.full(len(rows), np.nan)
         rate = clicks.sum() / max(views.sum(), 1.0)
         b = np.remainder(rows.sparse[:, self.column], self.size)
-        return (clicks[b] + POPULARITY_PRIOR * rate) / (views[b] + POPULARITY_PRIOR)
+        scores: np.ndarray = (clicks[b] + POPULARITY_PRIOR * rate) / (views[b] + POPULARITY_PRIOR)
+        return scores
 
 
 class Baselines:
@@ -131,7 +144,7 @@ class Baselines:
         logits = self.logistic(feats)
         loss = F.binary_cross_entropy_with_logits(logits, feats.label, reduction="sum") / batch_size
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def apply(self, rows: Rows, fresh: np.ndarray | None = None) -> None:
         """The Adagrad step on the exchanged gradients; popularity counts the rows (`fresh`: which

@@ -99,7 +99,8 @@ def row_logloss(labels: np.ndarray, probs: np.ndarray) -> np.ndarray:
     """Each row's binary cross-entropy (nats)."""
     p = np.clip(probs, 1e-7, 1 - 1e-7)
     y = labels.astype(np.float64)
-    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    loss: np.ndarray = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    return loss
 
 
 def live_set(scores: PrequentialScores, gather: Any, is_main: bool) -> EvalSet | None:

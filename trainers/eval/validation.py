@@ -65,10 +65,9 @@ class EarlyStopping:
         return improved, base_improved
 
     def state_dict(self) -> dict[str, Any]:
-        finite = lambda x: x if math.isfinite(x) else None  # noqa: E731  (meta.json is plain JSON)
         return {"version": STATE_VERSION, "curve": list(self.curve), "best_epoch": self.best_epoch,
-                "best_loss": finite(self.best_loss), "baseline_best_epoch": self.baseline_best_epoch,
-                "baseline_best_loss": finite(self.baseline_best_loss), "since_best": self.since_best,
+                "best_loss": _finite(self.best_loss), "baseline_best_epoch": self.baseline_best_epoch,
+                "baseline_best_loss": _finite(self.baseline_best_loss), "since_best": self.since_best,
                 "stopped": self.stopped}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -76,11 +75,20 @@ class EarlyStopping:
             return
         check_version("early stopping", state, STATE_VERSION)
         self.curve = [dict(c) for c in state["curve"]]
-        loss = lambda x: math.inf if x is None else float(x)  # noqa: E731
-        self.best_epoch, self.best_loss = int(state["best_epoch"]), loss(state["best_loss"])
+        self.best_epoch, self.best_loss = int(state["best_epoch"]), _loss(state["best_loss"])
         self.baseline_best_epoch = int(state["baseline_best_epoch"])
-        self.baseline_best_loss = loss(state["baseline_best_loss"])
+        self.baseline_best_loss = _loss(state["baseline_best_loss"])
         self.since_best, self.stopped = int(state["since_best"]), bool(state["stopped"])
+
+
+def _finite(x: float) -> float | None:
+    """A loss as plain JSON (meta.json has no inf/NaN): None when not finite."""
+    return x if math.isfinite(x) else None
+
+
+def _loss(x: float | None) -> float:
+    """A stored loss back: None (not finite when saved) as inf."""
+    return math.inf if x is None else float(x)
 
 
 def best_path(checkpoint_dir: Path, epoch: int, what: str = "model") -> Path:
@@ -98,4 +106,5 @@ def save_best(checkpoint_dir: Path, epoch: int, what: str, state: dict[str, Any]
 
 
 def load_best(checkpoint_dir: Path, epoch: int, what: str) -> dict[str, Any]:
-    return torch.load(best_path(checkpoint_dir, epoch, what), map_location="cpu", weights_only=True)
+    state: dict[str, Any] = torch.load(best_path(checkpoint_dir, epoch, what), map_location="cpu", weights_only=True)
+    return state
