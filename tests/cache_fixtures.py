@@ -4,7 +4,7 @@ table filled day by day (one data file per day) on the local disk or on that ser
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,7 +45,7 @@ def day_tables() -> dict[str, pa.Table]:
 def window_end(days_loaded: int) -> datetime:
     """Midnight (UTC) after the last of `days_loaded` days."""
     d = START_DAY + timedelta(days=days_loaded)
-    return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
 def s3_settings(home: Path, endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> Settings:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ HAND_DAY = date(2026, 10, 20)
 
 
 def ts(day: date, hh: int, mm: int, ss: float = 0.0) -> str:
-    t = datetime(day.year, day.month, day.day, tzinfo=timezone.utc) + timedelta(hours=hh, minutes=mm, seconds=ss)
+    t = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(hours=hh, minutes=mm, seconds=ss)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

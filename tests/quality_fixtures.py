@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ def write_fake_run(
     newest = pc.max(batch.column("event_time")).as_py() if stream is None else pc.max(stream.column("event_time")).as_py()
     metrics = run_metrics(
         run_id, forward_tail=scored_set(0.70, baseline=0.66), snapshot_id=snapshot_id, t_handoff=t_handoff,
-        window_start=datetime.fromisoformat(starts[0]).replace(tzinfo=timezone.utc),
+        window_start=datetime.fromisoformat(starts[0]).replace(tzinfo=UTC),
         samples_iceberg=int(batch.num_rows), samples_kafka=kafka_rows, dropped_before_t=0, dead_letters=0,
         handoff_offsets={str(k): v for k, v in (handoff_offsets or {}).items()},
         final_offsets={str(k): v for k, v in (final_offsets or {}).items()},

@@ -43,7 +43,7 @@ def test_backfill_creates_one_run_per_day_once(tmp_path: Path, migrated_airflow_
     use_airflow_db(migrated_airflow_db, tmp_path / "home")
     env = airflow_cli_env(tmp_path / "home")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(line.removeprefix("RESULT "))
     runs = result["runs"]

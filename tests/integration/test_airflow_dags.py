@@ -36,7 +36,7 @@ def _parse(home: Path, backend: str, **extra: str) -> dict:  # type: ignore[type
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "SLIPSTREAM_TRAINING_BACKEND": backend, **extra}
     out = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags"), ",".join(HEAVY)],
                          env=env, capture_output=True, text=True, timeout=180)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("PARSED ")), None)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PARSED ")), None)
     assert line, f"parsing failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return json.loads(line.removeprefix("PARSED "))
 

@@ -56,10 +56,9 @@ class _TaskInstance:
 def _render(params: dict[str, object]) -> tuple[dict[str, object], object]:
     from types import SimpleNamespace
 
+    from slipstream.pipeline.datasets import DatasetRef
     from slipstream_airflow.jobxcom import JOB_XCOM_KEY, RenderedJob
     from slipstream_airflow.stream_tasks import render_stream_job
-
-    from slipstream.pipeline.datasets import DatasetRef
 
     ti = _TaskInstance()
     context = {"ti": ti, "dag": SimpleNamespace(dag_id="stream_train"), "dag_run": SimpleNamespace(run_id="manual__1")}
@@ -86,10 +85,9 @@ def test_a_restart_after_the_next_daily_commit_resumes_the_stream_run(
     import threading
     import time
 
-    from slipstream_airflow.local_launch import LocalTorchrunOperator
-
     from slipstream.dev.datagen import GeneratorConfig, reference_samples
     from slipstream.stream.kafka import create_topic, produce_samples
+    from slipstream_airflow.local_launch import LocalTorchrunOperator
     from tests.trainer_fixtures import (
         assert_trained_once,
         checkpoint_meta,

@@ -174,8 +174,8 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
         set_param("epochs", "2")
         set_param("stream_stop", "soon")  # neither 'caught_up' nor seconds
         submit()
-        refusal = wait.until(lambda d: [l for l in d.find_element(By.TAG_NAME, "body").text.splitlines()
-                                        if "Invalid input for param stream_stop" in l])
+        refusal = wait.until(lambda d: [ln for ln in d.find_element(By.TAG_NAME, "body").text.splitlines()
+                                        if "Invalid input for param stream_stop" in ln])
         assert "does not match" in refusal[0]
         driver.save_screenshot(str(tmp_path / "refused.png"))
 

@@ -19,10 +19,16 @@ from slipstream.cache.reader import CacheReader
 from slipstream.cache.remote import filesystem_for
 from slipstream.cache.settings import WarmKnobs
 from slipstream.cache.warm import CacheItem, warm_files, warm_window
-from slipstream.errors import CacheWarmError
 from slipstream.dev.s3server import S3Endpoint, S3Server
+from slipstream.errors import CacheWarmError
 from tests.cache_fixtures import (  # noqa: F401 - fixtures
-    append_days, day_tables, s3_endpoint, s3_server, s3_settings, upload_files, window_end,
+    append_days,
+    day_tables,
+    s3_endpoint,
+    s3_server,
+    s3_settings,
+    upload_files,
+    window_end,
 )
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from joiner_fixtures import START_US, US, batch_samples, headers_of, make_events, produce_raw, read_topic, start_joiner
 
-from joiner_fixtures import (START_US, US, batch_samples, headers_of, make_events, produce_raw, read_topic,
-                             start_joiner)
 from slipstream.samples.codec import decode_samples
 from slipstream.samples.spec import load_spec
 

@@ -8,8 +8,8 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-
 from joiner_fixtures import make_events, produce_raw, read_topic, start_joiner, write_raw_zone
+
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.samples.codec import decode_samples
 from slipstream.samples.spec import load_spec

@@ -26,10 +26,10 @@ from slipstream.dev.datagen import GeneratorConfig, generate, reference_samples
 from slipstream.errors import RawDataError, RejectRateExceeded
 from slipstream.lake.iceberg import day_predicate, get_catalog, rejects_table, samples_table
 from slipstream.pipeline.preprocess_launch import PreprocessResult, run_preprocess_days
+from slipstream.pipeline.spark_settings import SparkSettings
 from slipstream.samples.schema import ATTRIBUTION_WINDOW_S, DENSE_COLUMNS, IMPRESSION_ARROW_SCHEMA, NAMESPACE
 from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
-from slipstream.pipeline.spark_settings import SparkSettings
 from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
 from tests.preprocess_fixtures import HAND_DAY, content_checksum, day_rows, impression, ts, write_hand_day, write_jsonl
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from slipstream.dev.datagen import GeneratorConfig, generate, reference_samples
+from slipstream.dev.s3server import S3Endpoint
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.pipeline.preprocess_launch import run_preprocess_days
-from slipstream.dev.s3server import S3Endpoint
 from tests.cache_fixtures import s3_endpoint, s3_server, s3_settings  # noqa: F401 - fixtures
 from tests.preprocess_fixtures import content_checksum, day_rows
 

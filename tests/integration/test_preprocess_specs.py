@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,11 @@ import pytest
 
 from slipstream.errors import RejectRateExceeded
 from slipstream.lake.iceberg import get_catalog, rejects_table, samples_table
+from slipstream.pipeline.spark_settings import SparkSettings
 from slipstream.samples.schema import source_arrow_schema
 from slipstream.samples.spec import Spec, load_spec, parse_spec_text
 from slipstream.samples.transform import Featurizer
 from slipstream.settings import Settings
-from slipstream.pipeline.spark_settings import SparkSettings
 from spark_jobs.day_job import DayOptions, DayResult, preprocess_day
 from tests.preprocess_fixtures import day_rows, impression, ts, write_jsonl
 
@@ -51,7 +51,7 @@ def _run(spark: Any, settings: Settings, spec: Spec, day: date, run_id: str, **k
 
 
 def _epoch(day: date, hh: int, mm: int) -> str:
-    return (datetime(day.year, day.month, day.day, tzinfo=timezone.utc) + timedelta(hours=hh, minutes=mm)).isoformat()
+    return (datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(hours=hh, minutes=mm)).isoformat()
 
 
 def test_a_ratings_log_with_side_tables_equals_the_featurizer(spark: Any, tmp_path: Path) -> None:

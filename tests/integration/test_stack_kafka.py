@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from slipstream.dev import stack
-from slipstream.samples.codec import decode_samples
 from slipstream.dev.datagen import GeneratorConfig, generate
-from slipstream.stream.kafka import consumer_config, end_offsets, produce_samples
+from slipstream.samples.codec import decode_samples
 from slipstream.settings import Settings
+from slipstream.stream.kafka import consumer_config, end_offsets, produce_samples
 
 pytestmark = pytest.mark.integration
 

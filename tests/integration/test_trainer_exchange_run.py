@@ -19,8 +19,8 @@ import pytest
 from slipstream.stream.kafka import create_topic, end_offsets, produce_samples
 from tests.trainer_fixtures import (
     SamplesFixture,
-    checkpoint_meta,
     assert_trained_once,
+    checkpoint_meta,
     generated,
     in_stream_with_progress,
     make_samples,
@@ -30,9 +30,9 @@ from tests.trainer_fixtures import (
     train_config,
     training_ids,
 )
-from trainers.observe.sample_audit import read_audit
-from trainers.data.kafka_source import assigned_partitions
 from trainers.checkpoint.statefile import decode_state
+from trainers.data.kafka_source import assigned_partitions
+from trainers.observe.sample_audit import read_audit
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ fallback for brokers that answer wrongly, empty partitions and out-of-order (lat
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -14,7 +14,7 @@ from slipstream.stream.kafka import consumer_config, create_topic
 
 pytestmark = pytest.mark.integration
 
-T = datetime(2026, 11, 3, tzinfo=timezone.utc)
+T = datetime(2026, 11, 3, tzinfo=UTC)
 LATENESS_S = 120
 T_MS = int(T.timestamp() * 1000)
 

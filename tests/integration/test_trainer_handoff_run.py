@@ -11,7 +11,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ BAD_VALUES = [b"{not json", b'{"sample_id": "x-1"}', b"", b"[1, 2, 3]",
               b"\xb1\x01\x04\x03" + bytes(76)]  # a binary head whose lengths disagree with the value
 
 
-ODD_TIMES = [datetime(2100, 1, 1, tzinfo=timezone.utc), datetime(1969, 12, 31, 23, 0, tzinfo=timezone.utc)]
+ODD_TIMES = [datetime(2100, 1, 1, tzinfo=UTC), datetime(1969, 12, 31, 23, 0, tzinfo=UTC)]
 
 
 @dataclass
@@ -177,8 +177,8 @@ def test_the_exported_model_loads_and_scores(run: Run) -> None:
 
     from slipstream.samples.schema import SCHEMA_VERSION
     from trainers.config.schema import ModelConfig
-    from trainers.models import build_model
     from trainers.data.rows import Features, Rows
+    from trainers.models import build_model
 
     blob = torch.load(run.run_dir / "export" / "model.pt", map_location="cpu", weights_only=True)
     assert blob["schema_version"] == SCHEMA_VERSION

@@ -69,8 +69,8 @@ def test_a_model_worse_than_its_baseline_is_not_promoted_and_says_why(tmp_path: 
 def _rescore(model_pt: Path, rows: pa.Table) -> float:
     """AUC of an exported model on `rows`, rebuilt from its file alone (not the trainer's scorer)."""
     from trainers.config.schema import ModelConfig
-    from trainers.models import build_model
     from trainers.data.rows import Features, RowLayout, Rows
+    from trainers.models import build_model
 
     blob = torch.load(model_pt, map_location="cpu", weights_only=True)
     spec = spec_from_dict(json.loads(blob["spec"]), str(model_pt))

@@ -8,11 +8,11 @@ import time
 
 import pytest
 from confluent_kafka import Producer
+from joiner_fixtures import START_US, batch_samples, make_events
 
 from slipstream.samples.codec import encode_samples
 from slipstream.stream.kafka import client_config, create_topic
 from tests.integration.test_joiner import SPEC
-from joiner_fixtures import START_US, batch_samples, make_events
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+
 from slipstream_airflow.conf_guard import UnknownConfGuard, conf_problem
 
 PARAMS = {"window_days", "epochs", "lr", "stream_stop"}

@@ -86,12 +86,11 @@ def test_a_run_without_data_names_its_data_set_and_raw_zone(settings: Settings, 
     from datetime import datetime
     from types import SimpleNamespace
 
-    from slipstream_airflow import tasks
-
     from slipstream.errors import RawDataError
     from slipstream.pipeline import preprocess_launch
     from slipstream.pipeline.datasets import DatasetRef
     from slipstream.pipeline.preprocess_launch import PreprocessResult
+    from slipstream_airflow import tasks
 
     monkeypatch.setattr(preprocess_launch, "run_preprocess_days",
                         lambda s, days, run_id: [PreprocessResult(d, None, 0, 0, 0.1, empty=True) for d in days])

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 
 import pytest
-from slipstream_airflow.data_tasks import DayRange
 
 from slipstream.errors import ConfigError
+from slipstream_airflow.data_tasks import DayRange
 
 DAY = date(2026, 11, 5)
 

@@ -40,6 +40,7 @@ def trainer_config(settings: Settings, args: list[str]):  # type: ignore[no-unty
 
 def render_pod(spec) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from kubernetes.client import ApiClient
+
     from slipstream_airflow.training import TrainPodOperator
 
     op = TrainPodOperator(task_id="train_pod", cluster=CLUSTER, spec=spec)
@@ -144,10 +145,10 @@ def test_param_text_never_reaches_a_shell(settings: Settings, kubeconfig: Path) 
 
 def test_warmup_pod_lands_on_cache_nodes(settings: Settings, kubeconfig: Path) -> None:  # noqa: F811
     from kubernetes.client import ApiClient
-    from slipstream_airflow.training import WarmupPodOperator
 
     from slipstream.pipeline.jobspec import warmup_args
     from slipstream.pipeline.runplan import read_plan
+    from slipstream_airflow.training import WarmupPodOperator
 
     spec = spec_for(settings, gpus=2)
     args = warmup_args(spec.plan_path)

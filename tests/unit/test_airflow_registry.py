@@ -121,8 +121,8 @@ def test_models_cli_lists_and_shows(tmp_path: Path, capsys: pytest.CaptureFixtur
     ModelRegistry(str(reg)).publish(write_run(tmp_path / "runs", "daily-b", 0.60))
     assert main(["models", "--registry", str(reg), "list"]) == 0
     out = capsys.readouterr().out
-    line_a = next(l for l in out.splitlines() if "daily-a" in l)
-    line_b = next(l for l in out.splitlines() if "daily-b" in l)
+    line_a = next(ln for ln in out.splitlines() if "daily-a" in ln)
+    line_b = next(ln for ln in out.splitlines() if "daily-b" in ln)
     assert line_a.startswith("*") and "0.7000" in line_a and "promoted" in line_a
     assert not line_b.startswith("*") and "not promoted" in line_b
     assert main(["models", "--registry", str(reg), "show", "champion"]) == 0

@@ -9,7 +9,7 @@ import gzip
 import json
 import logging
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +24,7 @@ from slipstream.samples.spec import load_spec
 from slipstream.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "import"
-UTC = timezone.utc
+UTC = UTC
 
 
 def _import(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # type: ignore[type-arg]

@@ -13,7 +13,7 @@ import pytest
 from slipstream.samples import native
 from slipstream.samples.ragged import flat_list, take_list_column, take_lists
 from slipstream.samples.schema import HOLDOUT_MODULO, id_hash
-from trainers.data.rows import Rows, SOURCE_ICEBERG
+from trainers.data.rows import SOURCE_ICEBERG, Rows
 
 
 @pytest.fixture(scope="module", autouse=True)

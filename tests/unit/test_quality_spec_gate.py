@@ -5,7 +5,7 @@ shows."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -15,13 +15,13 @@ import pytest
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
 from slipstream.errors import QualityGateFailed
 from slipstream.lake.iceberg import get_catalog, samples_table
+from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream.quality.bounds import GateOverrides
 from slipstream.quality.config import GateConfig
 from slipstream.quality.gate import run_gate
 from slipstream.quality.profiles import profile_table
 from slipstream.quality.store import read_results, write_profile
 from slipstream.samples.spec import Spec, load_spec
-from slipstream.pipeline.datasets import DatasetRef, dataset_refs
 from slipstream.settings import Settings
 
 START = date(2026, 11, 1)
@@ -132,7 +132,7 @@ def test_dag_param_stops_a_window_the_learned_bounds_let_pass(
     settings = _spec_settings(settings, "criteo", monkeypatch)
     snap = _fill(settings, load_spec("criteo"), generated["criteo"])
     assert snap
-    t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc) + timedelta(days=1)
+    t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=UTC) + timedelta(days=1)
     out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": 1}), "daily-learned", t), _dataset())
     assert out["passed"] is True
     # the same window, with the DAG param gate_ctr_max under its CTR (~0.24): the run stops
@@ -156,7 +156,7 @@ def test_empty_day_in_the_window_is_a_warning_the_report_shows(
     empty = START + timedelta(days=6)
     assert str(empty) not in days and len(days) == DAYS - 1
     _fill(settings, load_spec("ratings"), days, profiles_until=None)
-    t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=timezone.utc) + timedelta(days=1)
+    t = datetime(LAST.year, LAST.month, LAST.day, tzinfo=UTC) + timedelta(days=1)
     out = tasks.quality_gate(_plan(settings, TrainRequest.from_params({"window_days": DAYS}), "daily-gap", t), _dataset())
     assert out["passed"] is True
     results = {r["expectation"]: r for r in read_results(get_catalog(settings), settings.namespace, "daily-gap").to_pylist()}
@@ -210,7 +210,7 @@ def test_a_feature_added_to_the_spec_does_not_fail_the_older_days(settings: Sett
     price = pa.array(np.random.default_rng(2).random(last.num_rows).astype(np.float32))
     table.append(last.add_column(last.schema.get_field_index("label"), "price_raw", price))
     snap = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
-    start = datetime(day_of(0).year, day_of(0).month, day_of(0).day, tzinfo=timezone.utc)
+    start = datetime(day_of(0).year, day_of(0).month, day_of(0).day, tzinfo=UTC)
     res = run_gate(settings, spec=new_spec, day=None, window=(start, start + timedelta(days=4)), snapshot_id=snap,
                    run_id="evolved", config=FAST)
     # the older rows are counted and named (a warning, never a failure): the model sees the default there

@@ -3,7 +3,7 @@ sorted batches, against a plain per-row reference, over batch boundaries that sp
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +13,7 @@ from slipstream.samples.schema import hash_category
 from slipstream.samples.spec import Spec, parse_spec_text
 from spark_jobs.finisher import SampleFinisher, tables_from_ipc, tables_to_ipc
 
-T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def _spec(k: int) -> Spec:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ def test_best_auc_is_measurable_and_the_stream_is_featurized_samples(name: str, 
         assert 0.65 < data.best_auc[k] < 0.95, data.best_auc
     stream = data.stream
     assert stream.schema == sample_arrow_schema(spec)
-    t_us = int(datetime(2026, 11, 4, tzinfo=timezone.utc).timestamp() * 1e6)
+    t_us = int(datetime(2026, 11, 4, tzinfo=UTC).timestamp() * 1e6)
     ts = pc.cast(stream.column("event_time"), pa.int64()).to_numpy()
     assert ts.min() >= t_us - 600 * 1_000_000 and (ts >= t_us).sum() == data.truth.column("after_t").to_numpy().sum()
     pos = pc.index_in(stream.column(SAMPLE_ID), value_set=data.truth.column(SAMPLE_ID))

@@ -12,10 +12,10 @@ import torch
 
 from slipstream.dev.datagen import GeneratorConfig, reference_samples
 from slipstream.samples.schema import DEFAULT_SPEC
-from trainers.config.schema import ModelConfig
-from trainers.models import build_model
 from tests.trainer_fixtures import SMALL_BUCKETS
+from trainers.config.schema import ModelConfig
 from trainers.data.rows import Features, Rows
+from trainers.models import build_model
 
 
 @pytest.fixture(scope="module")

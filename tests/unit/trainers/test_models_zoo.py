@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from slipstream.dev.specgen import SpecGenConfig, generate_spec
 from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec, load_spec
-from trainers.config.schema import MODEL_KINDS, ModelConfig
 from slipstream.scoring import auc
-from trainers.optim.groups import build_optimizer
-from trainers.models import RecModel, build_model
+from trainers.config.schema import MODEL_KINDS, ModelConfig
 from trainers.data.rows import Features, RowLayout, Rows
+from trainers.models import RecModel, build_model
+from trainers.optim.groups import build_optimizer
 
 SPECS = ("synthetic", "criteo", "ratings")
 
