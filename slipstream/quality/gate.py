@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from slipstream.errors import ConfigError, QualityGateFailed
 from slipstream.lake.iceberg import get_catalog
@@ -30,12 +29,13 @@ from slipstream.lake.planning import WindowFile, pin_snapshot
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.quality.bounds import GateOverrides, expected_rows, learn_bounds, resolve_bounds
 from slipstream.quality.config import GateConfig
+from slipstream.quality.day_profiles import profile_days
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.drift_days import drift_over_days
 from slipstream.quality.gate_result import GateResult
 from slipstream.quality.metrics import Aggregates, compute_aggregates, duplicate_ids
-from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, profile_table, run_parallel
+from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
 from slipstream.quality.store import label_rate, read_profile_docs, write_profile, write_profiles, write_results
 from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
@@ -111,28 +111,6 @@ def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, sp
     profiles = {d: FeatureProfile.from_dict(doc) for d, doc in docs.items() if d >= (start - timedelta(days=drift_days)).date()}
     ctrs = {d: label_rate(doc) for d, doc in docs.items()} if q.learn_from_days else {}
     return _History(window_counts, profiles, counts, ctrs)
-
-
-def _split_days(data: pa.Table, start: datetime, end: datetime,
-                skip: set[date] | frozenset[date] = frozenset()) -> dict[date, pa.Table]:
-    """The rows of each day of [start, end) but `skip`: one sort by day (one take of the table),
-    then a zero-copy slice per day."""
-    if data.num_rows == 0:
-        return {}
-    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32()).to_numpy(
-        zero_copy_only=False)
-    order = np.argsort(days, kind="stable")
-    sorted_days = days[order]
-    ordered = data.take(pa.array(order)).combine_chunks()
-    epoch = date(1970, 1, 1)
-    out = {}
-    for d in days_of(start, end):
-        if d in skip:
-            continue
-        k = (d - epoch).days
-        lo, hi = np.searchsorted(sorted_days, [k, k + 1])
-        out[d] = ordered.slice(int(lo), int(hi - lo))
-    return out
 
 
 def run_gate(
@@ -278,14 +256,14 @@ def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]
 def _store_profiles(catalog: Any, namespace: str, spec: Spec, data: pa.Table, profile: FeatureProfile,
                     the_day: date | None, start: datetime, end: datetime, snapshot_id: int, run_id: str) -> None:
     """Day mode: the day's profile. Window mode: a profile of each day of the window that has rows
-    and no stored profile yet, all in one table write."""
+    and no stored profile yet (`profile_days`: one grouped pass over the window), all in one table
+    write."""
     if the_day is not None:
         write_profile(catalog, namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
         return
     have = set(read_profile_docs(catalog, namespace, start.date(), end.date() + timedelta(days=1)))
-    todo = {d: part for d, part in _split_days(data, start, end, skip=have).items() if part.num_rows}
-    write_profiles(catalog, namespace, {d: profile_table(part, spec) for d, part in todo.items()},
-                   snapshot_id=snapshot_id, run_id=run_id)
+    todo = [d for d in days_of(start, end) if d not in have]
+    write_profiles(catalog, namespace, profile_days(data, spec, todo), snapshot_id=snapshot_id, run_id=run_id)
 
 
 def _report(result: GateResult, snapshot_id: int) -> None:
