@@ -34,9 +34,9 @@ MAX_DENSE_CELLS = 1 << 22
 
 
 def day_numbers(event_time: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Days since 1970-01-01 (UTC) of each row's event time."""
-    days = pc.cast(pc.divide(pc.cast(event_time, pa.int64()), US_PER_DAY), pa.int32())
-    return np.asarray(days.to_numpy(zero_copy_only=False), dtype=np.int64)
+    """Days since 1970-01-01 (UTC) of each row's event time (a column without nulls)."""
+    us = np.asarray(pc.cast(event_time, pa.int64()).to_numpy(), dtype=np.int64)
+    return np.floor_divide(us, US_PER_DAY)
 
 
 @dataclass
@@ -55,9 +55,6 @@ class _Days:
     def n(self) -> int:
         return len(self.days)
 
-    def sorted_index(self) -> np.ndarray:
-        return self.index if self.order is None else self.index[self.order]
-
     def in_day_order(self, col: pa.ChunkedArray) -> pa.Array:
         """The column as one array, its rows in day order."""
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -69,6 +66,8 @@ def profile_days(data: pa.Table, spec: Spec, days: Iterable[date]) -> dict[date,
     for each, what `profile_table(rows of that day, spec)` gives."""
     if data.num_rows == 0:
         return {}
+    if data.column(EVENT_TIME).null_count:  # rows without a time belong to no day
+        data = data.filter(pc.is_valid(data.column(EVENT_TIME)))
     numbers = day_numbers(data.column(EVENT_TIME))
     wanted = np.array(sorted({(d - EPOCH).days for d in days}), dtype=np.int64)
     keep = np.isin(numbers, wanted)
@@ -104,15 +103,15 @@ def profile_days(data: pa.Table, spec: Spec, days: Iterable[date]) -> dict[date,
 
 
 def _column(kind: str, col: pa.ChunkedArray, g: _Days) -> list[ColumnProfile]:
-    valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
-    nulls = np.bincount(g.index[~valid], minlength=g.n)
+    valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool) if col.null_count else None
+    nulls = np.zeros(g.n, dtype=np.int64) if valid is None else np.bincount(g.index[~valid], minlength=g.n)
     out = [ColumnProfile.empty(kind) for _ in range(g.n)]
     for cp, n, k in zip(out, g.rows, nulls):
         cp.rows, cp.nulls = int(n), int(k)
     t = col.type
     done = True
     if kind == "numeric" and (pa.types.is_float32(t) or pa.types.is_float64(t)):
-        _floats(out, col, g)
+        _floats(out, col, valid, g)
     elif kind == "numeric" and pa.types.is_integer(t):
         done = _small_ints(out, col, valid, g)
     elif kind in ("categorical", "id") and (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
@@ -141,41 +140,54 @@ def _day_by_day(kind: str, col: pa.ChunkedArray, g: _Days) -> list[ColumnProfile
     return out
 
 
-def _counts_by_day(day: np.ndarray, key: np.ndarray, n_days: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For each day, (ascending distinct integer keys, rows with each) of the rows of that day."""
-    empty = np.zeros(0, dtype=np.int64)
+def _days_of(g: _Days, valid: np.ndarray | None) -> np.ndarray:
+    """The day index of each non-null row."""
+    return g.index if valid is None else g.index[valid]
+
+
+def _pairs(day: np.ndarray, key: np.ndarray, n_days: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (day, integer key) pairs of the rows, by day then key: (days, keys, rows with each)."""
     if len(key) == 0:
-        return [(empty, empty)] * n_days
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
     lo = int(key.min())
     span = int(key.max()) - lo + 1
-    code = day * span + (key - lo)
-    out = []
+    code = day * span
+    code += key
+    if lo:
+        code -= lo
     if n_days * span <= MAX_DENSE_CELLS:
-        table = np.bincount(code, minlength=n_days * span).reshape(n_days, span)
-        for row in table:
-            nz = np.flatnonzero(row)
-            out.append((nz + lo, row[nz]))
-        return out
-    codes, counts = np.unique(code, return_counts=True)
-    cuts = np.searchsorted(codes, np.arange(n_days + 1) * span)
-    for i in range(n_days):
-        part = slice(int(cuts[i]), int(cuts[i + 1]))
-        out.append((codes[part] - i * span + lo, counts[part]))
-    return out
+        table = np.bincount(code, minlength=n_days * span)
+        codes = np.flatnonzero(table)
+        counts = table[codes]
+    else:
+        codes, counts = np.unique(code, return_counts=True)
+    days, keys = np.divmod(codes, span)
+    return days, keys + lo, counts
 
 
-def _floats(out: list[ColumnProfile], col: pa.ChunkedArray, g: _Days) -> None:
-    """Finite values: min/max by a reduction per day, Arrow's mean and variance on each day's slice
-    (its values in row order, as on the day alone), histogram buckets per (day, bucket)."""
-    arr = g.in_day_order(col)
-    x = np.asarray(arr.to_numpy(zero_copy_only=False))
+def _counts_by_day(day: np.ndarray, key: np.ndarray, n_days: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each day, (ascending distinct integer keys, rows with each) of the rows of that day."""
+    days, keys, counts = _pairs(day, key, n_days)
+    return _by_day(days, keys, counts, n_days)
+
+
+def _by_day(days: np.ndarray, keys: np.ndarray, counts: np.ndarray, n_days: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    cuts = np.searchsorted(days, np.arange(n_days + 1)).tolist()
+    return [(keys[a:b], counts[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _floats(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray | None, g: _Days) -> None:
+    """Finite values: min/max by a reduction per day, Arrow's mean and variance on each day's
+    values in row order (as on the day alone), histogram buckets per (day, bucket)."""
+    x = np.asarray(col.to_numpy())  # nulls read as NaN, and `valid` leaves them out
     finite = np.isfinite(x)
-    present = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else None
-    ok = finite & present if present is not None else finite
-    day = g.sorted_index()
-    nonfinite = np.bincount(day[~finite & present if present is not None else ~finite], minlength=g.n)
-    values = arr.filter(pa.array(ok)) if not ok.all() else arr
-    xv, dv = x[ok], day[ok]
+    nonfinite = np.bincount(g.index[~finite if valid is None else valid & ~finite], minlength=g.n)
+    ok = finite if valid is None else finite & valid
+    # the finite values in day order: one gather (the rows of a day keep their order)
+    rows = np.flatnonzero(ok) if g.order is None else g.order[ok[g.order]]
+    xv, dv = x[rows], g.index[rows]
+    values = pa.array(xv, type=col.type)
     n = np.bincount(dv, minlength=g.n)
     starts = np.concatenate([[0], np.cumsum(n)[:-1]])
     has = np.flatnonzero(n)
@@ -183,7 +195,7 @@ def _floats(out: list[ColumnProfile], col: pa.ChunkedArray, g: _Days) -> None:
     highs = np.maximum.reduceat(xv, starts[has]) if len(has) else xv[:0]
     for cp, k in zip(out, nonfinite):
         cp.nonfinite = int(k)
-    for j, i in enumerate(has):
+    for j, i in enumerate(has.tolist()):
         part = pa.chunked_array([values.slice(int(starts[i]), int(n[i]))], type=col.type)
         lo, hi = float(lows[j]), float(highs[j])
         if lo == 0 or hi == 0:  # which zero (0.0 or -0.0) Arrow returns depends on the rows' order
@@ -197,25 +209,29 @@ def _histograms(out: list[ColumnProfile], x: np.ndarray, day: np.ndarray, n_days
     """Each day's `LogHistogram` of its finite values `x`, as `LogHistogram.add` files them."""
     ref = out[0].hist
     assert ref is not None
-    mag = np.abs(x)
+    signed = bool(len(x)) and float(x.min()) < 0
+    mag = np.abs(x) if signed else x
     big = mag >= ref.min_value
-    zeros = np.bincount(day[~big], minlength=n_days)
-    keys = ref._keys(mag[big])
-    negative = x[big] < 0
-    d = day[big]
+    everything = bool(big.all())
+    zeros = np.zeros(n_days, dtype=np.int64) if everything else np.bincount(day[~big], minlength=n_days)
+    keys = ref._keys(mag if everything else mag[big])
+    d = day if everything else day[big]
     for cp, z in zip(out, zeros):
         assert cp.hist is not None
         cp.hist.zero = int(z)
-    for side, positive in ((~negative, True), (negative, False)):
-        if not side.any():
+    negative = (x if everything else x[big]) < 0 if signed else None
+    sides = ((None, True),) if negative is None else ((~negative, True), (negative, False))
+    for side, positive in sides:
+        if side is not None and not side.any():
             continue
-        for cp, (k, c) in zip(out, _counts_by_day(d[side], keys[side], n_days)):
+        picked = (d, keys) if side is None else (d[side], keys[side])
+        for cp, (k, c) in zip(out, _counts_by_day(*picked, n_days)):
             if len(k):
                 assert cp.hist is not None
                 (cp.hist.positive if positive else cp.hist.negative).update(zip(k.tolist(), c.tolist()))
 
 
-def _small_ints(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray, g: _Days) -> bool:
+def _small_ints(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray | None, g: _Days) -> bool:
     """Integer numbers of at most 32 bits whose range stays small (labels, flags): moments and
     buckets from the count of each value per day, as `small_int_counts` gives them on a day.
     False (nothing done) for other integers."""
@@ -224,7 +240,7 @@ def _small_ints(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarra
     v = np.asarray(pc.drop_null(col).to_numpy() if col.null_count else col.to_numpy(), dtype=np.int64)
     if len(v) and int(v.max()) - int(v.min()) > 1 << 16:
         return False  # some day might count it differently: leave it to the day-by-day path
-    for cp, (keys, counts) in zip(out, _counts_by_day(g.index[valid], v, g.n)):
+    for cp, (keys, counts) in zip(out, _counts_by_day(_days_of(g, valid), v, g.n)):
         if len(keys):
             cp._add_moments_counted(keys, counts)
             assert cp.hist is not None
@@ -232,46 +248,50 @@ def _small_ints(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarra
     return True
 
 
-def _distinct(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray, g: _Days) -> None:
+def _distinct(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray | None, g: _Days) -> None:
     """Categories and ids: each value's hash once, the per-day HLL registers by one scatter-max
     over the rows; categories also count each value per day for their top-k."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     encoded = pc.dictionary_encode(pc.drop_null(arr) if arr.null_count else arr)
     codes = np.asarray(encoded.indices.to_numpy(), dtype=np.int64)
-    day = g.index[valid]
+    day = _days_of(g, valid)
     count = np.bincount(day, minlength=g.n)
+    # each (day, value) once: the registers take the highest rank of each day's distinct values
+    days, seen, tallies = _pairs(day, codes, g.n)
     hll = HyperLogLog()
     idx, rank = hll.slots(hash_column(encoded.dictionary))
     registers = np.zeros((g.n, hll.m), dtype=np.uint8)
-    if len(codes):
-        np.maximum.at(registers.reshape(-1), day * hll.m + idx[codes], rank[codes].astype(np.uint8))
+    if len(seen):
+        np.maximum.at(registers.reshape(-1), days * hll.m + idx[seen], rank[seen].astype(np.uint8))
     for cp, c, regs in zip(out, count, registers):
         cp.count = int(c)
         assert cp.hll is not None
         cp.hll.registers = regs
     if out and out[0].topk is not None:
         values = encoded.dictionary.to_pylist()
-        for cp, (keys, counts) in zip(out, _counts_by_day(day, codes, g.n)):
+        for cp, (keys, counts) in zip(out, _by_day(days, seen, tallies, g.n)):
             assert cp.topk is not None
             cp.topk.counts = dict(zip([values[k] for k in keys.tolist()], counts.tolist()))
             cp.topk._prune()
 
 
-def _sequences(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray, g: _Days) -> None:
+def _sequences(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray | None, g: _Days) -> None:
     """List lengths per day, from the offsets (no copy of the values)."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     parts = [np.diff(np.asarray(c.offsets.to_numpy(), dtype=np.int64)) for c in chunks if len(c)]
-    lengths = np.concatenate(parts)[valid] if parts else np.zeros(0, dtype=np.int64)
-    for cp, (keys, counts) in zip(out, _counts_by_day(g.index[valid], lengths, g.n)):
+    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if valid is not None:
+        lengths = lengths[valid]
+    for cp, (keys, counts) in zip(out, _counts_by_day(_days_of(g, valid), lengths, g.n)):
         if len(keys):
             cp.lengths = dict(zip(keys.tolist(), counts.tolist()))
             cp._add_moments_counted(keys, counts)
 
 
-def _times(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray, g: _Days) -> None:
+def _times(out: list[ColumnProfile], col: pa.ChunkedArray, valid: np.ndarray | None, g: _Days) -> None:
     us = pc.cast(pc.drop_null(col) if col.null_count else col, pa.int64())
     v = np.asarray(us.to_numpy(), dtype=np.int64)
-    day = g.index[valid]
+    day = _days_of(g, valid)
     count = np.bincount(day, minlength=g.n)
     lows = np.full(g.n, np.iinfo(np.int64).max, dtype=np.int64)
     highs = np.full(g.n, np.iinfo(np.int64).min, dtype=np.int64)
