@@ -21,8 +21,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from slipstream.errors import ConfigError, QualityGateFailed
 from slipstream.lake.iceberg import get_catalog
@@ -30,14 +28,22 @@ from slipstream.lake.planning import WindowFile, pin_snapshot
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.quality.bounds import GateOverrides, expected_rows, learn_bounds, resolve_bounds
 from slipstream.quality.config import GateConfig
+from slipstream.quality.day_profiles import profile_days
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.drift_days import drift_over_days
 from slipstream.quality.gate_result import GateResult
 from slipstream.quality.metrics import Aggregates, compute_aggregates, duplicate_ids
-from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, profile_table, run_parallel
+from slipstream.quality.profiles import PARALLEL_MIN_ROWS, FeatureProfile, run_parallel
 from slipstream.quality.reading import day_bounds, day_row_counts, load_samples, read_interval
-from slipstream.quality.store import label_rate, read_profile_docs, write_profile, write_profiles, write_results
+from slipstream.quality.store import (
+    label_rate,
+    read_profile_docs,
+    stored_profile_days,
+    write_profile,
+    write_profiles,
+    write_results,
+)
 from slipstream.quality.suites import build_checks, validate, warm_up, write_data_docs
 from slipstream.quality.wording import shift_detail
 from slipstream.samples.spec import Spec
@@ -96,6 +102,8 @@ class _History:
     """Rows per day of everything the bounds learn from."""
     ctrs: dict[date, float]
     """Label rate per day of the stored profiles the bounds learn from."""
+    stored: set[date]
+    """Window mode: the window's days that have a stored profile already."""
 
 
 def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, spec: Spec, config: GateConfig,
@@ -110,29 +118,8 @@ def _read_history(catalog: Any, namespace: str, table: Any, snapshot_id: int, sp
     docs = read_profile_docs(catalog, namespace, first, start.date())
     profiles = {d: FeatureProfile.from_dict(doc) for d, doc in docs.items() if d >= (start - timedelta(days=drift_days)).date()}
     ctrs = {d: label_rate(doc) for d, doc in docs.items()} if q.learn_from_days else {}
-    return _History(window_counts, profiles, counts, ctrs)
-
-
-def _split_days(data: pa.Table, start: datetime, end: datetime,
-                skip: set[date] | frozenset[date] = frozenset()) -> dict[date, pa.Table]:
-    """The rows of each day of [start, end) but `skip`: one sort by day (one take of the table),
-    then a zero-copy slice per day."""
-    if data.num_rows == 0:
-        return {}
-    days = pc.cast(pc.divide(pc.cast(data.column("event_time"), pa.int64()), 86_400_000_000), pa.int32()).to_numpy(
-        zero_copy_only=False)
-    order = np.argsort(days, kind="stable")
-    sorted_days = days[order]
-    ordered = data.take(pa.array(order)).combine_chunks()
-    epoch = date(1970, 1, 1)
-    out = {}
-    for d in days_of(start, end):
-        if d in skip:
-            continue
-        k = (d - epoch).days
-        lo, hi = np.searchsorted(sorted_days, [k, k + 1])
-        out[d] = ordered.slice(int(lo), int(hi - lo))
-    return out
+    stored = stored_profile_days(catalog, namespace, start.date(), end.date() + timedelta(days=1)) if window else set()
+    return _History(window_counts, profiles, counts, ctrs, stored)
 
 
 def run_gate(
@@ -189,6 +176,14 @@ def run_gate(
                             scope, f"{n:,}", f"{data.num_rows:,}", name)
         timings["profile"] = time.monotonic() - t0 - timings["read"]
         history = hist.result()
+    day_profiles: dict[date, FeatureProfile] = {}
+    if the_day is None:
+        # Window mode: the profiles of the window's days not stored yet, in one grouped pass
+        # (`profile_days`). On its own thread next to the column jobs it lost more to the GIL
+        # than it gained (measured on 2 shared cores: gate 3.0-3.8 s serial vs 3.7-4.6 s).
+        mark = time.monotonic()
+        day_profiles = profile_days(data, spec, [d for d in days_of(start, end) if d not in history.stored])
+        timings["day_profiles"] = time.monotonic() - mark
 
     mark = time.monotonic()
     _history_metrics(agg, history, spec, config, data.num_rows, start, end, the_day)
@@ -212,7 +207,10 @@ def run_gate(
     results = validation.results
     timings["validate"] = time.monotonic() - mark
     mark = time.monotonic()
-    _store_profiles(catalog, settings.namespace, spec, data, profile, the_day, start, end, snapshot_id, run_id)
+    if the_day is not None:
+        write_profile(catalog, settings.namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
+    else:
+        write_profiles(catalog, settings.namespace, day_profiles, snapshot_id=snapshot_id, run_id=run_id)
     write_results(catalog, settings.namespace, run_id=run_id, scope=scope, day=the_day, snapshot_id=snapshot_id, results=results)
     timings["persist"] = time.monotonic() - mark
     data_docs = None
@@ -273,19 +271,6 @@ def _empty_days(history: _History, start: datetime, end: datetime) -> list[date]
     if history.window_counts is None:
         return []
     return [d for d in days_of(start, end) if not history.window_counts.get(d)]
-
-
-def _store_profiles(catalog: Any, namespace: str, spec: Spec, data: pa.Table, profile: FeatureProfile,
-                    the_day: date | None, start: datetime, end: datetime, snapshot_id: int, run_id: str) -> None:
-    """Day mode: the day's profile. Window mode: a profile of each day of the window that has rows
-    and no stored profile yet, all in one table write."""
-    if the_day is not None:
-        write_profile(catalog, namespace, day=the_day, snapshot_id=snapshot_id, run_id=run_id, profile=profile)
-        return
-    have = set(read_profile_docs(catalog, namespace, start.date(), end.date() + timedelta(days=1)))
-    todo = {d: part for d, part in _split_days(data, start, end, skip=have).items() if part.num_rows}
-    write_profiles(catalog, namespace, {d: profile_table(part, spec) for d, part in todo.items()},
-                   snapshot_id=snapshot_id, run_id=run_id)
 
 
 def _report(result: GateResult, snapshot_id: int) -> None:

@@ -30,9 +30,10 @@ class GateResult:
     seconds: float = 0.0
     profile: FeatureProfile | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage: read, profile (with aggregates), history (drift against the stored
-    profiles, the learned bounds), validate (GX), persist (Iceberg), and data_docs (rendering GX
-    Data Docs after the Iceberg writes, when enabled)."""
+    """Seconds per stage: read, profile (with aggregates), day_profiles (window mode: the profiles
+    of the window's days not stored yet), history (drift against the stored profiles, the learned
+    bounds), validate (GX), persist (Iceberg), and data_docs (rendering GX Data Docs after the
+    Iceberg writes, when enabled)."""
     bounds: GateBounds | None = None
     """The CTR and row-count bounds the gate used, with where each end came from (param, learned
     from N days, spec)."""

@@ -36,6 +36,17 @@ class HyperLogLog:
     def add_hashes(self, hashes: np.ndarray) -> None:
         if len(hashes) == 0:
             return
+        idx, rank = self.slots(hashes)
+        if len(idx) < SMALL_BATCH:
+            # a trainer's poll batch: scatter-max beats touching all m * 64 bins
+            np.maximum.at(self.registers, idx, rank.astype(np.uint8))
+            return
+        seen = np.bincount(idx * 64 + rank, minlength=self.m * 64).reshape(self.m, 64) > 0
+        batch_max = np.where(seen, np.arange(64), 0).max(axis=1).astype(np.uint8)
+        np.maximum(self.registers, batch_max, out=self.registers)
+
+    def slots(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(register index, rank) of each hash: `add_hashes` keeps the highest rank per register."""
         h = np.asarray(hashes, dtype=np.uint64)
         idx = (h >> np.uint64(64 - self.p)).astype(np.int64)
         rest = h << np.uint64(self.p)
@@ -45,13 +56,7 @@ class HyperLogLog:
         max_rank = 64 - self.p + 1
         rank = np.clip(65 - bit_length, 1, max_rank).astype(np.int64)
         rank[rest == 0] = max_rank
-        if len(h) < SMALL_BATCH:
-            # a trainer's poll batch: scatter-max beats touching all m * 64 bins
-            np.maximum.at(self.registers, idx, rank.astype(np.uint8))
-            return
-        seen = np.bincount(idx * 64 + rank, minlength=self.m * 64).reshape(self.m, 64) > 0
-        batch_max = np.where(seen, np.arange(64), 0).max(axis=1).astype(np.uint8)
-        np.maximum(self.registers, batch_max, out=self.registers)
+        return idx, rank
 
     def merge(self, other: HyperLogLog) -> HyperLogLog:
         if other.p != self.p:

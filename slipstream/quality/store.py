@@ -182,6 +182,13 @@ def read_profiles(catalog: Catalog, namespace: str, start: date, end: date) -> d
     return {d: FeatureProfile.from_dict(doc) for d, doc in read_profile_docs(catalog, namespace, start, end).items()}
 
 
+def stored_profile_days(catalog: Catalog, namespace: str, start: date, end: date) -> set[date]:
+    """The days in [start, end) that have a stored profile (their documents are not read)."""
+    table = profiles_table(catalog, namespace)
+    in_range = And(GreaterThanOrEqual("day", start.isoformat()), LessThan("day", end.isoformat()))  # type: ignore[call-arg, arg-type]  # mypy types pyiceberg's predicates by their pydantic fields, not __init__
+    return set(table.scan(row_filter=in_range, selected_fields=("day",)).to_arrow().column("day").to_pylist())
+
+
 def read_profile_docs(catalog: Catalog, namespace: str, start: date, end: date) -> dict[date, dict[str, Any]]:
     """Stored profiles of the days in [start, end) as their JSON documents, by day: what a caller
     that needs a number or two of each day (`label_rate`) reads without building every sketch."""
