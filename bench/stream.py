@@ -34,7 +34,7 @@ import logging
 import tempfile
 import threading
 import time
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +45,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from slipstream.dev.datagen import GeneratorConfig, generate_world, samples_table, simulate
 from slipstream.dev.stack import free_port, start_kafka
+from slipstream.pipeline.runplan import RunPlan
 from slipstream.processes import stop_process
 from slipstream.samples.codec import encode_samples
 from slipstream.samples.schema import DEFAULT_SPEC
@@ -151,7 +152,7 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
         f"data.topic={topic}", f"data.dlq_topic={topic}-dlq", f"data.stream_batch_size={args.batch_size}",
         f"data.stream_shuffle_buffer={args.shuffle_buffer}", "data.stop.mode=samples",
         f"data.stop.samples={fresh}", f"data.stop.timeout_s={args.seconds + 60}",
-        "run.run_id=bench-stream", f"run.runs_dir={settings.home / 'runs'}", "run.tensorboard=false",
+        "data.validation_days=0", "run.run_id=bench-stream", f"run.runs_dir={settings.home / 'runs'}", "run.tensorboard=false",
         "run.checkpoint_every_steps=1000000", "run.checkpoint_every_s=0", f"run.num_threads={args.threads}",
         f"run.device={args.device}",
         # tables sized to the generator's id space (2,000 users, 400 items), as bench train does
@@ -160,6 +161,17 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     ], settings)
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
     tr = Trainer(cfg, d, settings, DEFAULT_SPEC)
+    # the stream phase alone: a plan with no batch files (what `Trainer.setup` fixes for a whole run)
+    tr.plan = RunPlan(run_id="bench-stream", table=f"{settings.namespace}.samples", snapshot_id=1,
+                      window_start=gen.t_handoff - timedelta(days=1), t_handoff=gen.t_handoff, topic=topic,
+                      bootstrap=bootstrap, max_lateness_s=0.0, cache_dir="", run_dir=str(tr.run_dir), files=(),
+                      spec=DEFAULT_SPEC, dlq_topic=f"{topic}-dlq")
+    # the batch-only model the stream's scores are compared with: here the untrained model at T
+    whole = tr.stepper.whole_model()
+    assert whole is not None
+    frozen = tr.run_dir / "checkpoint" / "batch_only"
+    frozen.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": whole.state_dict()}, frozen / "model.pt")
     start = {p: 0 for p in end_offsets(bootstrap, topic)}
     tr.state.positions, tr.state.handoff_offsets, tr.state.phase = dict(start), dict(start), "stream"
     lat: list[np.ndarray] = []
