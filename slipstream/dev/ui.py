@@ -1,11 +1,12 @@
 """`make ui`: Airflow's api-server, scheduler, dag-processor and triggerer on 127.0.0.1.
 
 Each component starts on its own (Airflow's `standalone` binds log servers on 0.0.0.0 and ignores
-SIGTERM in its children), with the embedded stack's environment (`slipstream.dev.stack.airflow_env`),
-and is recorded in the stack's `stack.json` so `slipstream ui down` (and `stack down`) stop
+SIGTERM in its children), with the embedded stack's environment (`slipstream.dev.stack.airflow_env`);
+each is recorded in the stack's `stack.json` so `slipstream ui down` (and `stack down`) stop
 exactly those processes by PID. Login is Airflow 3's simple auth manager with one admin user whose
 password is written to the passwords file before the api-server starts (SLIPSTREAM_UI_PASSWORD,
-or a random one kept under AIRFLOW_HOME), so the URL and login can be printed.
+or a random one kept under AIRFLOW_HOME), so the URL and login can be printed. The scheduler,
+dag-processor and triggerer are restarted when they fail (`slipstream.dev.keepalive`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +42,9 @@ COMPONENTS: dict[str, list[str]] = {
     "airflow-dag-processor": ["dag-processor"],
     "airflow-triggerer": ["triggerer", "--skip-serve-logs"],
 }
+# kept running by slipstream.dev.keepalive: these exit when one of their loops fails (e.g. on a run
+# that `airflow backfill create` deleted under them); the api-server serves requests and stays up
+KEEP_ALIVE = ("airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 ADMIN_USER = "admin"
 DEFAULT_PORT = 8080
 
@@ -134,6 +139,8 @@ def _start_components(settings: Settings, state: StackState, port: int | None, p
         for name, args in COMPONENTS.items():
             log_path = settings.home / "logs" / f"{name}.log"
             argv = [airflow, *(a.format(port=port) for a in args)]
+            if name in KEEP_ALIVE:
+                argv = [sys.executable, "-m", "slipstream.dev.keepalive", name, "--", *argv]
             pid = start_process(name, argv, log_path, env)
             pids[name] = pid
             state.services[name] = ServiceState(name, pid, url if name == "airflow-api-server" else "", str(log_path))
