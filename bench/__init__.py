@@ -48,7 +48,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the batch-only model and the generator's best",
               ("--scenario", "stationary", "--days", "2", "--per-day", "3000", "--epochs", "1")),
     Benchmark("preprocess", "the Spark preprocessing job's rows/s against an I/O floor in the same session",
-              ("--impressions", "3000", "--scale", "2")),
+              ("--impressions", "3000", "--scale", "2", "--days", "4", "--day-rows", "100")),
     Benchmark("quality", "the quality gate and profile of a day against reading its columns",
               ("--rows", "20000", "--repeat", "1")),
     Benchmark("scale", "how cost grows with the data and with Spark workers and training processes",
