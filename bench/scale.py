@@ -44,6 +44,7 @@ from typing import Any
 
 from slipstream.dev.datagen import GeneratorConfig, generate
 from slipstream.dev.spark_cluster import WorkerShape, start_cluster
+from slipstream.dev.stack import free_port
 from slipstream.lake.iceberg import get_catalog, samples_table
 from slipstream.pipeline.preprocess_launch import run_preprocess_days
 from slipstream.pipeline.spark_settings import SparkSettings
@@ -71,7 +72,7 @@ def _generate(raw: Path, n: int, speedup_n: int) -> None:
     sizes = ((WARM, n), (DAY_1X, n), (DAY_5X, 5 * n), (DAY_25X, 25 * n), (DAY_SPEEDUP, speedup_n))
     for i, (day, k) in enumerate(sizes):
         generate(GeneratorConfig(start_day=day, days=1, impressions_per_day=k, users=max(2_000, k // 50),
-                                 items=400, seed=31 + i, fmt="parquet", stream_minutes=1.0), raw)
+                                 items=400, seed=31 + i, fmt="parquet", stream_minutes=1.0, id_prefix=f"imp{i}"), raw)
 
 
 def _checksum(settings: Settings, day: date) -> tuple[int, str]:
@@ -132,16 +133,20 @@ def _preprocess(root: Path, raw: Path, n: int) -> dict[str, Any]:
 def _train(home: Path, day: date, nproc: int, run_id: str, own_cpus: bool = True) -> dict[str, Any]:
     """One batch epoch over `day` with `nproc` torchrun processes; the run's metrics.json.
     `own_cpus`: the launcher confined to `nproc` CPUs and each process to one of them."""
-    snapshot = samples_table(get_catalog(Settings(home=home)), "slipstream").current_snapshot()
-    assert snapshot is not None
+    settings = Settings(home=home)
+    snapshot = samples_table(get_catalog(settings), settings.namespace).current_snapshot()
+    if snapshot is None:
+        raise RuntimeError(f"{settings.namespace}.samples under {home} has no snapshot: the preprocessing wrote nothing")
     t = day + timedelta(days=1)
     sets = [f"data.snapshot_id={snapshot.snapshot_id}", f"data.t_handoff={t.isoformat()}T00:00:00+00:00",
             "data.window_days=1", "data.validation_days=0", "data.stream=false", "data.epochs=1",
             "data.batch_size=512", f"run.run_id={run_id}", "run.checkpoint_every_steps=1000000",
             "run.checkpoint_every_s=0", "run.num_threads=1", "model.buckets.user_id=20011", "model.buckets.item_id=1009",
             f"run.cpu_affinity={'per_rank' if own_cpus else 'none'}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "trainers.train"] + [x for s in sets for x in ("--set", s)]
+    # torchrun whose stores listen on 127.0.0.1 only, met at a loopback c10d endpoint (never --standalone)
+    cmd = [sys.executable, "-m", "trainers.parallel.torchrun_loopback", "--nnodes", "1", f"--nproc-per-node={nproc}",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
+           "--local-addr", "127.0.0.1", "-m", "trainers.train"] + [x for s in sets for x in ("--set", s)]
     # one thread per process: "2 processes vs 1" compares processes, not thread pools that fight
     # over the cores of a busy machine
     env = {**os.environ, "SLIPSTREAM_HOME": str(home), "OMP_NUM_THREADS": "1",

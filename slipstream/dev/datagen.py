@@ -81,6 +81,9 @@ class GeneratorConfig:
     """Share of raw impression lines made bad (junk, a missing id, a negative price as NaN...)."""
     fmt: str = "jsonl"
     """Raw file format: `jsonl` (gzip JSON lines) or `parquet`."""
+    id_prefix: str = "imp"
+    """Impression ids are `<id_prefix>-<day index>-<n>`: give generator runs that write days of one
+    table different prefixes (sample ids must be unique across the table)."""
 
     def __post_init__(self) -> None:
         if self.days < 1:
@@ -204,7 +207,7 @@ def simulate(cfg: GeneratorConfig, world: World, start_us: int, end_us: int, n: 
     item_age = np.maximum(world.item_created_days[item] + (ts - start_us) / US_PER_DAY, 0.0)
     day = ts // US_PER_DAY
     hist = _lagged_history(user, day, item)
-    ids = np.char.add(f"imp-{salt:04d}-", np.arange(n).astype(str)).astype(object)
+    ids = np.char.add(f"{cfg.id_prefix}-{salt:04d}-", np.arange(n).astype(str)).astype(object)
 
     raw = {
         "price": world.item_price[item],
