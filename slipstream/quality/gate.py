@@ -28,7 +28,7 @@ from slipstream.lake.planning import WindowFile, pin_snapshot
 from slipstream.pipeline.runlayout import run_dir
 from slipstream.quality.bounds import GateOverrides, expected_rows, learn_bounds, resolve_bounds
 from slipstream.quality.config import GateConfig
-from slipstream.quality.day_profiles import profile_days
+from slipstream.quality.day_profiles import profile_window
 from slipstream.quality.docs_html import render_gate_html
 from slipstream.quality.drift import FeatureShift
 from slipstream.quality.drift_days import drift_over_days
@@ -161,29 +161,31 @@ def run_gate(
         absent: dict[str, int] = {}
         data = read_interval(table, snapshot_id, start, end, spec.sample_columns, files=files, absent=absent)
         timings["read"] = time.monotonic() - t0
-        # The duplicate-id check (hash + sort, the longest job) goes first, then the profile's
-        # column jobs, on GATE_THREADS threads.
-        profile = FeatureProfile.for_spec(spec)
-        jobs: list[Callable[[], Any]] = profile.update_jobs(data)
         has_ids = "sample_id" in data.schema.names
-        if has_ids:
-            jobs.insert(0, functools.partial(duplicate_ids, data.column("sample_id")))
-        done = run_parallel(jobs, parallel=data.num_rows >= PARALLEL_MIN_ROWS, threads=GATE_THREADS)
-        agg = compute_aggregates(data, profile, start, end, spec, done[0] if has_ids else None, absent)
+        day_profiles: dict[date, FeatureProfile] = {}
+        if the_day is None:
+            # Window mode: the window's profile and the profiles of its days not stored yet come
+            # from one grouped pass over each column (`profile_window`), while the duplicate-id
+            # check (hash + sort, numpy without the GIL) runs on the pool.
+            history = hist.result()
+            dups = pool.submit(duplicate_ids, data.column("sample_id")) if has_ids else None
+            day_profiles, profile = profile_window(data, spec, [d for d in days_of(start, end) if d not in history.stored])
+            duplicates = dups.result() if dups is not None else None
+        else:
+            # The duplicate-id check goes first, then the profile's column jobs, on GATE_THREADS threads.
+            profile = FeatureProfile.for_spec(spec)
+            jobs: list[Callable[[], Any]] = profile.update_jobs(data)
+            if has_ids:
+                jobs.insert(0, functools.partial(duplicate_ids, data.column("sample_id")))
+            done = run_parallel(jobs, parallel=data.num_rows >= PARALLEL_MIN_ROWS, threads=GATE_THREADS)
+            duplicates = done[0] if has_ids else None
+            history = hist.result()
+        agg = compute_aggregates(data, profile, start, end, spec, duplicates, absent)
         for name, n in sorted(absent.items()):
             if n:
                 log.warning("%s: %s of %s rows were written before the spec had %s: they take its default",
                             scope, f"{n:,}", f"{data.num_rows:,}", name)
         timings["profile"] = time.monotonic() - t0 - timings["read"]
-        history = hist.result()
-    day_profiles: dict[date, FeatureProfile] = {}
-    if the_day is None:
-        # Window mode: the profiles of the window's days not stored yet, in one grouped pass
-        # (`profile_days`). On its own thread next to the column jobs it lost more to the GIL
-        # than it gained (measured on 2 shared cores: gate 3.0-3.8 s serial vs 3.7-4.6 s).
-        mark = time.monotonic()
-        day_profiles = profile_days(data, spec, [d for d in days_of(start, end) if d not in history.stored])
-        timings["day_profiles"] = time.monotonic() - mark
 
     mark = time.monotonic()
     _history_metrics(agg, history, spec, config, data.num_rows, start, end, the_day)

@@ -173,7 +173,11 @@ class ColumnProfile:
         self.max = hi if self.max is None else max(self.max, hi)
         self.mean, self.m2, self.count = _combine_moments(self.count, self.mean, self.m2, n_b, mean_b, m2_b)
 
-    def update(self, arr: pa.Array | pa.ChunkedArray) -> None:
+    def update(self, arr: pa.Array | pa.ChunkedArray, sketches: bool = True) -> None:
+        """Add the values of `arr`. `sketches=False` leaves out what is sketched value by value (a
+        float column's quantile buckets, a category's or id's distinct-count sketch and top-k) for a
+        caller that fills those in itself (`day_profiles.profile_window`); everything else is added
+        as usual."""
         n = len(arr)
         nulls = arr.null_count
         self.rows += n
@@ -192,7 +196,8 @@ class ColumnProfile:
                 # (no concatenated copy), min/max by numpy
                 chunks = numpy_chunks(valid)
                 self._add_moments_arrow(valid, float_min_max(valid, chunks))
-                self.hist.add_float32(chunks)
+                if sketches:
+                    self.hist.add_float32(chunks)
                 return
             counted = small_int_counts(valid)
             if counted is not None:
@@ -202,10 +207,13 @@ class ColumnProfile:
                 self.hist.add_counted(*counted)
             else:
                 self._add_moments_arrow(valid)
-                self.hist.add(valid.to_numpy())
+                if sketches:
+                    self.hist.add(valid.to_numpy())
         elif self.kind in ("categorical", "id"):
             self.count += len(valid)
             assert self.hll is not None
+            if not sketches:
+                return
             if self.topk is not None:
                 # A sketch of a set depends only on its distinct values: hash those, not every row.
                 values, counts = value_counts(valid)

@@ -8,7 +8,7 @@ from datetime import date, timedelta
 import numpy as np
 import pyarrow as pa
 
-from slipstream.quality.day_profiles import day_numbers, profile_days
+from slipstream.quality.day_profiles import day_numbers, profile_days, profile_window
 from slipstream.quality.profiles import profile_table
 from slipstream.samples.schema import DEFAULT_SPEC as SPEC
 from slipstream.samples.spec import FeatureSpec
@@ -88,3 +88,26 @@ def test_day_order_and_a_subset_of_days() -> None:
         assert got[d].to_json() == want[d], d
     assert profile_days(ordered.slice(0, 0), SPEC, days) == {}
     assert profile_days(ordered, SPEC, [days[-1] + timedelta(days=3)]) == {}
+
+
+def test_window_profile_from_the_same_pass_equals_profiling_the_table() -> None:
+    data = _window()
+    numbers = day_numbers(data.column("event_time"))
+    days = sorted(EPOCH + timedelta(days=int(k)) for k in np.unique(numbers))
+    # rows without an event time belong to no day but to the window
+    when = pa.array(data.column("event_time").to_numpy(), data.column("event_time").type, mask=np.arange(data.num_rows) % 97 == 0)
+    timeless = replace_column(data, "event_time", when)
+    cases = [
+        (data, SPEC_PLUS, days),  # every day
+        (data, SPEC_PLUS, days[1:3]),  # the other days already stored: only the window sees their rows
+        (data, SPEC_PLUS, []),
+        (timeless, SPEC_PLUS, days),
+        (data.take(pa.array(np.argsort(numbers, kind="stable"))), SPEC, days[:2]),  # in day order
+        (data.slice(0, 0), SPEC, days),
+    ]
+    for table, spec, wanted in cases:
+        per_day, window = profile_window(table, spec, wanted)
+        assert window.to_json() == profile_table(table, spec).to_json()  # every count, bucket, register and float bit
+        assert window.rows == table.num_rows
+        assert {d: p.to_json() for d, p in per_day.items()} == {d: p.to_json() for d, p in profile_days(table, spec, wanted).items()}
+    assert not profile_window(data, SPEC_PLUS, days)[1].columns["category_hash"].topk.exact  # type: ignore[union-attr]
