@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, date, datetime, timedelta
 
 from slipstream.dev.demo import DemoOptions, format_summary, run_demo
 from slipstream.settings import Settings
@@ -26,8 +27,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def first_day(days: int, today: date) -> date:
+    """The demo's first raw day: its usual one, or earlier when `days` from there would reach past
+    yesterday (a day that is not over cannot be trained on, and the stream follows the last day)."""
+    return min(DemoOptions.start_day, today - timedelta(days=days + 1))
+
+
 def run(args: argparse.Namespace) -> int:
-    opts = DemoOptions(days=args.days, impressions_per_day=args.impressions_per_day,
+    opts = DemoOptions(start_day=first_day(args.days, datetime.now(UTC).date()),
+                       days=args.days, impressions_per_day=args.impressions_per_day,
                        stream_minutes=args.stream_minutes, epochs=args.epochs,
                        drift=not args.no_drift, keep_running=args.keep_running, spec=args.spec,
                        profile=args.profile)
