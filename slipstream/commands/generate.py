@@ -12,6 +12,7 @@ import json
 import logging
 from datetime import date
 
+from slipstream.commands import dataset_settings
 from slipstream.dev.datagen import GeneratedData, GeneratorConfig, generate, generates, write_manifest
 from slipstream.errors import ConfigError
 from slipstream.samples.spec import Spec, load_spec
@@ -73,9 +74,7 @@ def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> Gener
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    if args.spec:  # the data set's own raw zone, topic and tables, not the default one's
-        settings = settings.for_dataset(args.spec)
+    settings = dataset_settings(args.spec)
     spec = load_spec(settings.spec)
     if not args.no_stream:  # fail before generating anything
         from slipstream.commands.sample_stream import require_broker

@@ -8,9 +8,9 @@ import json
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+from slipstream.commands import dataset_settings
 from slipstream.lake.importer import ImportOptions, import_files
 from slipstream.samples.spec import load_spec
-from slipstream.settings import Settings
 
 
 def utc_time(text: str) -> datetime:
@@ -44,9 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    if args.spec:  # the data set's own raw zone and topic, not the default one's
-        settings = settings.for_dataset(args.spec)
+    settings = dataset_settings(args.spec)
     spec = load_spec(settings.spec)
     if args.stream_after is not None:  # fail before importing anything
         from slipstream.commands.sample_stream import require_broker

@@ -6,6 +6,7 @@ import argparse
 import json
 from datetime import UTC, date, datetime
 
+from slipstream.commands import dataset_settings
 from slipstream.settings import Settings
 
 
@@ -47,9 +48,7 @@ def run_check(args: argparse.Namespace) -> int:
     from slipstream.quality.reading import load_samples
     from slipstream.samples.spec import load_spec
 
-    settings = Settings.from_env()
-    if args.spec:  # the data set's own tables, not the default one's
-        settings = settings.for_dataset(args.spec)
+    settings = dataset_settings(args.spec)
     if (args.day is None) == (args.window_days is None):
         raise ConfigError("give exactly one of --day D or --window-days N (with --end)")
     window = None

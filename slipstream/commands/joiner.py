@@ -8,8 +8,8 @@ import json
 import signal
 import sys
 
+from slipstream.commands import dataset_settings
 from slipstream.samples.spec import load_spec
-from slipstream.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from slipstream.joiner.service import Joiner
     from slipstream.stream.kafka import KafkaAccess
 
-    settings = Settings.from_env()
-    if args.spec:  # the data set's own sample topic, not the default one's
-        settings = settings.for_dataset(args.spec)
+    settings = dataset_settings(args.spec)
     spec = load_spec(settings.spec)
     cfg = JoinerConfig.for_spec(
         spec, args.samples_topic or settings.topic, impressions_topic=args.impressions_topic,

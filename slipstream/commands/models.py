@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from slipstream.settings import Settings
+from slipstream.commands import dataset_settings
 
 if TYPE_CHECKING:
     from slipstream.pipeline.registry import ModelRegistry
@@ -33,9 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _registry(args: argparse.Namespace) -> ModelRegistry:
     from slipstream.pipeline.registry import ModelRegistry, RegistryConfig
 
-    settings = Settings.from_env()
-    if args.spec:
-        settings = settings.for_dataset(args.spec)
+    settings = dataset_settings(args.spec)
     location = args.registry or RegistryConfig.from_env(settings).location
     return ModelRegistry(location)
 
