@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from types import FrameType
+
+from slipstream.processes import signal_quietly
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -53,10 +54,7 @@ class Keeper:
             return
         self.stopping = True
         if self.child is not None and self.child.poll() is None:
-            try:
-                os.killpg(self.child.pid, signum)
-            except ProcessLookupError:
-                pass
+            signal_quietly(self.child.pid, signum, group=True)
 
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
         """The program's exit status; once a stop was asked for, SIGKILL after the grace period."""
@@ -70,10 +68,7 @@ class Keeper:
                 stop_seen = stop_seen or time.monotonic()
                 if time.monotonic() - stop_seen > self.grace_s:
                     log.warning("%s did not stop within %.0f s: killing it", self.name, self.grace_s)
-                    try:
-                        os.killpg(child.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    signal_quietly(child.pid, signal.SIGKILL, group=True)
                     return child.wait()
 
     def run(self) -> int:
