@@ -53,6 +53,7 @@ from slipstream.settings import KAFKA_CODECS as CODECS
 from slipstream.settings import Settings
 from slipstream.stream.handoff import find_handoff
 from slipstream.stream.kafka import client_config, consumer_config, create_topic, end_offsets, produce_samples
+from trainers.checkpoint.store import atomic_torch_save
 from trainers.config.schema import DataConfig, load_config
 from trainers.data.holdout import holdout_mask
 from trainers.data.kafka_source import KafkaSource
@@ -162,16 +163,15 @@ def _latency(settings: Settings, bootstrap: str, topic: str, table: pa.Table, ge
     d = Dist(rank=0, world=1, local_rank=0, device=select_device(cfg.run.device, 0), backend="gloo")
     tr = Trainer(cfg, d, settings, DEFAULT_SPEC)
     # the stream phase alone: a plan with no batch files (what `Trainer.setup` fixes for a whole run)
-    tr.plan = RunPlan(run_id="bench-stream", table=f"{settings.namespace}.samples", snapshot_id=1,
-                      window_start=gen.t_handoff - timedelta(days=1), t_handoff=gen.t_handoff, topic=topic,
-                      bootstrap=bootstrap, max_lateness_s=0.0, cache_dir="", run_dir=str(tr.run_dir), files=(),
-                      spec=DEFAULT_SPEC, dlq_topic=f"{topic}-dlq")
-    # the batch-only model the stream's scores are compared with: here the untrained model at T
+    dc = cfg.data
+    tr.plan = RunPlan(run_id=cfg.run.run_id, table=f"{settings.namespace}.samples", snapshot_id=dc.snapshot_id,
+                      window_start=gen.t_handoff - timedelta(days=1), t_handoff=gen.t_handoff, topic=dc.topic,
+                      bootstrap=dc.bootstrap, max_lateness_s=dc.max_lateness_s, cache_dir="", run_dir=str(tr.run_dir),
+                      files=(), spec=DEFAULT_SPEC, dlq_topic=dc.dlq_topic)
+    # the batch-only model the stream's scores are compared with (what the handoff saves): here the untrained model
     whole = tr.stepper.whole_model()
     assert whole is not None
-    frozen = tr.run_dir / "checkpoint" / "batch_only"
-    frozen.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": whole.state_dict()}, frozen / "model.pt")
+    atomic_torch_save({"model": whole.state_dict()}, tr.batch_only_path())
     start = {p: 0 for p in end_offsets(bootstrap, topic)}
     tr.state.positions, tr.state.handoff_offsets, tr.state.phase = dict(start), dict(start), "stream"
     lat: list[np.ndarray] = []

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -343,7 +344,7 @@ class Trainer:
             assert whole is not None
             h = find_handoff(self.broker, dc.topic, plan.t_handoff, dc.max_lateness_s)
             create_topic(self.broker, dc.dlq_topic, 1)
-            atomic_torch_save({"model": whole.state_dict()}, self._batch_only_path())
+            atomic_torch_save({"model": whole.state_dict()}, self.batch_only_path())
             tail = plan_forward_tail(self.broker, dc.topic, self.spec, self.t_us,
                                      dc.forward_tail_share if dc.stop.mode != "continuous" else 0.0)
             found = (h.offsets, {p: ph.method for p, ph in h.partitions.items()}, tail)
@@ -365,10 +366,11 @@ class Trainer:
         if self.train_end() < plan.t_handoff and not len(self.val_rows):
             self.val_rows = validation_rows(self.units, self.open_file, self.layout, _us(self.train_end()), self.t_us,
                                             self.d.rank, self.d.world, max(1, dc.eval_max_rows // self.d.world))
-        self.online.prepare(None if self.stepper.sharded else self._batch_only_path(), self.cfg.model, self.val_rows,
+        self.online.prepare(None if self.stepper.sharded else self.batch_only_path(), self.cfg.model, self.val_rows,
                             dc.generator_manifest, self.t_us)
 
-    def _batch_only_path(self) -> Any:
+    def batch_only_path(self) -> Path:
+        """Where the handoff saves the model as the batch phase left it (the stream's comparison)."""
         p = self.run_dir / "checkpoint" / "batch_only"
         p.mkdir(parents=True, exist_ok=True)
         return p / "model.pt"
