@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--bursty", action="store_true",
                    help="real-log traffic: volume moving ±35%% from day to day with quieter weekends, and 5-60%% of each "
                         "day's events from three users (slipstream.dev.traffic; not for the synthetic spec)")
+    p.add_argument("--affinity", type=float, default=None,
+                   help="spread of the hidden user-item affinity (a spec naming a user and an item; default: "
+                        "the generator's own, 1.0; 0: an additive hidden model, which a logistic regression "
+                        "learns as well as any model; not for the synthetic spec)")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-stream", action="store_true", help="write the raw zone only")
@@ -51,8 +55,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> GeneratedData:
     if generates(spec):  # the shipped synthetic spec: its own generator
-        if args.empty_days or args.bursty:
-            raise ConfigError("--empty-day and --bursty are for the generic generator: give another --spec, or leave them out")
+        if args.empty_days or args.bursty or args.affinity is not None:
+            raise ConfigError("--empty-day, --bursty and --affinity are for the generic generator: give another --spec, "
+                              "or leave them out")
         cfg = GeneratorConfig(
             start_day=args.start_day, days=args.days, impressions_per_day=args.events_per_day,
             users=args.users, items=args.items, stream_minutes=args.stream_minutes, drift=args.drift,
@@ -69,6 +74,7 @@ def _generate(args: argparse.Namespace, settings: Settings, spec: Spec) -> Gener
         items=args.items, stream_minutes=args.stream_minutes, bad_fraction=args.bad_fraction,
         empty_days=tuple(args.empty_days), fmt=args.format, seed=args.seed,
         traffic=Traffic.bursty() if args.bursty else None,
+        **({} if args.affinity is None else {"affinity": args.affinity}),
     )
     return generate_spec(spec, scfg, settings.raw_dir)
 

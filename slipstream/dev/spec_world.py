@@ -2,12 +2,16 @@
 
 From a seed: entity populations for the id-like fields (users, items: long-tailed popularity),
 vocabularies for categoricals and list values, distributions for dense fields, the share of each
-optional field that goes missing, the side tables, and the hidden additive logistic model.
+optional field that goes missing, the side tables, and the hidden logistic model.
 
 The model is defined on the samples' own columns (hashed values, `transform.dense_values` of the
-dense fields, the list values), so an additive model of the spec's features can learn it:
-a per-value effect for ids and categoricals, one coefficient per dense feature, and the mean
-value effect of a list or a sequence (a sequence reuses the effects of the id it shares).
+dense fields, the list values): a per-value effect for ids and categoricals, one coefficient per
+dense feature, the mean value effect of a list or a sequence (a sequence reuses the effects of
+the id it shares) and, when the spec names a user and an item, a user-item affinity: the dot
+product of a latent taste vector per user and per item (`Affinity`). The additive part is what a
+logistic regression over the features can learn; the affinity is what a recommender adds to it
+(who likes what, beyond how much a user likes anything and how liked an item is). Without the
+affinity the logistic baseline is the true model and no deep model can be shown better than it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ HEAD_VALUES = 50
 """Values of a categorical or id with a full-size effect; rarer ones have smaller effects."""
 TABLE_MISSING_KEYS = 0.05
 """Share of entities without a side-table row: they take the table's defaults."""
+AFFINITY_SD = 1.0
+"""Spread of the user-item affinity term on the logit (generated specs with a user and an item)."""
+AFFINITY_FACTORS = 4
+"""Latent dimensions of the affinity (tastes: a user likes some kinds of items more than others)."""
 
 
 @dataclass
@@ -98,6 +106,48 @@ class World:
     dense_importance: dict[str, float]
     """dense feature -> the spread its term adds to the logit (divided by the column's spread)."""
     tables: dict[str, pa.Table] = field(default_factory=dict)
+    affinity: Affinity | None = None
+    """The user-item affinity term (None: the model is additive)."""
+
+
+@dataclass
+class Affinity:
+    """`sd * <users[u], items[i]>`: a latent taste vector per user and per item (unit variance of
+    the product); a value outside the vocabulary (a default, a collision) has no taste."""
+
+    user: str
+    item: str
+    """The features whose sample columns name the user and the item."""
+    user_rows: Effects
+    item_rows: Effects
+    """Sample value -> row of `users` / `items` + 1 (0: no row)."""
+    users: np.ndarray
+    items: np.ndarray
+    sd: float
+
+    def terms(self, samples: pa.Table) -> np.ndarray:
+        u = self.user_rows.lookup(samples.column(self.user).to_numpy()).astype(np.int64)
+        i = self.item_rows.lookup(samples.column(self.item).to_numpy()).astype(np.int64)
+        dot = np.einsum("nk,nk->n", self.users[u], self.items[i])
+        out: np.ndarray = self.sd * dot / np.sqrt(self.users.shape[1])
+        return out
+
+
+def affinity_of(spec: Spec, sparse: dict[str, Effects], rng: np.random.Generator, sd: float,
+                factors: int = AFFINITY_FACTORS) -> Affinity | None:
+    """The affinity between the spec's user and item ids (None: `sd` 0, or the spec does not name
+    both as id features)."""
+    user, item = spec.with_role("user"), spec.with_role("item")
+    if sd <= 0 or user is None or item is None or user.name not in sparse or item.name not in sparse:
+        return None
+
+    def vectors(keys: np.ndarray) -> tuple[Effects, np.ndarray]:
+        rows = np.vstack([np.zeros((1, factors)), rng.normal(0.0, 1.0, (len(keys), factors))])
+        return Effects.of(keys, np.arange(1, len(keys) + 1, dtype=np.float64)), rows
+
+    user_rows, users = vectors(sparse[user.name].keys)
+    item_rows, items = vectors(sparse[item.name].keys)
+    return Affinity(user.name, item.name, user_rows, item_rows, users, items, sd)
 
 
 def _roles(spec: Spec) -> dict[tuple[str, str], tuple[str, FeatureSpec | None]]:
@@ -295,11 +345,15 @@ def _schema(source: SourceSpec) -> pa.Schema:
     return pa.schema([pa.field(f.name, field_arrow_type(f.type)) for f in source.fields])
 
 
-def build_world(spec: Spec, *, seed: int, users: int, items: int, max_vocab: int, missing: bool = True) -> World:
+def build_world(spec: Spec, *, seed: int, users: int, items: int, max_vocab: int, missing: bool = True,
+                affinity: float = 0.0) -> World:
+    """The world of `seed`; `affinity`: the spread of the user-item affinity term (0: none). The
+    affinity is drawn from a generator of its own, so the rest of the world is the same either way."""
     rng = np.random.default_rng([seed, 1])
     plans = plan_fields(spec, rng, users, items, max_vocab, missing)
     sparse, pooled, dense = hidden_model(spec, plans, rng)
-    return World(spec, plans, sparse, pooled, dense, side_tables(spec, plans, rng))
+    tastes = affinity_of(spec, sparse, np.random.default_rng([seed, 3]), affinity)
+    return World(spec, plans, sparse, pooled, dense, side_tables(spec, plans, rng), tastes)
 
 
 def logit_terms(world: World, samples: pa.Table) -> np.ndarray:
@@ -314,4 +368,6 @@ def logit_terms(world: World, samples: pa.Table) -> np.ndarray:
         sums = np.add.reduceat(np.append(values, 0.0), offsets[:-1]) if len(values) else np.zeros(len(col))
         lengths = np.diff(offsets)
         z += coef * np.where(lengths > 0, sums / np.maximum(lengths, 1), 0.0)
+    if world.affinity is not None:
+        z += world.affinity.terms(samples)
     return z

@@ -2,9 +2,10 @@
 
 `slipstream.dev.datagen` generates the default data set (`specs/synthetic.yaml`); this module does
 the same for any other spec (criteo, ratings, a user's own): it draws a world from the seed
-(`slipstream.dev.spec_world`: populations, vocabularies, dense distributions, side tables and an
-additive logistic model), simulates events over the days, labels them the spec's way and writes
-the raw zone exactly as real data would land there:
+(`slipstream.dev.spec_world`: populations, vocabularies, dense distributions, side tables and a
+logistic model, additive in the features plus a user-item affinity when the spec names both),
+simulates events over the days, labels them the spec's way and writes the raw zone exactly as
+real data would land there:
 
 - events and labels sources: `<raw_dir>/<source>/day=D/hour=HH/part-<segment>.jsonl.gz | .parquet`
   (JSON lines leave a missing optional field out; a hashed-id spec's files carry no id);
@@ -34,7 +35,7 @@ import pyarrow.compute as pc
 
 from slipstream.dev.datagen import GeneratedData
 from slipstream.dev.spec_bad_lines import bad_json_lines, bad_typed_rows
-from slipstream.dev.spec_world import World, build_world, draw_field, logit_terms
+from slipstream.dev.spec_world import AFFINITY_SD, World, build_world, draw_field, logit_terms
 from slipstream.dev.traffic import Traffic, burst_users, world_on
 from slipstream.errors import ConfigError
 from slipstream.lake.raw_files import hour_groups, json_lines, write_jsonl_gz, write_parquet
@@ -84,6 +85,9 @@ class SpecGenConfig:
     """Share of positive labels (default by label kind, BASE_RATE)."""
     missing: bool = True
     """Leave some values of optional fields out (they take the spec's default)."""
+    affinity: float = AFFINITY_SD
+    """Spread of the user-item affinity term on the hidden logit (a spec naming a user and an item
+    id; 0: the hidden model is additive, so a logistic regression is the best model there is)."""
     traffic: Traffic | None = None
     """Day-to-day volume, bursty users, drifts and outage days (`slipstream.dev.traffic`); None:
     `events_per_day` every day from the whole population, nothing changes."""
@@ -99,6 +103,8 @@ class SpecGenConfig:
             raise ConfigError(f"fmt must be 'jsonl' or 'parquet', got {self.fmt!r}")
         if not 0 <= self.bad_fraction < 1:
             raise ConfigError(f"bad_fraction must be in [0, 1), got {self.bad_fraction}")
+        if self.affinity < 0:
+            raise ConfigError(f"affinity must be >= 0, got {self.affinity}")
         if self.base_rate is not None and not 0 < self.base_rate < 1:
             raise ConfigError(f"base_rate must be in (0, 1), got {self.base_rate}")
         last = self.start_day + timedelta(days=self.days - 1)
@@ -295,7 +301,8 @@ def generate_spec(spec: Spec, cfg: SpecGenConfig, raw_dir: Path | str) -> Genera
     """Write the raw zone of `spec` for cfg's days and return the stream samples and the truth."""
     if spec.name == "synthetic":
         log.info("the synthetic spec has its own generator (slipstream.dev.datagen); generating it the generic way")
-    world = build_world(spec, seed=cfg.seed, users=cfg.users, items=cfg.items, max_vocab=cfg.max_vocab, missing=cfg.missing)
+    world = build_world(spec, seed=cfg.seed, users=cfg.users, items=cfg.items, max_vocab=cfg.max_vocab, missing=cfg.missing,
+                        affinity=cfg.affinity)
     t_us = int(cfg.t_handoff.timestamp() * US_PER_S)
     traffic = cfg.traffic
     segments = []
