@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from datetime import UTC, date, datetime, timedelta
 
 from slipstream.dev.demo import DemoOptions, format_summary, run_demo
@@ -17,6 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--stream-minutes", type=float, default=DemoOptions.stream_minutes,
                    help="event time the Kafka stream covers after the last day")
     p.add_argument("--epochs", type=int, default=DemoOptions.epochs)
+    p.add_argument("--batch-size", type=int, help="samples per step per training process (default: the DAG's)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the DAG's)")
     p.add_argument("--spec", help="feature spec: a shipped name (synthetic, criteo, ratings) or a YAML path "
                                   "(default: SLIPSTREAM_SPEC); other specs than synthetic generate without drift")
     p.add_argument("--no-drift", action="store_true", help="keep the hidden model fixed after T")
@@ -27,16 +30,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def first_day(days: int, today: date) -> date:
-    """The demo's first raw day: its usual one, or earlier when `days` from there would reach past
-    yesterday (a day that is not over cannot be trained on, and the stream follows the last day)."""
-    return min(DemoOptions.start_day, today - timedelta(days=days + 1))
+def first_day(days: int, today: date, stream_minutes: float = 0.0) -> date:
+    """The demo's first raw day: its usual one, or earlier when `days` and then the stream after
+    them would reach past yesterday (a day that is not over cannot be trained on, and the stream's
+    events, which follow the last day, are not in the future)."""
+    return min(DemoOptions.start_day, today - timedelta(days=days + 1 + math.ceil(stream_minutes / 1440)))
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = DemoOptions(start_day=first_day(args.days, datetime.now(UTC).date()),
+    opts = DemoOptions(start_day=first_day(args.days, datetime.now(UTC).date(), args.stream_minutes),
                        days=args.days, impressions_per_day=args.impressions_per_day,
                        stream_minutes=args.stream_minutes, epochs=args.epochs,
+                       batch_size=args.batch_size, lr=args.lr,
                        drift=not args.no_drift, keep_running=args.keep_running, spec=args.spec,
                        profile=args.profile)
     summary = run_demo(Settings.from_env(), opts)

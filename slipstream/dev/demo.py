@@ -47,6 +47,9 @@ class DemoOptions:
     drift: bool = True
     seed: int = 7
     epochs: int = 4
+    batch_size: int | None = None
+    lr: float | None = None
+    """Training knobs of the run (None: the DAG's defaults, `docs/params.md`)."""
     spec: str | None = None
     """The feature spec (a shipped name or a YAML path; None: SLIPSTREAM_SPEC). The synthetic spec
     has its own generator (with drift); any other gets `slipstream.dev.specgen`'s, stationary."""
@@ -214,7 +217,8 @@ def run_demo(base: Settings, opts: DemoOptions) -> dict[str, Any]:
                                        codec=settings.kafka_codec, spec=spec)
         # A manual run at T covers the last complete day before it: the generator's last day, so
         # the window is exactly the generated days and the handoff is the start of the stream.
-        conf = {"window_days": opts.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
+        conf: dict[str, Any] = {"window_days": opts.days, "epochs": opts.epochs, "stream_stop": "caught_up"}
+        conf.update({k: v for k, v in (("batch_size", opts.batch_size), ("lr", opts.lr)) if v is not None})
         run_dag(settings, t_handoff.date().isoformat(), conf, settings.home / "daily_retrain.log")
         run_dir = newest_run(Path(settings.runs_dir))
         metrics = read_run_metrics(run_dir)

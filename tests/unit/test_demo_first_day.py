@@ -18,3 +18,11 @@ def test_a_long_window_ends_the_day_before_yesterday() -> None:
     start = first_day(206, today)
     last = start + timedelta(days=205)
     assert last == today - timedelta(days=2) and start < DemoOptions.start_day
+
+
+def test_a_long_stream_ends_before_today() -> None:
+    today = date(2026, 11, 28)
+    start = first_day(206, today, stream_minutes=14 * 1440)
+    stream_end = start + timedelta(days=206 + 14)
+    assert stream_end <= today - timedelta(days=1)
+    assert first_day(3, today, stream_minutes=360) == DemoOptions.start_day
