@@ -37,6 +37,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "AUC with intervals), and event-to-exported-model latency of a continuous trainer on a live topic",
               ("--days", "2", "--per-day", "2000", "--stream-minutes", "60", "--epochs", "1", "--live-seconds", "15",
                "--rate", "50", "--export-every-s", "3")),
+    Benchmark("history", "a 206-day ratings file from `slipstream import` to a promoted model, against the 3-minute "
+              "goal; with --compare-day-by-day, the per-day job over the same days, row for row",
+              ("--days", "4", "--rows", "2000", "--stream-days", "1", "--epochs", "1", "--compare-day-by-day")),
     Benchmark("insight", "drift alarms, outage blocks and skew flags of the quality gate on generated bursty, drifting "
               "and outage worlds, against fixed thresholds and quantile bounds",
               ("--days", "16", "--events", "300", "--specs", "synthetic", "--no-bursty-drift")),
