@@ -11,8 +11,9 @@ LR baseline (`baseline_prequential_auc_after_t`, `baseline_forward_tail_auc`), a
 Each scenario is a real run of `trainers.train.run` (world of one, in this process) over a
 generated `samples` table (SQLite catalog in a temp folder) and the generated stream on a noida-db
 broker started for the bench (stopped by its PID after). For a spec other than the synthetic one
-the data comes from `slipstream.dev.specgen` (its hidden additive model), the model's tables from
-the spec, and only the stationary scenario runs:
+the data comes from `slipstream.dev.specgen` (its hidden model: additive, plus a user-item
+affinity for a spec that names both), the model's tables from the spec, and only the stationary
+scenario runs:
 
 - `stationary` (default 2 days x 200,000 impressions, no drift): `holdout_before_t_auc` against
   `best_holdout_before_t_auc` (the goal: within 0.01). The window must be large: with finite data

@@ -187,6 +187,20 @@ def test_generate_command_for_a_spec_writes_the_raw_zone_and_the_manifest(settin
     assert not (home / "raw" / "synthetic").exists()
 
 
+def test_generate_affinity_reaches_the_ratings_world_and_is_refused_for_the_synthetic_spec(
+        settings: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from slipstream.cli import main
+
+    args = ["generate", "--spec", "ratings", "--days", "2", "--events-per-day", "3000", "--no-stream", "--seed", "5"]
+    assert main([*args, "--affinity", "0"]) == 0
+    additive = json.loads(capsys.readouterr().out)["best_auc"]["holdout_before_t"]
+    assert main([*args, "--affinity", "1.5"]) == 0
+    tastes = json.loads(capsys.readouterr().out)["best_auc"]["holdout_before_t"]
+    assert tastes > additive + 0.02, (tastes, additive)
+    assert main(["generate", "--spec", "synthetic", "--days", "1", "--no-stream", "--affinity", "1"]) == 2
+    assert "--affinity are for the generic generator" in capsys.readouterr().err
+
+
 SHOP = """\
 spec_version: 1
 name: shop
