@@ -147,8 +147,8 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     port = stack.free_port()
     settings = Settings(home=root / "home", kafka_port=port, kafka_bootstrap=f"127.0.0.1:{port}").for_dataset(SPEC)
     t0 = time.monotonic()
-    state = stack.up(settings)
-    try:
+    try:  # `down` stops whatever `up` started, also when `up` fails half-way or the bench is stopped
+        state = stack.up(settings)
         settings = dataclasses.replace(stack.effective_settings(settings), kafka_bootstrap=state.services["kafka"].address)
         stack_s = time.monotonic() - t0
         env = child_env(settings)
