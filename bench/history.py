@@ -22,8 +22,8 @@ Timed, as a user would run them:
 
 Reported: whether the model was promoted and why (model and logistic baseline on the forward tail,
 with rows, users and 95% intervals), rows per stage. `--compare-day-by-day` then builds the same
-raw days with the per-day job (`preprocess_day`, one commit per day) into a table of its own and
-compares both tables row for row with a fresh pyiceberg scan (`same_rows`, `day_by_day_s`).
+raw days with the job's day-by-day path (`--day-by-day`, one commit per day) into a table of its own
+and compares both tables row for row with a fresh pyiceberg scan (`same_rows`, `day_by_day_s`).
 """
 
 from __future__ import annotations
@@ -192,29 +192,17 @@ def _scores(ev: Any) -> dict[str, Any] | None:
 
 
 def _compare(settings: Settings, spec: Spec, start: date, days: int) -> dict[str, Any]:
-    """The per-day job over the same raw days into another home's catalog, then both tables read
-    afresh with pyiceberg, sorted by sample id, compared column by column."""
+    """The same raw days through the preprocessing job's day-by-day path (one commit per day) into
+    another home's catalog, then both tables read afresh with pyiceberg, sorted by sample id,
+    compared column by column. `day_by_day_s` includes that job's Spark start-up."""
     from slipstream.lake.iceberg import get_catalog, samples_table
-    from slipstream.pipeline.spark_settings import SparkSettings
-    from spark_jobs.day_job import DayOptions, preprocess_day, read_side_tables
-    from spark_jobs.preprocess import start_spark
+    from slipstream.pipeline.preprocess_launch import run_preprocess_days
 
     by_day = Settings(home=settings.home.parent / "day-by-day", raw_dir=settings.raw_dir, spec=SPEC)
-    spark_settings = SparkSettings()
-    spark = start_spark(spark_settings, "bench-history-day-by-day")
-    try:
-        opts = DayOptions(spec=spec, raw_dir=by_day.raw_dir, namespace=by_day.namespace, run_id="bench-day-by-day",
-                          max_reject_rate=spark_settings.max_reject_rate, target_bytes=spark_settings.target_file_mb << 20)
-        catalog = get_catalog(by_day)
-        side = read_side_tables(spec, opts.raw_dir, opts.raw_io)
-        t0 = time.monotonic()
-        for i in range(days):
-            preprocess_day(spark, catalog, opts, start + timedelta(days=i), side_tables=side)
-            if i % 20 == 19:
-                log.info("day by day: %d/%d days, ETA %.0f s", i + 1, days, (time.monotonic() - t0) / (i + 1) * (days - i - 1))
-        day_by_day_s = time.monotonic() - t0
-    finally:
-        spark.stop()
+    t0 = time.monotonic()
+    run_preprocess_days(by_day, [start + timedelta(days=i) for i in range(days)], "bench-day-by-day", spec=SPEC,
+                        day_by_day=True)
+    day_by_day_s = time.monotonic() - t0
 
     def rows(s: Settings) -> pa.Table:
         table = samples_table(get_catalog(s), s.namespace, spec).scan(selected_fields=tuple(spec.sample_columns)).to_arrow()

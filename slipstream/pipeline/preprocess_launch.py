@@ -68,7 +68,7 @@ class PreprocessResult:
 
 def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[str]:
     known = {"raw_dir", "spec", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out",
-             "spark", "timeout_s", "env"}
+             "day_by_day", "spark", "timeout_s", "env"}
     unknown = set(opts) - known
     if unknown:
         raise errors.ConfigError(f"unknown preprocess option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -83,6 +83,8 @@ def _job_args(days: Sequence[date], run_id: str, opts: dict[str, Any]) -> list[s
     for name in ("raw_dir", "spec", "attribution_s", "max_reject_rate", "target_file_mb", "write_mode", "summary_out"):
         if opts.get(name) is not None:
             args += [f"--{name.replace('_', '-')}", str(opts[name])]
+    if opts.get("day_by_day"):  # one commit per day (the path before the range job; a reference for it)
+        args.append("--day-by-day")
     return args
 
 

@@ -54,7 +54,9 @@ def test_local_command_runs_the_job_module(tmp_path: Path) -> None:
     assert cmd[:3] == [sys.executable, "-m", "spark_jobs.preprocess"]
     assert cmd[3:] == ["--day", "2026-11-01", "--run-id", "r1", "--max-reject-rate", "0.05"]
     many = preprocess_days_command(s, [DAY, date(2026, 11, 2)], "r2", spark=SparkSettings())
-    assert many.count("--day") == 2
+    assert many.count("--day") == 2 and "--day-by-day" not in many
+    daily = preprocess_days_command(s, [DAY, date(2026, 11, 2)], "r3", spec="ratings", day_by_day=True, spark=SparkSettings())
+    assert daily[3:] == ["--day", "2026-11-01", "--day", "2026-11-02", "--run-id", "r3", "--spec", "ratings", "--day-by-day"]
 
 
 def test_cluster_command_uses_spark_submit_with_the_job_file(tmp_path: Path) -> None:
