@@ -175,11 +175,11 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "forward_tail": _scores(metrics.evaluation.forward_tail),
             "conf": conf,
         }
-        if args.compare_day_by_day:
-            result.update(_compare(settings, spec, start, window))
-        return result
     finally:
         stack.down(settings)
+    if args.compare_day_by_day:  # Spark and the catalogs only: the stack is down by now
+        result.update(_compare(settings, spec, start, window))
+    return result
 
 
 def _scores(ev: Any) -> dict[str, Any] | None:
