@@ -169,8 +169,8 @@ def test_trigger_form_refuses_bad_param_and_triggers(airflow_ui: Any, tmp_path: 
             wait.until(attempt)
 
         def submit() -> None:  # the dialog's button, once the form has taken the values and enabled it
-            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]").is_enabled())
-            _click(wait, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]"))
+            _click(wait, lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
+                                    if b.is_enabled()])
 
         def fill(stream_stop: str) -> None:
             set_param("window_days", "3")
